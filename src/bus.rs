@@ -1,0 +1,345 @@
+//! The bus: routes every committed outbox message to every subscribed
+//! handler, at least once.
+
+use crate::backend::Backend;
+use crate::dispatcher::Dispatcher;
+use crate::error::{Error, Result};
+use crate::metrics::BusMetrics;
+use crate::module::ModuleHandle;
+use crate::retry::RetryPolicy;
+use actix::{Actor, ActorContext, Addr, Context, ResponseFuture};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinHandle;
+
+/// Sets up a bus over a set of started modules.
+///
+/// ```no_run
+/// # use tickbox::{Bus, ModuleHandle, Sqlite};
+/// # async fn run(orders: ModuleHandle<Sqlite>, warehouse: ModuleHandle<Sqlite>) -> tickbox::Result<()> {
+/// let bus = Bus::builder()
+///     .module(&orders)
+///     .module(&warehouse)
+///     .max_concurrent_deliveries(64)
+///     .start()?;
+/// # Ok(()) }
+/// ```
+#[must_use = "a builder does nothing until `start` is called"]
+pub struct BusBuilder<B: Backend> {
+    modules: Vec<ModuleHandle<B>>,
+    config: BusConfig,
+}
+
+/// The bus's settings.
+#[derive(Debug, Clone)]
+pub(crate) struct BusConfig {
+    /// Handler attempts running at once, over all modules.
+    pub(crate) max_concurrent_deliveries: usize,
+    /// Messages per outbox held in memory (in delivery or waiting to retry).
+    pub(crate) max_messages_in_memory: usize,
+    /// How often the outbox tables are scanned for messages the fast path
+    /// missed (after a crash, an overflow, or another process's commit).
+    pub(crate) sweep_interval: Duration,
+    /// Rows read per scan query.
+    pub(crate) sweep_page: i64,
+    pub(crate) retry: RetryPolicy,
+    /// Probability of delivering a message a second time on purpose.
+    pub(crate) duplicate_rate: f64,
+    /// How long `stop` waits for running deliveries.
+    pub(crate) stop_timeout: Duration,
+}
+
+impl Default for BusConfig {
+    fn default() -> Self {
+        BusConfig {
+            max_concurrent_deliveries: 64,
+            max_messages_in_memory: 2048,
+            sweep_interval: Duration::from_secs(2),
+            sweep_page: 256,
+            retry: RetryPolicy::default(),
+            duplicate_rate: 0.0,
+            stop_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl<B: Backend> Default for BusBuilder<B> {
+    fn default() -> Self {
+        BusBuilder {
+            modules: Vec::new(),
+            config: BusConfig::default(),
+        }
+    }
+}
+
+impl<B: Backend> BusBuilder<B> {
+    /// Adds a module: the bus delivers its outbox and routes messages to its
+    /// handlers.
+    pub fn module(mut self, module: &ModuleHandle<B>) -> Self {
+        self.modules.push(module.clone());
+        self
+    }
+
+    /// Handler attempts running at once over all modules (default 64). A
+    /// slow handler holds one slot; the others keep flowing.
+    pub fn max_concurrent_deliveries(mut self, n: usize) -> Self {
+        self.config.max_concurrent_deliveries = n;
+        self
+    }
+
+    /// Messages per outbox held in memory at once, in delivery or waiting for
+    /// a retry (default 2048). Bounds memory however large the backlog; the
+    /// rest waits in the outbox table.
+    pub fn max_messages_in_memory(mut self, n: usize) -> Self {
+        self.config.max_messages_in_memory = n;
+        self
+    }
+
+    /// How often the outbox tables are scanned for committed messages that
+    /// did not arrive by the fast path (default 2 s). At start the bus always
+    /// scans once, which finishes the work of a crashed process.
+    pub fn sweep_interval(mut self, interval: Duration) -> Self {
+        self.config.sweep_interval = interval;
+        self
+    }
+
+    /// The backoff between attempts of a failing delivery.
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.config.retry = policy;
+        self
+    }
+
+    /// For demonstrations and tests: deliver each message a second time with
+    /// this probability, to watch the inbox skip the duplicates. 0 (the
+    /// default) in production.
+    pub fn duplicate_rate(mut self, probability: f64) -> Self {
+        self.config.duplicate_rate = probability;
+        self
+    }
+
+    /// How long [`BusHandle::stop`] waits for running deliveries (default 30 s).
+    pub fn stop_timeout(mut self, timeout: Duration) -> Self {
+        self.config.stop_timeout = timeout;
+        self
+    }
+
+    /// Checks the configuration and starts the bus actor, which begins with a
+    /// scan of every outbox.
+    pub fn start(self) -> Result<BusHandle<B>> {
+        let config = self.config;
+        let positive = |value: usize, what: &str| {
+            if value == 0 {
+                Err(Error::Config(format!("bus: {what} must be at least 1")))
+            } else {
+                Ok(())
+            }
+        };
+        positive(config.max_concurrent_deliveries, "max_concurrent_deliveries")?;
+        positive(config.max_messages_in_memory, "max_messages_in_memory")?;
+        if config.sweep_interval.is_zero() {
+            return Err(Error::Config("bus: sweep_interval must be above zero".into()));
+        }
+        if !(0.0..=1.0).contains(&config.duplicate_rate) {
+            return Err(Error::Config(format!(
+                "bus: duplicate_rate must be a probability between 0 and 1, not {}",
+                config.duplicate_rate
+            )));
+        }
+        config.retry.validate()?;
+        if self.modules.is_empty() {
+            return Err(Error::Config("bus: add at least one module".into()));
+        }
+
+        let mut names = HashSet::new();
+        for module in &self.modules {
+            if !names.insert(module.name()) {
+                return Err(Error::DuplicateModule(module.name().to_string()));
+            }
+        }
+        let published: HashSet<&str> = self
+            .modules
+            .iter()
+            .flat_map(|m| m.core.publishes.iter().copied())
+            .collect();
+        let mut routes: HashMap<String, Vec<Route<B>>> = HashMap::new();
+        for module in &self.modules {
+            for (index, entry) in module.core.handlers.iter().enumerate() {
+                let topic = entry.handler.topic();
+                if !published.contains(topic) {
+                    return Err(Error::UnsubscribableTopic {
+                        module: module.name().to_string(),
+                        handler: entry.name.to_string(),
+                        topic: topic.to_string(),
+                    });
+                }
+                routes.entry(topic.to_string()).or_default().push(Route {
+                    module: module.clone(),
+                    handler: index,
+                });
+            }
+        }
+        let mut announcements = Vec::new();
+        for module in &self.modules {
+            announcements.push(module.core.take_announcements()?);
+        }
+
+        let (stop, stopped) = watch::channel(false);
+        let core = Arc::new(BusCore {
+            routes: routes
+                .into_iter()
+                .map(|(topic, routes)| (topic, Arc::from(routes)))
+                .collect(),
+            permits: Semaphore::new(config.max_concurrent_deliveries),
+            config,
+            stop,
+            stopped,
+            delivered: AtomicU64::new(0),
+            duplicates_injected: AtomicU64::new(0),
+        });
+        let dispatchers = self
+            .modules
+            .iter()
+            .cloned()
+            .zip(announcements)
+            .map(|(module, announcements)| Dispatcher::new(core.clone(), module, announcements))
+            .collect();
+        let addr = Bus {
+            core: core.clone(),
+            dispatchers,
+            running: Vec::new(),
+        }
+        .start();
+        Ok(BusHandle {
+            core,
+            modules: self.modules,
+            addr,
+        })
+    }
+}
+
+/// One subscriber of a topic: a handler of a module.
+pub(crate) struct Route<B: Backend> {
+    pub(crate) module: ModuleHandle<B>,
+    /// Index of the handler in its module.
+    pub(crate) handler: usize,
+}
+
+/// The bus's state, shared by its actor, its handle and its dispatchers.
+pub(crate) struct BusCore<B: Backend> {
+    /// Subscribers of each topic.
+    pub(crate) routes: HashMap<String, Arc<[Route<B>]>>,
+    /// One per running handler attempt.
+    pub(crate) permits: Semaphore,
+    pub(crate) config: BusConfig,
+    /// Set to true to stop.
+    stop: watch::Sender<bool>,
+    pub(crate) stopped: watch::Receiver<bool>,
+    pub(crate) delivered: AtomicU64,
+    pub(crate) duplicates_injected: AtomicU64,
+}
+
+impl<B: Backend> BusCore<B> {
+    pub(crate) fn is_stopping(&self) -> bool {
+        *self.stopped.borrow()
+    }
+}
+
+/// The bus actor. It runs one dispatcher per module outbox and stops them on
+/// [`Stop`].
+pub struct Bus<B: Backend> {
+    core: Arc<BusCore<B>>,
+    /// Dispatchers not yet started (they start with the actor).
+    dispatchers: Vec<Dispatcher<B>>,
+    running: Vec<JoinHandle<()>>,
+}
+
+impl<B: Backend> Bus<B> {
+    /// Starts building a bus; see [`BusBuilder`].
+    pub fn builder() -> BusBuilder<B> {
+        BusBuilder::default()
+    }
+}
+
+impl<B: Backend> Actor for Bus<B> {
+    type Context = Context<Self>;
+
+    fn started(&mut self, _: &mut Context<Self>) {
+        self.running = self
+            .dispatchers
+            .drain(..)
+            .map(|d| actix::spawn(d.run()))
+            .collect();
+    }
+}
+
+/// Asks the bus actor to stop: no new deliveries start, running ones may
+/// finish within the stop timeout, everything else stays pending in the
+/// outboxes for the next start.
+#[derive(Debug)]
+pub struct Stop;
+
+impl actix::Message for Stop {
+    type Result = ();
+}
+
+impl<B: Backend> actix::Handler<Stop> for Bus<B> {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, _: Stop, ctx: &mut Context<Self>) -> Self::Result {
+        self.core.stop.send_replace(true);
+        let running = std::mem::take(&mut self.running);
+        ctx.stop();
+        Box::pin(async move {
+            for dispatcher in running {
+                let _ = dispatcher.await;
+            }
+        })
+    }
+}
+
+/// What application code holds of a started bus.
+pub struct BusHandle<B: Backend> {
+    core: Arc<BusCore<B>>,
+    modules: Vec<ModuleHandle<B>>,
+    addr: Addr<Bus<B>>,
+}
+
+impl<B: Backend> BusHandle<B> {
+    /// The bus actor's address.
+    pub fn addr(&self) -> &Addr<Bus<B>> {
+        &self.addr
+    }
+
+    /// The modules on this bus, in the order they were added.
+    pub fn modules(&self) -> &[ModuleHandle<B>] {
+        &self.modules
+    }
+
+    /// Stops the bus gracefully and waits until it has: see [`Stop`].
+    pub async fn stop(&self) {
+        self.core.stop.send_replace(true);
+        // The actor may already be gone if stop was called twice.
+        let _ = self.addr.send(Stop).await;
+    }
+
+    /// A snapshot of the bus's and every module's counters.
+    pub fn metrics(&self) -> BusMetrics {
+        BusMetrics {
+            delivered: self.core.delivered.load(Relaxed),
+            duplicates_injected: self.core.duplicates_injected.load(Relaxed),
+            modules: self.modules.iter().map(ModuleHandle::metrics).collect(),
+        }
+    }
+
+    /// Undelivered messages summed over every module's outbox.
+    pub async fn pending(&self) -> Result<i64> {
+        let mut total = 0;
+        for module in &self.modules {
+            total += module.outbox_backlog().await?.0;
+        }
+        Ok(total)
+    }
+}

@@ -1,0 +1,148 @@
+//! Handlers: named module code subscribed to one message type.
+
+use crate::backend::Backend;
+use crate::message::Message;
+use crate::tx::Tx;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+
+/// Module code that processes one message type.
+///
+/// Each delivery runs [`Handler::handle`] inside a transaction on the
+/// module's database that already holds the inbox row for
+/// `(message id, handler name)`: the handler's changes and the inbox row
+/// commit together or not at all, and a message that arrives again finds the
+/// row and is skipped before the handler runs. Returning an error (or
+/// panicking) rolls everything back, and the delivery is retried later.
+///
+/// Write the method as an `async fn`:
+///
+/// ```
+/// use diesel_async::RunQueryDsl;
+/// use serde::{Deserialize, Serialize};
+/// use tickbox::{Handler, HandlerError, Message, Sqlite, Tx};
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct OrderPlaced { order_id: String }
+/// impl Message for OrderPlaced { const TOPIC: &'static str = "orders.order_placed"; }
+///
+/// struct ReserveStock;
+///
+/// impl Handler<Sqlite> for ReserveStock {
+///     type Message = OrderPlaced;
+///
+///     async fn handle(&self, tx: &mut Tx<Sqlite>, order: OrderPlaced) -> Result<(), HandlerError> {
+///         diesel::sql_query("INSERT INTO reservations (order_id) VALUES (?)")
+///             .bind::<diesel::sql_types::Text, _>(order.order_id)
+///             .execute(tx.conn())
+///             .await?;
+///         Ok(())
+///     }
+/// }
+/// ```
+pub trait Handler<B: Backend>: Send + Sync + 'static {
+    /// The message type this handler subscribes to.
+    type Message: Message;
+
+    /// Processes one message inside the delivery's transaction.
+    fn handle(
+        &self,
+        tx: &mut Tx<B>,
+        message: Self::Message,
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send;
+}
+
+/// Why a handler did not process a message.
+///
+/// Any error type converts into it with `?`. By default a failure is
+/// transient: the delivery is rolled back and retried with backoff.
+/// [`HandlerError::permanent`] marks a failure that no retry can fix.
+pub struct HandlerError {
+    error: Box<dyn std::error::Error + Send + Sync + 'static>,
+    permanent: bool,
+}
+
+impl HandlerError {
+    /// A transient failure with a message.
+    pub fn msg(message: impl fmt::Display) -> Self {
+        HandlerError {
+            error: message.to_string().into(),
+            permanent: false,
+        }
+    }
+
+    /// A failure that retrying cannot fix (a message the handler can never
+    /// accept).
+    pub fn permanent(error: impl Into<HandlerError>) -> Self {
+        HandlerError {
+            permanent: true,
+            ..error.into()
+        }
+    }
+
+    /// True when retrying cannot help.
+    pub fn is_permanent(&self) -> bool {
+        self.permanent
+    }
+}
+
+impl<E: std::error::Error + Send + Sync + 'static> From<E> for HandlerError {
+    fn from(error: E) -> Self {
+        HandlerError {
+            error: Box::new(error),
+            permanent: false,
+        }
+    }
+}
+
+impl fmt::Debug for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HandlerError")
+            .field("error", &self.error)
+            .field("permanent", &self.permanent)
+            .finish()
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&crate::error::Chain(&*self.error), f)
+    }
+}
+
+/// Why an erased handler call failed.
+pub(crate) enum CallError {
+    /// The payload does not decode into the handler's message type.
+    Undecodable(String),
+    /// The handler returned an error.
+    Handler(HandlerError),
+}
+
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A handler with its message type erased, as a module stores it.
+pub(crate) trait ErasedHandler<B: Backend>: Send + Sync {
+    /// The topic of the handler's message type.
+    fn topic(&self) -> &'static str;
+
+    /// Decodes the payload and runs the handler.
+    fn call<'a>(&'a self, tx: &'a mut Tx<B>, payload: &'a str) -> BoxFuture<'a, Result<(), CallError>>;
+}
+
+/// Wraps a typed handler to store it beside handlers of other types.
+pub(crate) struct Typed<H>(pub(crate) H);
+
+impl<B: Backend, H: Handler<B>> ErasedHandler<B> for Typed<H> {
+    fn topic(&self) -> &'static str {
+        H::Message::TOPIC
+    }
+
+    fn call<'a>(&'a self, tx: &'a mut Tx<B>, payload: &'a str) -> BoxFuture<'a, Result<(), CallError>> {
+        Box::pin(async move {
+            let message = serde_json::from_str::<H::Message>(payload)
+                .map_err(|e| CallError::Undecodable(e.to_string()))?;
+            self.0.handle(tx, message).await.map_err(CallError::Handler)
+        })
+    }
+}

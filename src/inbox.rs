@@ -1,0 +1,175 @@
+//! The inbox guard: one delivery of one message to one handler, as one
+//! transaction that records `(message id, handler)` before COMMIT.
+
+use crate::backend::Backend;
+use crate::error::{panic_message, Error};
+use crate::handler::CallError;
+use crate::module::{Deliver, ModuleCore};
+use crate::tx::{Delivery, Tx};
+use futures_util::FutureExt;
+use std::fmt;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Instant;
+use tracing::Instrument;
+
+/// How a delivery ended when it did not fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The handler ran and its transaction committed with the inbox row.
+    Handled,
+    /// The inbox already held the message: the handler was skipped.
+    Duplicate,
+}
+
+/// Why a delivery failed. Nothing of it was committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryError {
+    /// What kind of failure it was.
+    pub kind: FailureKind,
+    /// A description, with the error's chain of causes.
+    pub reason: String,
+}
+
+/// The kinds of delivery failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailureKind {
+    /// The handler returned an error that a retry may fix.
+    Handler,
+    /// The handler returned an error marked permanent.
+    Permanent,
+    /// The handler panicked.
+    Panic,
+    /// The payload does not decode into the handler's message type.
+    Undecodable,
+    /// The database failed (begin, inbox insert, outbox insert or commit).
+    Database,
+    /// The module or its runtime stopped before the delivery finished.
+    Stopped,
+}
+
+impl DeliveryError {
+    fn new(kind: FailureKind, reason: impl fmt::Display) -> Self {
+        DeliveryError {
+            kind,
+            reason: reason.to_string(),
+        }
+    }
+
+    pub(crate) fn stopped(reason: impl fmt::Display) -> Self {
+        Self::new(FailureKind::Stopped, reason)
+    }
+
+    /// False when no retry can succeed (a permanent error, an undecodable
+    /// payload).
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self.kind, FailureKind::Permanent | FailureKind::Undecodable)
+    }
+}
+
+impl fmt::Display for DeliveryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}: {}", self.kind, self.reason)
+    }
+}
+
+impl std::error::Error for DeliveryError {}
+
+/// Runs one delivery: BEGIN; insert the inbox row unless present; if it was
+/// present, skip; else run the handler on the same connection; COMMIT. Any
+/// error or panic rolls back, leaving no inbox row and no change.
+pub(crate) async fn guard<B: Backend>(
+    module: Arc<ModuleCore<B>>,
+    deliver: Deliver,
+) -> Result<Outcome, DeliveryError> {
+    let entry = &module.handlers[deliver.handler];
+    let span = tracing::info_span!(
+        "deliver",
+        message_id = %deliver.envelope.id,
+        topic = %deliver.envelope.topic,
+        module = %module.name,
+        handler = %entry.name,
+        attempt = deliver.attempt,
+        correlation_id = %deliver.envelope.correlation_id,
+        causation_id = ?deliver.envelope.causation_id,
+        outcome = tracing::field::Empty,
+    );
+    if deliver.attempt > 1 {
+        entry.counters.retried.fetch_add(1, Relaxed);
+    }
+    let started = Instant::now();
+    let result = run(module.clone(), deliver).instrument(span.clone()).await;
+    let counters = &entry.counters;
+    match &result {
+        Ok(Outcome::Handled) => counters.record_handled(started.elapsed()),
+        Ok(Outcome::Duplicate) => {
+            counters.duplicates.fetch_add(1, Relaxed);
+        }
+        Err(_) => {
+            counters.failed.fetch_add(1, Relaxed);
+        }
+    }
+    let _entered = span.enter();
+    match &result {
+        Ok(outcome) => {
+            span.record("outcome", tracing::field::debug(outcome));
+            tracing::debug!("delivery finished");
+        }
+        Err(error) => {
+            span.record("outcome", tracing::field::debug(error.kind));
+            tracing::warn!(reason = %error.reason, "delivery failed; rolled back");
+        }
+    }
+    result
+}
+
+async fn run<B: Backend>(
+    module: Arc<ModuleCore<B>>,
+    deliver: Deliver,
+) -> Result<Outcome, DeliveryError> {
+    let database = |e: Error| DeliveryError::new(FailureKind::Database, e);
+    let entry = &module.handlers[deliver.handler];
+    let handler = entry.handler.clone();
+    let delivery = Delivery {
+        envelope: deliver.envelope.clone(),
+        handler: entry.name.clone(),
+        attempt: deliver.attempt,
+    };
+    let mut tx = Tx::begin(module.clone(), Some(delivery))
+        .await
+        .map_err(database)?;
+    match tx.tick_inbox().await {
+        Ok(true) => {}
+        Ok(false) => {
+            tx.rollback().await;
+            return Ok(Outcome::Duplicate);
+        }
+        Err(e) => {
+            tx.rollback().await;
+            return Err(database(e));
+        }
+    }
+    let payload = &deliver.envelope.payload;
+    let called = AssertUnwindSafe(handler.call(&mut tx, payload))
+        .catch_unwind()
+        .await;
+    let failure = match called {
+        Ok(Ok(())) => return tx.commit().await.map(|()| Outcome::Handled).map_err(database),
+        Ok(Err(CallError::Undecodable(reason))) => DeliveryError::new(
+            FailureKind::Undecodable,
+            format!("payload does not decode as this handler's message: {reason}"),
+        ),
+        Ok(Err(CallError::Handler(error))) if error.is_permanent() => {
+            DeliveryError::new(FailureKind::Permanent, error)
+        }
+        Ok(Err(CallError::Handler(error))) => DeliveryError::new(FailureKind::Handler, error),
+        Err(panic) => DeliveryError::new(
+            FailureKind::Panic,
+            format!("handler panicked: {}", panic_message(&*panic)),
+        ),
+    };
+    tx.rollback().await;
+    Err(failure)
+}

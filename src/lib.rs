@@ -1,0 +1,122 @@
+//! tickbox — an actor-based, in-process message bus with a transactional
+//! outbox and an idempotent inbox.
+//!
+//! An application split into modules (a modular monolith) gives each module
+//! its own database. Code changes a module's data and publishes messages in
+//! one transaction; the messages land in the module's **outbox** table and
+//! exist if and only if that transaction commits. The **bus** delivers every
+//! committed message at least once to every subscribed **handler**. Each
+//! handler runs in a transaction on its own module's database that first
+//! records `(message id, handler)` in the module's **inbox**; a message that
+//! arrives again finds the row and is skipped. At-least-once delivery plus an
+//! idempotent receiver gives effectively-once processing.
+//!
+//! # Getting started
+//!
+//! ```no_run
+//! use diesel_async::RunQueryDsl;
+//! use serde::{Deserialize, Serialize};
+//! use tickbox::{Bus, Handler, HandlerError, Message, Module, Sqlite, Tx};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct OrderPlaced { order_id: i64 }
+//! impl Message for OrderPlaced { const TOPIC: &'static str = "orders.order_placed"; }
+//!
+//! struct ReserveStock;
+//! impl Handler<Sqlite> for ReserveStock {
+//!     type Message = OrderPlaced;
+//!     async fn handle(&self, tx: &mut Tx<Sqlite>, order: OrderPlaced) -> Result<(), HandlerError> {
+//!         diesel::sql_query("INSERT INTO reservations (order_id) VALUES (?)")
+//!             .bind::<diesel::sql_types::BigInt, _>(order.order_id)
+//!             .execute(tx.conn())
+//!             .await?;
+//!         Ok(())
+//!     }
+//! }
+//!
+//! #[actix::main]
+//! async fn main() -> tickbox::Result<()> {
+//!     let orders = Module::<Sqlite>::builder("orders", "data/orders.db")
+//!         .publishes::<OrderPlaced>()
+//!         .start()
+//!         .await?;
+//!     let warehouse = Module::<Sqlite>::builder("warehouse", "data/warehouse.db")
+//!         .handler("warehouse.reserve_stock", ReserveStock)
+//!         .start()
+//!         .await?;
+//!     let bus = Bus::builder().module(&orders).module(&warehouse).start()?;
+//!
+//!     orders
+//!         .transaction(async move |tx| {
+//!             diesel::sql_query("INSERT INTO orders (id) VALUES (1)").execute(tx.conn()).await?;
+//!             tx.publish(&OrderPlaced { order_id: 1 })?;
+//!             Ok::<_, tickbox::Error>(())
+//!         })
+//!         .await?;
+//!     bus.stop().await;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! # Features
+//!
+//! - `sqlite` (default): the embedded backend, [`Sqlite`]; SQLite is
+//!   compiled in, nothing to install.
+//! - `postgres`: the production backend, [`Postgres`], through
+//!   tokio-postgres (no libpq).
+//!
+//! # Layout
+//!
+//! - `message` — [`Message`] types and the [`Envelope`] they travel in.
+//! - `module` — [`Module`], the actor owning a database, built with
+//!   [`ModuleBuilder`]; [`ModuleHandle`] runs transactions.
+//! - `tx` — [`Tx`], a module transaction that publishes.
+//! - `handler` — the [`Handler`] trait and [`HandlerError`].
+//! - `inbox` — the inbox guard that makes each delivery idempotent.
+//! - `bus` — [`Bus`], the actor that routes messages, built with
+//!   [`BusBuilder`]; `dispatcher` delivers one outbox.
+//! - `retry` — [`RetryPolicy`], the backoff between attempts.
+//! - `metrics` — counters and their snapshots.
+//! - `backend`, `schema`, `sqlite`, `postgres` — storage, one file per
+//!   backend for what differs.
+//! - `error` — [`Error`], the one error type.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
+
+#[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+compile_error!("tickbox needs a backend: enable the `sqlite` feature, the `postgres` feature, or both");
+
+mod backend;
+mod bus;
+mod dispatcher;
+mod error;
+mod handler;
+mod inbox;
+mod message;
+mod metrics;
+mod module;
+mod retry;
+mod schema;
+mod tx;
+
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+pub use backend::Backend;
+pub use bus::{Bus, BusBuilder, BusHandle, Stop};
+pub use error::{Error, Result};
+pub use handler::{Handler, HandlerError};
+pub use inbox::{DeliveryError, FailureKind, Outcome};
+pub use message::{Envelope, Message};
+pub use metrics::{BusMetrics, HandlerMetrics, ModuleMetrics};
+pub use module::{Deliver, Module, ModuleBuilder, ModuleHandle};
+pub use retry::RetryPolicy;
+pub use tx::{Delivery, Tx, TxFn};
+
+#[cfg(feature = "postgres")]
+pub use postgres::Postgres;
+#[cfg(feature = "sqlite")]
+pub use sqlite::{Sqlite, SqliteConnection};

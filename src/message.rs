@@ -1,0 +1,85 @@
+//! Messages and the envelope they travel in.
+
+use serde::{de::DeserializeOwned, Serialize};
+use std::time::{SystemTime, UNIX_EPOCH};
+use uuid::Uuid;
+
+/// A message type: a serde type with a stable topic name.
+///
+/// The topic is what subscriptions and stored outbox rows refer to, so it must
+/// stay the same across releases (rename the Rust type freely, never the
+/// topic).
+///
+/// ```
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct OrderPlaced {
+///     order_id: u64,
+/// }
+///
+/// impl tickbox::Message for OrderPlaced {
+///     const TOPIC: &'static str = "orders.order_placed";
+/// }
+/// ```
+pub trait Message: Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// The stable name of this message type.
+    const TOPIC: &'static str;
+}
+
+/// A message as it is stored in an outbox and delivered to handlers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Envelope {
+    /// Unique id, a UUIDv7 (time-ordered). Half of every inbox key.
+    pub id: Uuid,
+    /// The message type's topic.
+    pub topic: String,
+    /// The message encoded as JSON.
+    pub payload: String,
+    /// Shared by every message of one flow: a message published by a handler
+    /// inherits the correlation id of the message it handles.
+    pub correlation_id: Uuid,
+    /// The id of the message whose handler published this one, if any.
+    pub causation_id: Option<Uuid>,
+    /// When the message was published, in microseconds since the Unix epoch.
+    pub created_at_us: i64,
+}
+
+impl Envelope {
+    /// Wraps an encoded payload in a new envelope. Without a cause the message
+    /// starts a new flow and its correlation id is its own id.
+    pub(crate) fn new(topic: &str, payload: String, cause: Option<&Envelope>) -> Self {
+        let id = Uuid::now_v7();
+        Envelope {
+            id,
+            topic: topic.to_string(),
+            payload,
+            correlation_id: cause.map_or(id, |c| c.correlation_id),
+            causation_id: cause.map(|c| c.id),
+            created_at_us: now_us(),
+        }
+    }
+}
+
+/// The current time in microseconds since the Unix epoch.
+pub(crate) fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_caused_message_inherits_the_flow() {
+        let first = Envelope::new("a", "{}".into(), None);
+        assert_eq!(first.correlation_id, first.id);
+        assert_eq!(first.causation_id, None);
+        let second = Envelope::new("b", "{}".into(), Some(&first));
+        assert_eq!(second.correlation_id, first.id);
+        assert_eq!(second.causation_id, Some(first.id));
+        assert!(second.id > first.id, "UUIDv7 ids are time-ordered");
+    }
+}

@@ -1,0 +1,406 @@
+//! Modules: actors that own a database, its outbox and inbox, and handlers.
+
+use crate::backend::{Backend, StoreSettings};
+use crate::error::{Error, Result};
+use crate::handler::{ErasedHandler, Handler, Typed};
+use crate::inbox::{self, DeliveryError, Outcome};
+use crate::message::{Envelope, Message};
+use crate::metrics::{HandlerCounters, Mailbox, ModuleMetrics};
+use crate::tx::{Tx, TxFn};
+use actix::{Actor, Addr, Context, ResponseFuture};
+use futures_util::FutureExt;
+use std::collections::HashSet;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, Notify};
+
+/// Committed messages the bus has not received yet are held in memory up to
+/// this many per module; past it the bus finds them in the outbox table.
+const ANNOUNCE_CAPACITY: usize = 4096;
+
+/// Sets up a module: its database, what it publishes and its handlers.
+///
+/// ```no_run
+/// # use tickbox::{Module, Sqlite};
+/// # async fn start() -> tickbox::Result<()> {
+/// let orders = Module::<Sqlite>::builder("orders", "data/orders.db")
+///     .start()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[must_use = "a builder does nothing until `start` is called"]
+pub struct ModuleBuilder<B: Backend> {
+    settings: StoreSettings,
+    max_payload_bytes: usize,
+    publishes: HashSet<&'static str>,
+    handlers: Vec<HandlerEntry<B>>,
+}
+
+/// A registered handler.
+pub(crate) struct HandlerEntry<B: Backend> {
+    pub(crate) name: Arc<str>,
+    pub(crate) handler: Arc<dyn ErasedHandler<B>>,
+    pub(crate) counters: HandlerCounters,
+}
+
+impl<B: Backend> ModuleBuilder<B> {
+    /// Starts a builder for module `name` on the database at `url`: an SQLite
+    /// file path for [`Sqlite`](crate::Sqlite), a `postgres://` URL for
+    /// [`Postgres`](crate::Postgres).
+    pub fn new(name: impl Into<String>, url: impl Into<String>) -> Self {
+        ModuleBuilder {
+            settings: StoreSettings {
+                module: name.into(),
+                url: url.into(),
+                schema: None,
+                pool_size: B::DEFAULT_POOL_SIZE,
+                checkout_timeout: Duration::from_secs(30),
+            },
+            max_payload_bytes: 256 * 1024,
+            publishes: HashSet::new(),
+            handlers: Vec::new(),
+        }
+    }
+
+    /// PostgreSQL: keep the module's tables in this schema (created if
+    /// missing) instead of the connection's default one. Lets several modules
+    /// share one database while each owns its tables.
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.settings.schema = Some(schema.into());
+        self
+    }
+
+    /// Connections in the module's pool; each running transaction holds one.
+    pub fn pool_size(mut self, size: usize) -> Self {
+        self.settings.pool_size = size;
+        self
+    }
+
+    /// How long a transaction waits for a free connection before failing
+    /// (default 30 s).
+    pub fn checkout_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.checkout_timeout = timeout;
+        self
+    }
+
+    /// Largest encoded message this module may publish (default 256 KiB).
+    pub fn max_payload_bytes(mut self, limit: usize) -> Self {
+        self.max_payload_bytes = limit;
+        self
+    }
+
+    /// Declares that this module publishes messages of type `M`. Publishing
+    /// an undeclared type fails, and the bus refuses subscriptions to topics
+    /// no module declares — both catch a mistyped topic early.
+    pub fn publishes<M: Message>(mut self) -> Self {
+        self.publishes.insert(M::TOPIC);
+        self
+    }
+
+    /// Subscribes `handler` to its message type under `name`.
+    ///
+    /// The name is half of the inbox key: keep it stable across releases (a
+    /// renamed handler would process old messages again) and unique within
+    /// the module.
+    pub fn handler<H: Handler<B>>(mut self, name: impl Into<String>, handler: H) -> Self {
+        self.handlers.push(HandlerEntry {
+            name: Arc::from(name.into()),
+            handler: Arc::new(Typed(handler)),
+            counters: HandlerCounters::default(),
+        });
+        self
+    }
+
+    /// Checks the configuration, opens the database (running tickbox's
+    /// migrations) and starts the module actor.
+    pub async fn start(self) -> Result<ModuleHandle<B>> {
+        let name = self.settings.module.trim();
+        if name.is_empty() {
+            return Err(Error::Config("a module name must not be empty".into()));
+        }
+        if self.settings.pool_size == 0 {
+            return Err(Error::Config(format!(
+                "module `{name}`: pool_size must be at least 1"
+            )));
+        }
+        if self.max_payload_bytes == 0 {
+            return Err(Error::Config(format!(
+                "module `{name}`: max_payload_bytes must be at least 1"
+            )));
+        }
+        let mut seen = HashSet::new();
+        for entry in &self.handlers {
+            if entry.name.trim().is_empty() {
+                return Err(Error::Config(format!(
+                    "module `{name}`: a handler name must not be empty"
+                )));
+            }
+            if !seen.insert(entry.name.clone()) {
+                return Err(Error::DuplicateHandler {
+                    module: name.to_string(),
+                    handler: entry.name.to_string(),
+                });
+            }
+        }
+        let pool = B::open(&self.settings).await?;
+        let (sender, receiver) = mpsc::channel(ANNOUNCE_CAPACITY);
+        let core = Arc::new(ModuleCore {
+            name: Arc::from(name),
+            pool,
+            publishes: self.publishes,
+            max_payload_bytes: self.max_payload_bytes,
+            handlers: self.handlers,
+            mailbox: Mailbox::default(),
+            announced: sender,
+            announcements: Mutex::new(Some(receiver)),
+            overflowed: AtomicBool::new(false),
+            wake: Notify::new(),
+        });
+        tracing::info!(module = %core.name, backend = B::NAME, handlers = core.handlers.len(), "module started");
+        let addr = Module { core: core.clone() }.start();
+        Ok(ModuleHandle { core, addr })
+    }
+}
+
+/// A module's state, shared by its actor, its handle, its transactions and
+/// the bus.
+pub(crate) struct ModuleCore<B: Backend> {
+    pub(crate) name: Arc<str>,
+    pub(crate) pool: B::Pool,
+    /// Topics this module may publish.
+    pub(crate) publishes: HashSet<&'static str>,
+    pub(crate) max_payload_bytes: usize,
+    pub(crate) handlers: Vec<HandlerEntry<B>>,
+    pub(crate) mailbox: Mailbox,
+    /// Committed messages on their way to the bus (the fast path: no polling).
+    announced: mpsc::Sender<Arc<Envelope>>,
+    /// The receiving end, taken by the bus when the module joins it.
+    announcements: Mutex<Option<mpsc::Receiver<Arc<Envelope>>>>,
+    /// Set when a committed message did not fit in the channel: the bus must
+    /// look in the outbox table.
+    pub(crate) overflowed: AtomicBool,
+    /// Wakes the bus after an overflow.
+    pub(crate) wake: Notify,
+}
+
+impl<B: Backend> ModuleCore<B> {
+    /// Hands messages that just committed to the bus.
+    pub(crate) fn announce(&self, published: Vec<Envelope>) {
+        let mut overflowed = false;
+        for envelope in published {
+            if self.announced.try_send(Arc::new(envelope)).is_err() {
+                overflowed = true;
+            }
+        }
+        if overflowed {
+            self.overflowed.store(true, Relaxed);
+            self.wake.notify_one();
+        }
+    }
+
+    /// Takes the stream of committed messages; a module joins one bus.
+    pub(crate) fn take_announcements(&self) -> Result<mpsc::Receiver<Arc<Envelope>>> {
+        self.announcements
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .ok_or_else(|| Error::AlreadyAttached(self.name.to_string()))
+    }
+}
+
+/// The module actor. The bus sends it a [`Deliver`] per handler and message;
+/// it runs each delivery through the inbox guard in its own task, so one slow
+/// handler never holds up the mailbox.
+pub struct Module<B: Backend> {
+    core: Arc<ModuleCore<B>>,
+}
+
+impl<B: Backend> Module<B> {
+    /// Starts building a module; see [`ModuleBuilder`].
+    pub fn builder(name: impl Into<String>, url: impl Into<String>) -> ModuleBuilder<B> {
+        ModuleBuilder::new(name, url)
+    }
+}
+
+impl<B: Backend> Actor for Module<B> {
+    type Context = Context<Self>;
+}
+
+/// Asks a module actor to run one delivery of a message to one of its
+/// handlers. Sent by the bus.
+#[derive(Debug)]
+pub struct Deliver {
+    pub(crate) envelope: Arc<Envelope>,
+    pub(crate) handler: usize,
+    pub(crate) attempt: u32,
+}
+
+impl actix::Message for Deliver {
+    type Result = std::result::Result<Outcome, DeliveryError>;
+}
+
+impl<B: Backend> actix::Handler<Deliver> for Module<B> {
+    type Result = ResponseFuture<std::result::Result<Outcome, DeliveryError>>;
+
+    fn handle(&mut self, deliver: Deliver, _: &mut Context<Self>) -> Self::Result {
+        let core = self.core.clone();
+        core.mailbox.queued.fetch_sub(1, Relaxed);
+        core.mailbox.in_flight.fetch_add(1, Relaxed);
+        Box::pin(async move {
+            // Its own task: a transaction is never dropped half way, even if
+            // the caller stops waiting.
+            let result = tokio::spawn(inbox::guard(core.clone(), deliver)).await;
+            core.mailbox.in_flight.fetch_sub(1, Relaxed);
+            result.unwrap_or_else(|e| Err(DeliveryError::stopped(e.to_string())))
+        })
+    }
+}
+
+/// What application code holds of a started module: run transactions, read
+/// metrics, give it to a [`BusBuilder`](crate::BusBuilder).
+pub struct ModuleHandle<B: Backend> {
+    pub(crate) core: Arc<ModuleCore<B>>,
+    addr: Addr<Module<B>>,
+}
+
+impl<B: Backend> Clone for ModuleHandle<B> {
+    fn clone(&self) -> Self {
+        ModuleHandle {
+            core: self.core.clone(),
+            addr: self.addr.clone(),
+        }
+    }
+}
+
+impl<B: Backend> std::fmt::Debug for ModuleHandle<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModuleHandle")
+            .field("name", &self.core.name)
+            .field("backend", &B::NAME)
+            .finish()
+    }
+}
+
+impl<B: Backend> ModuleHandle<B> {
+    /// The module's name.
+    pub fn name(&self) -> &str {
+        &self.core.name
+    }
+
+    /// The module actor's address.
+    pub fn addr(&self) -> &Addr<Module<B>> {
+        &self.addr
+    }
+
+    /// Runs `f` in a transaction on the module's database and commits it if
+    /// `f` returns `Ok`.
+    ///
+    /// Messages published with [`Tx::publish`] are written to the outbox in
+    /// the same transaction: they exist if and only if it commits, and the bus
+    /// is told about them the moment it does. An `Err` or a panic rolls
+    /// everything back (the panic then continues in the caller). The
+    /// transaction runs in its own task, so dropping the returned future does
+    /// not leave it half done.
+    ///
+    /// ```no_run
+    /// # use serde::{Deserialize, Serialize};
+    /// # use tickbox::{Message, ModuleHandle, Sqlite};
+    /// # #[derive(Serialize, Deserialize)] struct OrderPlaced { order_id: u64 }
+    /// # impl Message for OrderPlaced { const TOPIC: &'static str = "orders.order_placed"; }
+    /// # async fn place(orders: ModuleHandle<Sqlite>) -> tickbox::Result<()> {
+    /// use diesel_async::RunQueryDsl;
+    ///
+    /// orders
+    ///     .transaction(async move |tx| {
+    ///         diesel::sql_query("INSERT INTO orders (id) VALUES (7)")
+    ///             .execute(tx.conn())
+    ///             .await?;
+    ///         tx.publish(&OrderPlaced { order_id: 7 })?;
+    ///         Ok::<_, tickbox::Error>(())
+    ///     })
+    ///     .await
+    /// # }
+    /// ```
+    pub async fn transaction<R, E, F>(&self, f: F) -> std::result::Result<R, E>
+    where
+        for<'r> F: AsyncFnOnce(&'r mut Tx<B>) -> std::result::Result<R, E>
+            + TxFn<&'r mut Tx<B>, std::result::Result<R, E>, Fut: Send>
+            + Send
+            + 'static,
+        R: Send + 'static,
+        E: From<Error> + Send + 'static,
+    {
+        let core = self.core.clone();
+        let task = tokio::spawn(async move {
+            let mut tx = Tx::begin(core, None).await?;
+            match AssertUnwindSafe(f(&mut tx)).catch_unwind().await {
+                Ok(Ok(value)) => {
+                    tx.commit().await?;
+                    Ok(value)
+                }
+                Ok(Err(error)) => {
+                    tx.rollback().await;
+                    Err(error)
+                }
+                Err(panic) => {
+                    tx.rollback().await;
+                    std::panic::resume_unwind(panic)
+                }
+            }
+        });
+        match task.await {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Err(Error::Stopped("the module's runtime").into()),
+        }
+    }
+
+    /// The number of outbox messages not yet delivered to all their
+    /// subscribers, and when the oldest of them was published (microseconds
+    /// since the Unix epoch).
+    pub async fn outbox_backlog(&self) -> Result<(i64, Option<i64>)> {
+        let mut conn = B::checkout(&self.core.pool)
+            .await
+            .map_err(|reason| Error::Pool {
+                module: self.core.name.to_string(),
+                reason,
+            })?;
+        Ok(B::outbox_backlog(&mut conn).await?)
+    }
+
+    /// A snapshot of the module's mailbox and handler counters.
+    pub fn metrics(&self) -> ModuleMetrics {
+        ModuleMetrics {
+            module: self.core.name.to_string(),
+            mailbox_queued: self.core.mailbox.queued.load(Relaxed),
+            mailbox_in_flight: self.core.mailbox.in_flight.load(Relaxed),
+            handlers: self
+                .core
+                .handlers
+                .iter()
+                .map(|h| h.counters.snapshot(&h.name, h.handler.topic()))
+                .collect(),
+        }
+    }
+
+    /// Sends one delivery to the module actor and waits for its outcome.
+    pub(crate) async fn deliver(
+        &self,
+        envelope: Arc<Envelope>,
+        handler: usize,
+        attempt: u32,
+    ) -> std::result::Result<Outcome, DeliveryError> {
+        self.core.mailbox.queued.fetch_add(1, Relaxed);
+        let sent = self.addr.send(Deliver {
+            envelope,
+            handler,
+            attempt,
+        });
+        sent.await.unwrap_or_else(|e| {
+            self.core.mailbox.queued.fetch_sub(1, Relaxed);
+            Err(DeliveryError::stopped(e.to_string()))
+        })
+    }
+}

@@ -1,0 +1,147 @@
+//! The SQLite backend: one database file per module, WAL mode, through
+//! diesel-async's `SyncConnectionWrapper`.
+
+use crate::backend::{build_pool, checkout, shared_queries, Backend, StoreSettings};
+use crate::error::Error;
+use crate::schema::{tickbox_outbox, OutboxRow};
+use diesel::connection::{AnsiTransactionManager, Connection, SimpleConnection, TransactionManager};
+use diesel::QueryResult;
+use diesel_async::pooled_connection::deadpool::{Object, Pool};
+use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+
+/// The embedded SQLite backend (the default). A module's database is one file;
+/// nothing needs to be installed.
+///
+/// Connections run with `journal_mode=WAL`, `synchronous=NORMAL` (a process
+/// crash loses no committed transaction; a power cut may lose the last few,
+/// data and messages together) and a busy timeout, and write transactions
+/// begin with `BEGIN IMMEDIATE`, so concurrent writers queue instead of
+/// failing.
+#[derive(Debug, Clone, Copy)]
+pub struct Sqlite;
+
+/// The connection SQLite handlers and transactions receive.
+pub type SqliteConnection = SyncConnectionWrapper<diesel::SqliteConnection>;
+
+const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
+
+/// Set on every connection of a module's pool.
+const CONNECTION_PRAGMAS: &str =
+    "PRAGMA busy_timeout = 10000; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;";
+
+/// Accepts a plain path or a `sqlite://`/`sqlite:` URL; refuses in-memory
+/// databases, which a pool of connections cannot share.
+fn database_path(settings: &StoreSettings) -> crate::Result<String> {
+    let url = settings.url.trim();
+    let path = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+        .unwrap_or(url);
+    let bad = |reason: &str| Error::BadDatabaseUrl {
+        module: settings.module.clone(),
+        url: settings.url.clone(),
+        reason: reason.to_string(),
+    };
+    if path.is_empty() {
+        return Err(bad("the path is empty"));
+    }
+    if path.contains("://") {
+        return Err(bad(
+            "not an SQLite path; use a file path, or enable the `postgres` feature and the Postgres backend for a postgres:// URL",
+        ));
+    }
+    if path == ":memory:" || path.contains("mode=memory") {
+        return Err(bad(
+            "an in-memory database cannot be shared by a connection pool; use a file",
+        ));
+    }
+    Ok(path.to_string())
+}
+
+impl Backend for Sqlite {
+    type Connection = SqliteConnection;
+    type Pool = Pool<SqliteConnection>;
+    type Pooled = Object<SqliteConnection>;
+
+    const NAME: &'static str = "sqlite";
+    const DEFAULT_POOL_SIZE: usize = 4;
+
+    async fn open(settings: &StoreSettings) -> crate::Result<Self::Pool> {
+        let path = database_path(settings)?;
+        let migrate_path = path.clone();
+        let module = settings.module.clone();
+        tokio::task::spawn_blocking(move || {
+            let bad_url = |reason: String| Error::BadDatabaseUrl {
+                module: module.clone(),
+                url: migrate_path.clone(),
+                reason,
+            };
+            let mut conn = diesel::SqliteConnection::establish(&migrate_path)
+                .map_err(|e| bad_url(e.to_string()))?;
+            conn.batch_execute("PRAGMA journal_mode = WAL;")
+                .and_then(|()| conn.batch_execute(CONNECTION_PRAGMAS))
+                .map_err(|e| bad_url(e.to_string()))?;
+            conn.run_pending_migrations(MIGRATIONS)
+                .map(drop)
+                .map_err(|e| Error::Migration {
+                    module: module.clone(),
+                    reason: e.to_string(),
+                })
+        })
+        .await
+        .map_err(|e| Error::Config(format!("opening module `{}`: {e}", settings.module)))??;
+
+        build_pool(
+            settings,
+            path,
+            Box::new(|url| {
+                Box::pin(async move {
+                    let mut conn = SqliteConnection::establish(url).await?;
+                    conn.batch_execute(CONNECTION_PRAGMAS)
+                        .await
+                        .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+                    Ok(conn)
+                })
+            }),
+        )
+    }
+
+    async fn checkout(pool: &Self::Pool) -> Result<Self::Pooled, String> {
+        checkout(pool).await
+    }
+
+    async fn begin(conn: &mut Self::Connection) -> QueryResult<()> {
+        conn.spawn_blocking(|c| AnsiTransactionManager::begin_transaction_sql(c, "BEGIN IMMEDIATE"))
+            .await
+    }
+
+    async fn commit(conn: &mut Self::Connection) -> QueryResult<()> {
+        conn.spawn_blocking(|c| AnsiTransactionManager::commit_transaction(c))
+            .await
+    }
+
+    async fn rollback(conn: &mut Self::Connection) -> QueryResult<()> {
+        conn.spawn_blocking(|c| AnsiTransactionManager::rollback_transaction(c))
+            .await
+    }
+
+    async fn insert_outbox(conn: &mut Self::Connection, rows: Vec<OutboxRow>) -> QueryResult<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        // diesel batches multi-row inserts on SQLite only for its synchronous
+        // connection: run the whole insert as one blocking call.
+        conn.spawn_blocking(move |c| {
+            use diesel::RunQueryDsl;
+            diesel::insert_into(tickbox_outbox::table)
+                .values(rows)
+                .execute(c)
+                .map(drop)
+        })
+        .await
+    }
+
+    shared_queries!();
+}

@@ -1,0 +1,167 @@
+//! A module transaction: the connection handlers and application code change
+//! their data with, and the place they publish messages from.
+
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::message::{now_us, Envelope, Message};
+use crate::module::ModuleCore;
+use crate::schema::OutboxRow;
+use std::future::Future;
+use std::sync::Arc;
+use uuid::Uuid;
+
+/// An open transaction on a module's database.
+///
+/// Change the module's own tables through [`Tx::conn`] with diesel, and
+/// publish messages with [`Tx::publish`]: the messages are written to the
+/// module's outbox in this same transaction, so they exist if and only if it
+/// commits. Inside a handler the transaction also holds the inbox row of the
+/// message being handled; [`Tx::delivery`] describes it.
+pub struct Tx<B: Backend> {
+    /// The pooled connection the whole transaction runs on.
+    conn: B::Pooled,
+    /// The module whose database this is: its name, what it may publish,
+    /// where committed messages are announced.
+    module: Arc<ModuleCore<B>>,
+    /// The message being handled, when the transaction belongs to a handler;
+    /// messages published here are caused by it.
+    delivery: Option<Delivery>,
+    /// Messages published so far, written to the outbox just before COMMIT.
+    published: Vec<Envelope>,
+}
+
+/// The delivery a handler's transaction is processing.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The message being handled.
+    pub envelope: Arc<Envelope>,
+    /// The handler's name (the other half of the inbox key).
+    pub handler: Arc<str>,
+    /// 1 for the first delivery to this handler, then 2, 3… on retries.
+    pub attempt: u32,
+}
+
+impl Delivery {
+    /// A key that is the same every time this message is delivered to this
+    /// handler, and different for any other pair. Pass it to external systems
+    /// that accept an idempotency key (payment APIs, mail services): an
+    /// external call is not part of the database transaction, so a crash after
+    /// the call and before COMMIT repeats it, and only such a key makes the
+    /// repeat harmless.
+    pub fn idempotency_key(&self) -> String {
+        format!("{}:{}", self.envelope.id, self.handler)
+    }
+}
+
+impl<B: Backend> Tx<B> {
+    /// Checks out a connection and begins a write transaction.
+    pub(crate) async fn begin(module: Arc<ModuleCore<B>>, delivery: Option<Delivery>) -> Result<Self> {
+        let mut conn = B::checkout(&module.pool).await.map_err(|reason| Error::Pool {
+            module: module.name.to_string(),
+            reason,
+        })?;
+        B::begin(&mut conn).await?;
+        Ok(Tx {
+            conn,
+            module,
+            delivery,
+            published: Vec::new(),
+        })
+    }
+
+    /// The connection, for the module's own diesel queries.
+    pub fn conn(&mut self) -> &mut B::Connection {
+        &mut self.conn
+    }
+
+    /// The name of the module whose database this transaction writes.
+    pub fn module(&self) -> &str {
+        &self.module.name
+    }
+
+    /// The message being handled, when this is a handler's transaction.
+    pub fn delivery(&self) -> Option<&Delivery> {
+        self.delivery.as_ref()
+    }
+
+    /// Publishes a message in this transaction and returns its id.
+    ///
+    /// The message is written to the outbox when the transaction commits and
+    /// is discarded with it on rollback. Inside a handler, the new message is
+    /// caused by the handled one and shares its correlation id.
+    ///
+    /// Fails at once, before anything is written, when the module did not
+    /// declare the topic or the encoded message is over the size limit.
+    pub fn publish<M: Message>(&mut self, message: &M) -> Result<Uuid> {
+        if !self.module.publishes.contains(M::TOPIC) {
+            return Err(Error::UnknownTopic {
+                module: self.module.name.to_string(),
+                topic: M::TOPIC.to_string(),
+            });
+        }
+        let payload = serde_json::to_string(message).map_err(|source| Error::Encode {
+            topic: M::TOPIC.to_string(),
+            source,
+        })?;
+        if payload.len() > self.module.max_payload_bytes {
+            return Err(Error::PayloadTooLarge {
+                topic: M::TOPIC.to_string(),
+                size: payload.len(),
+                limit: self.module.max_payload_bytes,
+            });
+        }
+        let cause = self.delivery.as_ref().map(|d| &*d.envelope);
+        let envelope = Envelope::new(M::TOPIC, payload, cause);
+        let id = envelope.id;
+        self.published.push(envelope);
+        Ok(id)
+    }
+
+    /// Records the inbox row of the delivery; false when it was there already.
+    pub(crate) async fn tick_inbox(&mut self) -> Result<bool> {
+        let delivery = self.delivery.as_ref().expect("only handler transactions tick the inbox");
+        let (id, handler) = (delivery.envelope.id, delivery.handler.clone());
+        Ok(B::tick_inbox(&mut self.conn, id, &handler, now_us()).await?)
+    }
+
+    /// Writes the published messages, commits, and announces them to the bus.
+    pub(crate) async fn commit(mut self) -> Result<()> {
+        let published = std::mem::take(&mut self.published);
+        let rows = published.iter().map(OutboxRow::from).collect();
+        if let Err(e) = B::insert_outbox(&mut self.conn, rows).await {
+            self.rollback().await;
+            return Err(e.into());
+        }
+        B::commit(&mut self.conn).await?;
+        self.module.announce(published);
+        Ok(())
+    }
+
+    /// Rolls back; a failed rollback leaves the connection marked broken, and
+    /// the pool discards it.
+    pub(crate) async fn rollback(mut self) {
+        if let Err(e) = B::rollback(&mut self.conn).await {
+            tracing::warn!(module = %self.module.name, error = %e, "rollback failed; the connection is discarded");
+        }
+    }
+}
+
+/// An `async` closure that runs inside a module transaction, written
+/// `async move |tx| { … }`.
+///
+/// This trait only exists to require, on stable Rust, that the closure's
+/// future is `Send` (so the transaction can run in its own task, where an
+/// abandoned caller cannot leave it half done). It is implemented for every
+/// such closure; never implement it yourself.
+pub trait TxFn<T, R>: AsyncFnOnce(T) -> R + FnOnce(T) -> <Self as TxFn<T, R>>::Fut {
+    /// The closure's future.
+    type Fut: Future<Output = R>;
+}
+
+impl<F, T, Fut, R> TxFn<T, R> for F
+where
+    F: AsyncFnOnce(T) -> R + FnOnce(T) -> Fut,
+    Fut: Future<Output = R>,
+{
+    type Fut = Fut;
+}
