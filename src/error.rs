@@ -148,6 +148,7 @@ pub(crate) fn is_transient_db(error: &diesel::result::Error) -> bool {
 }
 
 /// Removes the password from a database URL before it is shown anywhere.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) fn redact_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         return url.to_string();

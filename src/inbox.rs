@@ -48,10 +48,13 @@ pub enum FailureKind {
     Database,
     /// The module or its runtime stopped before the delivery finished.
     Stopped,
+    /// The delivery named a handler the module does not have, or one that
+    /// subscribes to another topic.
+    NoSuchHandler,
 }
 
 impl DeliveryError {
-    fn new(kind: FailureKind, reason: impl fmt::Display) -> Self {
+    pub(crate) fn new(kind: FailureKind, reason: impl fmt::Display) -> Self {
         DeliveryError {
             kind,
             reason: reason.to_string(),
@@ -65,7 +68,10 @@ impl DeliveryError {
     /// False when no retry can succeed (a permanent error, an undecodable
     /// payload).
     pub fn is_retryable(&self) -> bool {
-        !matches!(self.kind, FailureKind::Permanent | FailureKind::Undecodable)
+        !matches!(
+            self.kind,
+            FailureKind::Permanent | FailureKind::Undecodable | FailureKind::NoSuchHandler
+        )
     }
 }
 

@@ -46,6 +46,17 @@ pub struct Envelope {
 }
 
 impl Envelope {
+    /// Encodes a message in a new envelope that starts a new flow. The bus
+    /// creates envelopes itself on publish; this is for delivering a message
+    /// directly with [`ModuleHandle::deliver`](crate::ModuleHandle::deliver).
+    pub fn encode<M: Message>(message: &M) -> crate::Result<Self> {
+        let payload = serde_json::to_string(message).map_err(|source| crate::Error::Encode {
+            topic: M::TOPIC.to_string(),
+            source,
+        })?;
+        Ok(Envelope::new(M::TOPIC, payload, None))
+    }
+
     /// Wraps an encoded payload in a new envelope. Without a cause the message
     /// starts a new flow and its correlation id is its own id.
     pub(crate) fn new(topic: &str, payload: String, cause: Option<&Envelope>) -> Self {

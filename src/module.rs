@@ -385,6 +385,39 @@ impl<B: Backend> ModuleHandle<B> {
         }
     }
 
+    /// Delivers a message straight to one of this module's handlers, through
+    /// the module actor and the inbox guard but not the bus: a duplicate is
+    /// skipped, a failure is reported and not retried. For operators' replays
+    /// and for tests.
+    pub async fn deliver_to(
+        &self,
+        envelope: Envelope,
+        handler: &str,
+    ) -> std::result::Result<Outcome, DeliveryError> {
+        let index = self
+            .core
+            .handlers
+            .iter()
+            .position(|h| &*h.name == handler)
+            .ok_or_else(|| {
+                DeliveryError::new(
+                    crate::FailureKind::NoSuchHandler,
+                    format!("module `{}` has no handler `{handler}`", self.name()),
+                )
+            })?;
+        if self.core.handlers[index].handler.topic() != envelope.topic {
+            return Err(DeliveryError::new(
+                crate::FailureKind::NoSuchHandler,
+                format!(
+                    "handler `{handler}` subscribes to `{}`, not `{}`",
+                    self.core.handlers[index].handler.topic(),
+                    envelope.topic
+                ),
+            ));
+        }
+        self.deliver(Arc::new(envelope), index, 1).await
+    }
+
     /// Sends one delivery to the module actor and waits for its outcome.
     pub(crate) async fn deliver(
         &self,

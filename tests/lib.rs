@@ -1,0 +1,62 @@
+//! Integration tests: one suite, run against every backend.
+//!
+//! SQLite always runs. The PostgreSQL suite runs with the `postgres` feature
+//! and needs `TICKBOX_PG_URL`:
+//!
+//! ```text
+//! TICKBOX_PG_URL=postgres://postgres@127.0.0.1:5432/test cargo test --all-features
+//! ```
+
+mod suite;
+mod support;
+
+/// Instantiates every suite test for one backend.
+macro_rules! suite {
+    ($backend:ty, $db:expr, $bad_url:expr) => {
+        use super::support::trace_init;
+        use super::suite;
+
+        macro_rules! case {
+            ($name:ident) => {
+                #[actix::test]
+                async fn $name() {
+                    trace_init();
+                    suite::$name::<$backend>($db).await;
+                }
+            };
+        }
+
+        case!(rolled_back_publish_is_never_delivered_and_committed_one_is);
+        case!(a_redelivered_message_is_skipped_and_counted);
+        case!(concurrent_deliveries_of_one_message_have_one_effect);
+        case!(a_handler_error_rolls_back_and_is_retried);
+        case!(a_handler_panic_rolls_back_and_is_retried);
+        case!(each_handler_ticks_its_own_inbox_row);
+        case!(a_message_published_by_a_handler_exists_only_if_it_commits);
+        case!(a_crash_between_handler_commit_and_outbox_mark_redelivers_without_double_effect);
+        case!(configuration_mistakes_fail_at_start_with_clear_errors);
+
+        #[actix::test]
+        async fn a_bad_database_url_fails_at_start() {
+            trace_init();
+            suite::a_bad_database_url_fails_at_start::<$backend>($bad_url).await;
+        }
+    };
+}
+
+mod sqlite {
+    suite!(
+        tickbox::Sqlite,
+        super::support::TestDb::new(),
+        "/no/such/directory/orders.db"
+    );
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    suite!(
+        tickbox::Postgres,
+        super::support::TestDb::postgres(),
+        "postgres://tickbox:hunter2@127.0.0.1:1/nowhere"
+    );
+}

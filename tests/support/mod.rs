@@ -1,0 +1,279 @@
+//! Shared test support: a fresh database per test on each backend, test
+//! messages and handlers, and waiting on conditions with a timeout.
+
+use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
+use serde::{Deserialize, Serialize};
+use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+use std::sync::{Arc, Once};
+use std::time::Duration;
+use tickbox::{Backend, Handler, HandlerError, Message, ModuleBuilder, ModuleHandle, Tx};
+
+/// Logs to the test writer; `RUST_LOG=tickbox=debug` shows deliveries.
+pub fn trace_init() {
+    static INIT: Once = Once::new();
+    INIT.call_once(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "tickbox=warn".into()),
+            )
+            .with_test_writer()
+            .try_init();
+    });
+}
+
+/// A backend the suite runs against.
+pub trait TestBackend: Backend {
+    /// A builder for module `name` in a database nobody else uses.
+    fn module(db: &TestDb, name: &str) -> ModuleBuilder<Self>;
+
+    /// Runs `SELECT count(*) AS n …` and returns n.
+    fn count(
+        conn: &mut Self::Connection,
+        sql: String,
+    ) -> impl Future<Output = diesel::QueryResult<i64>> + Send;
+}
+
+#[derive(diesel::QueryableByName)]
+struct Count {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    n: i64,
+}
+
+macro_rules! count_impl {
+    () => {
+        async fn count(conn: &mut Self::Connection, sql: String) -> diesel::QueryResult<i64> {
+            Ok(diesel::sql_query(sql).get_result::<Count>(conn).await?.n)
+        }
+    };
+}
+
+/// Where one test keeps its databases.
+pub struct TestDb {
+    /// SQLite: the directory of the module files, removed on drop.
+    dir: tempfile::TempDir,
+    /// PostgreSQL: the server URL and a prefix making schemas unique.
+    pg_url: Option<String>,
+    prefix: String,
+}
+
+impl TestDb {
+    pub fn new() -> Self {
+        TestDb {
+            dir: tempfile::tempdir().expect("a temporary directory"),
+            pg_url: None,
+            prefix: format!("t{:08x}", fastrand::u32(..)),
+        }
+    }
+
+    /// The PostgreSQL suite needs `TICKBOX_PG_URL`; without it, it fails
+    /// rather than passing silently.
+    #[allow(dead_code)]
+    pub fn postgres() -> Self {
+        let url = std::env::var("TICKBOX_PG_URL").expect(
+            "the PostgreSQL suite needs TICKBOX_PG_URL, e.g. postgres://postgres@127.0.0.1:5432/test",
+        );
+        TestDb {
+            pg_url: Some(url),
+            ..TestDb::new()
+        }
+    }
+}
+
+impl TestBackend for tickbox::Sqlite {
+    fn module(db: &TestDb, name: &str) -> ModuleBuilder<Self> {
+        let path = db.dir.path().join(format!("{name}.db"));
+        tickbox::Module::builder(name, path.to_str().expect("utf-8 path"))
+    }
+    count_impl!();
+}
+
+#[cfg(feature = "postgres")]
+impl TestBackend for tickbox::Postgres {
+    fn module(db: &TestDb, name: &str) -> ModuleBuilder<Self> {
+        let url = db.pg_url.clone().expect("TestDb::postgres()");
+        tickbox::Module::builder(name, url).schema(format!("{}_{name}", db.prefix))
+    }
+    count_impl!();
+}
+
+/// Counts rows in a module's database.
+pub async fn count<B: TestBackend>(module: &ModuleHandle<B>, sql: impl Into<String>) -> i64 {
+    let sql = sql.into();
+    module
+        .transaction(async move |tx| Ok::<_, tickbox::Error>(B::count(tx.conn(), sql).await?))
+        .await
+        .expect("count query")
+}
+
+/// Effects a handler has committed.
+pub async fn effects<B: TestBackend>(module: &ModuleHandle<B>, handler: &str) -> i64 {
+    count(
+        module,
+        format!("SELECT count(*) AS n FROM effects WHERE handler = '{handler}'"),
+    )
+    .await
+}
+
+/// Inbox rows a handler has committed.
+pub async fn inbox_rows<B: TestBackend>(module: &ModuleHandle<B>, handler: &str) -> i64 {
+    count(
+        module,
+        format!("SELECT count(*) AS n FROM tickbox_inbox WHERE handler = '{handler}'"),
+    )
+    .await
+}
+
+/// Creates the table test handlers write their effects to.
+pub async fn create_effects<B: TestBackend>(module: &ModuleHandle<B>) {
+    module
+        .transaction(async move |tx| {
+            tx.conn()
+                .batch_execute(
+                    "CREATE TABLE IF NOT EXISTS effects (
+                        handler TEXT NOT NULL,
+                        message_id TEXT NOT NULL,
+                        attempt INTEGER NOT NULL
+                    )",
+                )
+                .await?;
+            Ok::<_, tickbox::Error>(())
+        })
+        .await
+        .expect("create effects table");
+}
+
+/// Waits until `condition` holds, checking every 20 ms, for at most
+/// `timeout`; panics with `what` if it never does.
+pub async fn eventually<F, Fut>(what: &str, timeout: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if condition().await {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// How long a test waits for a condition before failing.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Ping {
+    pub n: u64,
+}
+impl Message for Ping {
+    const TOPIC: &'static str = "test.ping";
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Pong {
+    pub n: u64,
+}
+impl Message for Pong {
+    const TOPIC: &'static str = "test.pong";
+}
+
+/// What a [`Record`] handler does after writing its effect row.
+#[derive(Debug, Clone, Copy)]
+pub enum Then {
+    Succeed,
+    /// Return an error on the first n calls.
+    FailFirst(u32),
+    /// Panic on the first n calls.
+    PanicFirst(u32),
+    /// Fail every call while the switch is on.
+    FailWhile(&'static std::sync::atomic::AtomicBool),
+}
+
+/// A test handler: writes an effect row in its transaction, then succeeds,
+/// fails or panics, and may publish a [`Pong`].
+#[derive(Clone)]
+pub struct Record {
+    pub then: Then,
+    pub publish_pong: bool,
+    /// Calls that reached the handler, failed or not.
+    pub calls: Arc<AtomicU32>,
+    /// Held for this long inside the transaction, to make deliveries overlap.
+    pub hold: Duration,
+}
+
+impl Record {
+    pub fn new(then: Then) -> Self {
+        Record {
+            then,
+            publish_pong: false,
+            calls: Arc::new(AtomicU32::new(0)),
+            hold: Duration::ZERO,
+        }
+    }
+
+    pub fn publishing_pong(mut self) -> Self {
+        self.publish_pong = true;
+        self
+    }
+
+    pub fn holding(mut self, hold: Duration) -> Self {
+        self.hold = hold;
+        self
+    }
+}
+
+impl<B: TestBackend, M: Message + HasN> Handler<B> for RecordOf<M> {
+    type Message = M;
+
+    async fn handle(&self, tx: &mut Tx<B>, message: M) -> Result<(), HandlerError> {
+        let record = &self.0;
+        let delivery = tx.delivery().expect("a handler runs in a delivery").clone();
+        tx.conn()
+            .batch_execute(&format!(
+                "INSERT INTO effects (handler, message_id, attempt) VALUES ('{}', '{}', {})",
+                delivery.handler, delivery.envelope.id, delivery.attempt
+            ))
+            .await?;
+        if !record.hold.is_zero() {
+            tokio::time::sleep(record.hold).await;
+        }
+        let call = record.calls.fetch_add(1, SeqCst) + 1;
+        match record.then {
+            Then::FailFirst(n) if call <= n => return Err(HandlerError::msg(format!("failure {call} of {n}"))),
+            Then::PanicFirst(n) if call <= n => panic!("panic {call} of {n}"),
+            Then::FailWhile(switch) if switch.load(SeqCst) => return Err(HandlerError::msg("switched to fail")),
+            _ => {}
+        }
+        if record.publish_pong {
+            tx.publish(&Pong { n: message.n() })?;
+        }
+        Ok(())
+    }
+}
+
+/// A [`Record`] handler for message type `M`.
+pub struct RecordOf<M>(pub Record, pub std::marker::PhantomData<fn() -> M>);
+
+pub fn record<M>(record: &Record) -> RecordOf<M> {
+    RecordOf(record.clone(), std::marker::PhantomData)
+}
+
+/// Test messages carry a number.
+pub trait HasN {
+    fn n(&self) -> u64;
+}
+impl HasN for Ping {
+    fn n(&self) -> u64 {
+        self.n
+    }
+}
+impl HasN for Pong {
+    fn n(&self) -> u64 {
+        self.n
+    }
+}
