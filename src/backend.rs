@@ -125,9 +125,9 @@ macro_rules! shared_queries {
             handler: &str,
             now_us: i64,
         ) -> diesel::QueryResult<bool> {
-            use $crate::schema::tickbox_inbox::dsl as inbox;
             use diesel::ExpressionMethods;
             use diesel_async::RunQueryDsl;
+            use $crate::schema::tickbox_inbox::dsl as inbox;
             let inserted = diesel::insert_into(inbox::tickbox_inbox)
                 .values((
                     inbox::message_id.eq($crate::schema::Id(message_id)),
@@ -145,9 +145,9 @@ macro_rules! shared_queries {
             after: Option<uuid::Uuid>,
             limit: i64,
         ) -> diesel::QueryResult<Vec<$crate::schema::OutboxRow>> {
-            use $crate::schema::tickbox_outbox::dsl as outbox;
             use diesel::{ExpressionMethods, QueryDsl, SelectableHelper};
             use diesel_async::RunQueryDsl;
+            use $crate::schema::tickbox_outbox::dsl as outbox;
             let mut query = outbox::tickbox_outbox
                 .filter(outbox::delivered_at_us.is_null())
                 .order(outbox::id)
@@ -165,9 +165,9 @@ macro_rules! shared_queries {
             ids: Vec<uuid::Uuid>,
             now_us: i64,
         ) -> diesel::QueryResult<usize> {
-            use $crate::schema::tickbox_outbox::dsl as outbox;
             use diesel::{ExpressionMethods, QueryDsl};
             use diesel_async::RunQueryDsl;
+            use $crate::schema::tickbox_outbox::dsl as outbox;
             let ids: Vec<_> = ids.into_iter().map($crate::schema::Id).collect();
             diesel::update(outbox::tickbox_outbox.filter(outbox::id.eq_any(ids)))
                 .set(outbox::delivered_at_us.eq(now_us))
@@ -178,10 +178,10 @@ macro_rules! shared_queries {
         async fn outbox_backlog(
             conn: &mut Self::Connection,
         ) -> diesel::QueryResult<(i64, Option<i64>)> {
-            use $crate::schema::tickbox_outbox::dsl as outbox;
             use diesel::dsl::{count_star, min};
             use diesel::{ExpressionMethods, QueryDsl};
             use diesel_async::RunQueryDsl;
+            use $crate::schema::tickbox_outbox::dsl as outbox;
             outbox::tickbox_outbox
                 .filter(outbox::delivered_at_us.is_null())
                 .select((count_star(), min(outbox::created_at_us)))
@@ -202,10 +202,8 @@ pub(crate) fn build_pool<C>(
 ) -> crate::Result<diesel_async::pooled_connection::deadpool::Pool<C>>
 where
     C: AsyncConnection + 'static,
-    diesel_async::pooled_connection::AsyncDieselConnectionManager<C>: deadpool::managed::Manager<
-        Type = C,
-        Error = diesel_async::pooled_connection::PoolError,
-    >,
+    diesel_async::pooled_connection::AsyncDieselConnectionManager<C>:
+        deadpool::managed::Manager<Type = C, Error = diesel_async::pooled_connection::PoolError>,
 {
     use diesel_async::pooled_connection::{
         AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
@@ -229,10 +227,8 @@ pub(crate) async fn checkout<C>(
 ) -> Result<diesel_async::pooled_connection::deadpool::Object<C>, String>
 where
     C: AsyncConnection + 'static,
-    diesel_async::pooled_connection::AsyncDieselConnectionManager<C>: deadpool::managed::Manager<
-        Type = C,
-        Error = diesel_async::pooled_connection::PoolError,
-    >,
+    diesel_async::pooled_connection::AsyncDieselConnectionManager<C>:
+        deadpool::managed::Manager<Type = C, Error = diesel_async::pooled_connection::PoolError>,
 {
     pool.get().await.map_err(|e| e.to_string())
 }

@@ -137,10 +137,15 @@ impl<B: Backend> BusBuilder<B> {
                 Ok(())
             }
         };
-        positive(config.max_concurrent_deliveries, "max_concurrent_deliveries")?;
+        positive(
+            config.max_concurrent_deliveries,
+            "max_concurrent_deliveries",
+        )?;
         positive(config.max_messages_in_memory, "max_messages_in_memory")?;
         if config.sweep_interval.is_zero() {
-            return Err(Error::Config("bus: sweep_interval must be above zero".into()));
+            return Err(Error::Config(
+                "bus: sweep_interval must be above zero".into(),
+            ));
         }
         if !(0.0..=1.0).contains(&config.duplicate_rate) {
             return Err(Error::Config(format!(

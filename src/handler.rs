@@ -127,7 +127,11 @@ pub(crate) trait ErasedHandler<B: Backend>: Send + Sync {
     fn topic(&self) -> &'static str;
 
     /// Decodes the payload and runs the handler.
-    fn call<'a>(&'a self, tx: &'a mut Tx<B>, payload: &'a str) -> BoxFuture<'a, Result<(), CallError>>;
+    fn call<'a>(
+        &'a self,
+        tx: &'a mut Tx<B>,
+        payload: &'a str,
+    ) -> BoxFuture<'a, Result<(), CallError>>;
 }
 
 /// Wraps a typed handler to store it beside handlers of other types.
@@ -138,7 +142,11 @@ impl<B: Backend, H: Handler<B>> ErasedHandler<B> for Typed<H> {
         H::Message::TOPIC
     }
 
-    fn call<'a>(&'a self, tx: &'a mut Tx<B>, payload: &'a str) -> BoxFuture<'a, Result<(), CallError>> {
+    fn call<'a>(
+        &'a self,
+        tx: &'a mut Tx<B>,
+        payload: &'a str,
+    ) -> BoxFuture<'a, Result<(), CallError>> {
         Box::pin(async move {
             let message = serde_json::from_str::<H::Message>(payload)
                 .map_err(|e| CallError::Undecodable(e.to_string()))?;

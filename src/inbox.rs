@@ -162,7 +162,13 @@ async fn run<B: Backend>(
         .catch_unwind()
         .await;
     let failure = match called {
-        Ok(Ok(())) => return tx.commit().await.map(|()| Outcome::Handled).map_err(database),
+        Ok(Ok(())) => {
+            return tx
+                .commit()
+                .await
+                .map(|()| Outcome::Handled)
+                .map_err(database)
+        }
         Ok(Err(CallError::Undecodable(reason))) => DeliveryError::new(
             FailureKind::Undecodable,
             format!("payload does not decode as this handler's message: {reason}"),

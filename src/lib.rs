@@ -85,7 +85,9 @@
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 #[cfg(not(any(feature = "sqlite", feature = "postgres")))]
-compile_error!("tickbox needs a backend: enable the `sqlite` feature, the `postgres` feature, or both");
+compile_error!(
+    "tickbox needs a backend: enable the `sqlite` feature, the `postgres` feature, or both"
+);
 
 mod backend;
 mod bus;

@@ -48,7 +48,7 @@ pub struct Envelope {
 impl Envelope {
     /// Encodes a message in a new envelope that starts a new flow. The bus
     /// creates envelopes itself on publish; this is for delivering a message
-    /// directly with [`ModuleHandle::deliver`](crate::ModuleHandle::deliver).
+    /// directly with [`ModuleHandle::deliver_to`](crate::ModuleHandle::deliver_to).
     pub fn encode<M: Message>(message: &M) -> crate::Result<Self> {
         let payload = serde_json::to_string(message).map_err(|source| crate::Error::Encode {
             topic: M::TOPIC.to_string(),

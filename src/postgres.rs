@@ -23,7 +23,7 @@ pub struct Postgres;
 const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres");
 
 /// Taken while migrating, so processes starting together do not race.
-const MIGRATION_LOCK: i64 = 0x7469_636b_626f_78; // "tickbox"
+const MIGRATION_LOCK: i64 = 0x0074_6963_6b62_6f78; // "tickbox"
 
 fn check_url(settings: &StoreSettings) -> crate::Result<()> {
     let url = settings.url.trim();
@@ -86,19 +86,26 @@ impl Backend for Postgres {
                 reason,
             };
             use diesel::connection::SimpleConnection;
-            SimpleConnection::batch_execute(&mut conn, &format!("SELECT pg_advisory_lock({MIGRATION_LOCK})"))
-                .map_err(|e| migration_error(e.to_string()))?;
+            SimpleConnection::batch_execute(
+                &mut conn,
+                &format!("SELECT pg_advisory_lock({MIGRATION_LOCK})"),
+            )
+            .map_err(|e| migration_error(e.to_string()))?;
             let migrated = (|| {
                 if let Some(schema) = &migrate_schema {
                     SimpleConnection::batch_execute(
                         &mut conn,
-                        &format!("CREATE SCHEMA IF NOT EXISTS {schema}; SET search_path TO {schema}"),
+                        &format!(
+                            "CREATE SCHEMA IF NOT EXISTS {schema}; SET search_path TO {schema}"
+                        ),
                     )?;
                 }
                 conn.run_pending_migrations(MIGRATIONS).map(drop)
             })();
-            let unlocked =
-                SimpleConnection::batch_execute(&mut conn, &format!("SELECT pg_advisory_unlock({MIGRATION_LOCK})"));
+            let unlocked = SimpleConnection::batch_execute(
+                &mut conn,
+                &format!("SELECT pg_advisory_unlock({MIGRATION_LOCK})"),
+            );
             migrated.map_err(|e| migration_error(e.to_string()))?;
             unlocked.map_err(|e| migration_error(e.to_string()))
         })

@@ -90,6 +90,10 @@ mod tests {
             jitter: 1.5,
             ..RetryPolicy::default()
         };
-        assert!(policy.validate().unwrap_err().to_string().contains("jitter"));
+        assert!(policy
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("jitter"));
     }
 }

@@ -7,8 +7,8 @@
 //! [`Backend`](crate::Backend) trait name them; the module itself is private.
 #![allow(unreachable_pub)]
 
-use diesel::sql_types::SqlType;
 use diesel::query_builder::QueryId;
+use diesel::sql_types::SqlType;
 
 /// A UUID column: `uuid` on PostgreSQL, a 16-byte `BLOB` on SQLite (which
 /// has no UUID type). Rust values are always [`uuid::Uuid`].
@@ -17,7 +17,14 @@ pub struct DbUuid;
 
 /// A UUID as a [`DbUuid`] column value.
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, diesel::expression::AsExpression, diesel::deserialize::FromSqlRow,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    diesel::expression::AsExpression,
+    diesel::deserialize::FromSqlRow,
 )]
 #[diesel(sql_type = DbUuid)]
 pub struct Id(pub(crate) uuid::Uuid);

@@ -4,7 +4,9 @@
 use crate::backend::{build_pool, checkout, shared_queries, Backend, StoreSettings};
 use crate::error::Error;
 use crate::schema::{tickbox_outbox, OutboxRow};
-use diesel::connection::{AnsiTransactionManager, Connection, SimpleConnection, TransactionManager};
+use diesel::connection::{
+    AnsiTransactionManager, Connection, SimpleConnection, TransactionManager,
+};
 use diesel::QueryResult;
 use diesel_async::pooled_connection::deadpool::{Object, Pool};
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
@@ -118,12 +120,12 @@ impl Backend for Sqlite {
     }
 
     async fn commit(conn: &mut Self::Connection) -> QueryResult<()> {
-        conn.spawn_blocking(|c| AnsiTransactionManager::commit_transaction(c))
+        conn.spawn_blocking(AnsiTransactionManager::commit_transaction)
             .await
     }
 
     async fn rollback(conn: &mut Self::Connection) -> QueryResult<()> {
-        conn.spawn_blocking(|c| AnsiTransactionManager::rollback_transaction(c))
+        conn.spawn_blocking(AnsiTransactionManager::rollback_transaction)
             .await
     }
 

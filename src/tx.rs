@@ -55,11 +55,16 @@ impl Delivery {
 
 impl<B: Backend> Tx<B> {
     /// Checks out a connection and begins a write transaction.
-    pub(crate) async fn begin(module: Arc<ModuleCore<B>>, delivery: Option<Delivery>) -> Result<Self> {
-        let mut conn = B::checkout(&module.pool).await.map_err(|reason| Error::Pool {
-            module: module.name.to_string(),
-            reason,
-        })?;
+    pub(crate) async fn begin(
+        module: Arc<ModuleCore<B>>,
+        delivery: Option<Delivery>,
+    ) -> Result<Self> {
+        let mut conn = B::checkout(&module.pool)
+            .await
+            .map_err(|reason| Error::Pool {
+                module: module.name.to_string(),
+                reason,
+            })?;
         B::begin(&mut conn).await?;
         Ok(Tx {
             conn,
@@ -119,7 +124,10 @@ impl<B: Backend> Tx<B> {
 
     /// Records the inbox row of the delivery; false when it was there already.
     pub(crate) async fn tick_inbox(&mut self) -> Result<bool> {
-        let delivery = self.delivery.as_ref().expect("only handler transactions tick the inbox");
+        let delivery = self
+            .delivery
+            .as_ref()
+            .expect("only handler transactions tick the inbox");
         let (id, handler) = (delivery.envelope.id, delivery.handler.clone());
         Ok(B::tick_inbox(&mut self.conn, id, &handler, now_us()).await?)
     }

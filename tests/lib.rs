@@ -13,8 +13,8 @@ mod support;
 /// Instantiates every suite test for one backend.
 macro_rules! suite {
     ($backend:ty, $db:expr, $bad_url:expr) => {
-        use super::support::trace_init;
         use super::suite;
+        use super::support::trace_init;
 
         macro_rules! case {
             ($name:ident) => {

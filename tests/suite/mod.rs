@@ -59,7 +59,9 @@ async fn drained<B: TestBackend>(bus: &BusHandle<B>) {
     .await;
 }
 
-pub async fn rolled_back_publish_is_never_delivered_and_committed_one_is<B: TestBackend>(db: TestDb) {
+pub async fn rolled_back_publish_is_never_delivered_and_committed_one_is<B: TestBackend>(
+    db: TestDb,
+) {
     let handler = Record::new(Then::Succeed);
     let (orders, warehouse) = pair::<B>(db.borrow(), &handler).await;
     let bus = bus(&[&orders, &warehouse]);
@@ -78,8 +80,16 @@ pub async fn rolled_back_publish_is_never_delivered_and_committed_one_is<B: Test
         effects(&warehouse, "warehouse.record").await == 1
     })
     .await;
-    assert_eq!(count(&orders, "SELECT count(*) AS n FROM tickbox_outbox").await, 1, "only the committed message is in the outbox");
-    assert_eq!(handler.calls.load(SeqCst), 1, "the rolled-back message never reached the handler");
+    assert_eq!(
+        count(&orders, "SELECT count(*) AS n FROM tickbox_outbox").await,
+        1,
+        "only the committed message is in the outbox"
+    );
+    assert_eq!(
+        handler.calls.load(SeqCst),
+        1,
+        "the rolled-back message never reached the handler"
+    );
     bus.stop().await;
 }
 
@@ -97,10 +107,17 @@ pub async fn a_redelivered_message_is_skipped_and_counted<B: TestBackend>(db: Te
     }
     drained(&bus).await;
     assert_eq!(effects(&warehouse, "warehouse.record").await, 5);
-    assert_eq!(handler.calls.load(SeqCst), 5, "each message ran the handler once");
+    assert_eq!(
+        handler.calls.load(SeqCst),
+        5,
+        "each message ran the handler once"
+    );
     let metrics = warehouse.metrics();
     assert_eq!(metrics.handlers[0].handled, 5);
-    assert_eq!(metrics.handlers[0].duplicates_skipped, 5, "every second delivery was skipped");
+    assert_eq!(
+        metrics.handlers[0].duplicates_skipped, 5,
+        "every second delivery was skipped"
+    );
     assert_eq!(bus.metrics().duplicates_injected, 5);
     bus.stop().await;
 }
@@ -119,14 +136,24 @@ pub async fn concurrent_deliveries_of_one_message_have_one_effect<B: TestBackend
     let deliveries = (0..16).map(|_| warehouse.deliver_to(envelope.clone(), "warehouse.record"));
     let outcomes = futures_util::future::join_all(deliveries).await;
 
-    let handled = outcomes.iter().filter(|o| **o == Ok(Outcome::Handled)).count();
-    let duplicates = outcomes.iter().filter(|o| **o == Ok(Outcome::Duplicate)).count();
+    let handled = outcomes
+        .iter()
+        .filter(|o| **o == Ok(Outcome::Handled))
+        .count();
+    let duplicates = outcomes
+        .iter()
+        .filter(|o| **o == Ok(Outcome::Duplicate))
+        .count();
     assert_eq!((handled, duplicates), (1, 15), "outcomes: {outcomes:?}");
     assert_eq!(effects(&warehouse, "warehouse.record").await, 1);
     assert_eq!(inbox_rows(&warehouse, "warehouse.record").await, 1);
 }
 
-async fn failing_handler_rolls_back_then_succeeds<B: TestBackend>(db: TestDb, then: Then, kind: FailureKind) {
+async fn failing_handler_rolls_back_then_succeeds<B: TestBackend>(
+    db: TestDb,
+    then: Then,
+    kind: FailureKind,
+) {
     let handler = Record::new(then);
     let (orders, warehouse) = pair::<B>(db.borrow(), &handler).await;
 
@@ -137,8 +164,16 @@ async fn failing_handler_rolls_back_then_succeeds<B: TestBackend>(db: TestDb, th
         .await
         .expect_err("the first attempt fails");
     assert_eq!(failed.kind, kind, "{failed}");
-    assert_eq!(effects(&warehouse, "warehouse.record").await, 0, "the failed attempt's changes were rolled back");
-    assert_eq!(inbox_rows(&warehouse, "warehouse.record").await, 0, "no inbox row for a failed attempt");
+    assert_eq!(
+        effects(&warehouse, "warehouse.record").await,
+        0,
+        "the failed attempt's changes were rolled back"
+    );
+    assert_eq!(
+        inbox_rows(&warehouse, "warehouse.record").await,
+        0,
+        "no inbox row for a failed attempt"
+    );
 
     // Through the bus: retried until it succeeds, exactly one effect.
     let bus = bus(&[&orders, &warehouse]);
@@ -154,11 +189,13 @@ async fn failing_handler_rolls_back_then_succeeds<B: TestBackend>(db: TestDb, th
 }
 
 pub async fn a_handler_error_rolls_back_and_is_retried<B: TestBackend>(db: TestDb) {
-    failing_handler_rolls_back_then_succeeds::<B>(db, Then::FailFirst(3), FailureKind::Handler).await;
+    failing_handler_rolls_back_then_succeeds::<B>(db, Then::FailFirst(3), FailureKind::Handler)
+        .await;
 }
 
 pub async fn a_handler_panic_rolls_back_and_is_retried<B: TestBackend>(db: TestDb) {
-    failing_handler_rolls_back_then_succeeds::<B>(db, Then::PanicFirst(3), FailureKind::Panic).await;
+    failing_handler_rolls_back_then_succeeds::<B>(db, Then::PanicFirst(3), FailureKind::Panic)
+        .await;
 }
 
 pub async fn each_handler_ticks_its_own_inbox_row<B: TestBackend>(db: TestDb) {
@@ -197,7 +234,9 @@ pub async fn each_handler_ticks_its_own_inbox_row<B: TestBackend>(db: TestDb) {
     bus.stop().await;
 }
 
-pub async fn a_message_published_by_a_handler_exists_only_if_it_commits<B: TestBackend>(db: TestDb) {
+pub async fn a_message_published_by_a_handler_exists_only_if_it_commits<B: TestBackend>(
+    db: TestDb,
+) {
     // warehouse handles Ping, publishes Pong, and fails its first attempt
     // after publishing: that Pong must never exist.
     let reserve = Record::new(Then::FailFirst(1)).publishing_pong();
@@ -224,7 +263,11 @@ pub async fn a_message_published_by_a_handler_exists_only_if_it_commits<B: TestB
     })
     .await;
     drained(&bus).await;
-    assert_eq!(reserve.calls.load(SeqCst), 2, "the first attempt failed, the second committed");
+    assert_eq!(
+        reserve.calls.load(SeqCst),
+        2,
+        "the first attempt failed, the second committed"
+    );
     assert_eq!(
         count(&warehouse, "SELECT count(*) AS n FROM tickbox_outbox").await,
         1,
@@ -241,11 +284,18 @@ pub async fn a_message_published_by_a_handler_exists_only_if_it_commits<B: TestB
         },
     )
     .await;
-    assert_eq!(chained, 1, "the Pong's causation and correlation ids point at the Ping");
+    assert_eq!(
+        chained, 1,
+        "the Pong's causation and correlation ids point at the Ping"
+    );
     bus.stop().await;
 }
 
-pub async fn a_crash_between_handler_commit_and_outbox_mark_redelivers_without_double_effect<B: TestBackend>(db: TestDb) {
+pub async fn a_crash_between_handler_commit_and_outbox_mark_redelivers_without_double_effect<
+    B: TestBackend,
+>(
+    db: TestDb,
+) {
     static BROKEN: AtomicBool = AtomicBool::new(true);
     BROKEN.store(true, SeqCst);
     let good = Record::new(Then::Succeed);
@@ -277,7 +327,11 @@ pub async fn a_crash_between_handler_commit_and_outbox_mark_redelivers_without_d
     })
     .await;
     first.stop().await;
-    assert_eq!(orders.outbox_backlog().await.expect("backlog").0, 1, "still pending after the crash");
+    assert_eq!(
+        orders.outbox_backlog().await.expect("backlog").0,
+        1,
+        "still pending after the crash"
+    );
     drop((first, orders, warehouse));
 
     // Second life on the same databases, flaky fixed: the message is
@@ -286,11 +340,18 @@ pub async fn a_crash_between_handler_commit_and_outbox_mark_redelivers_without_d
     let (orders, warehouse) = start_modules().await;
     let second = bus(&[&orders, &warehouse]);
     drained(&second).await;
-    assert_eq!(effects(&warehouse, "warehouse.good").await, 1, "no double effect");
+    assert_eq!(
+        effects(&warehouse, "warehouse.good").await,
+        1,
+        "no double effect"
+    );
     assert_eq!(effects(&warehouse, "warehouse.flaky").await, 1);
     assert_eq!(good.calls.load(SeqCst), 1, "good did not run again");
     let handlers = warehouse.metrics().handlers;
-    assert_eq!(handlers[0].duplicates_skipped, 1, "the redelivery to good was skipped");
+    assert_eq!(
+        handlers[0].duplicates_skipped, 1,
+        "the redelivery to good was skipped"
+    );
     assert_eq!(handlers[1].handled, 1);
     second.stop().await;
 }
@@ -304,10 +365,20 @@ pub async fn configuration_mistakes_fail_at_start_with_clear_errors<B: TestBacke
         .start()
         .await
         .expect_err("two handlers with one name");
-    assert!(matches!(duplicate, Error::DuplicateHandler { .. }), "{duplicate}");
-    assert!(duplicate.to_string().contains("two handlers named `same`"), "{duplicate}");
+    assert!(
+        matches!(duplicate, Error::DuplicateHandler { .. }),
+        "{duplicate}"
+    );
+    assert!(
+        duplicate.to_string().contains("two handlers named `same`"),
+        "{duplicate}"
+    );
 
-    let orders = B::module(db.borrow(), "orders").publishes::<Ping>().start().await.expect("orders");
+    let orders = B::module(db.borrow(), "orders")
+        .publishes::<Ping>()
+        .start()
+        .await
+        .expect("orders");
     let listener = B::module(db.borrow(), "listener")
         .handler("listener.pong", record::<Pong>(&handler))
         .start()
@@ -319,21 +390,54 @@ pub async fn configuration_mistakes_fail_at_start_with_clear_errors<B: TestBacke
         .start()
         .err()
         .expect("nobody publishes Pong");
-    assert!(matches!(unsubscribable, Error::UnsubscribableTopic { .. }), "{unsubscribable}");
-    assert!(unsubscribable.to_string().contains("test.pong"), "{unsubscribable}");
+    assert!(
+        matches!(unsubscribable, Error::UnsubscribableTopic { .. }),
+        "{unsubscribable}"
+    );
+    assert!(
+        unsubscribable.to_string().contains("test.pong"),
+        "{unsubscribable}"
+    );
 
-    let undeclared: Result<_, Error> = orders.transaction(async move |tx| tx.publish(&Pong { n: 1 })).await;
+    let undeclared: Result<_, Error> = orders
+        .transaction(async move |tx| tx.publish(&Pong { n: 1 }))
+        .await;
     let undeclared = undeclared.expect_err("orders does not publish Pong");
-    assert!(matches!(undeclared, Error::UnknownTopic { .. }), "{undeclared}");
+    assert!(
+        matches!(undeclared, Error::UnknownTopic { .. }),
+        "{undeclared}"
+    );
 
-    let big = B::module(db.borrow(), "big").publishes::<Ping>().max_payload_bytes(4).start().await.expect("big");
-    let too_large: Result<_, Error> = big.transaction(async move |tx| tx.publish(&Ping { n: 12345 })).await;
-    assert!(matches!(too_large.expect_err("over the limit"), Error::PayloadTooLarge { .. }));
+    let big = B::module(db.borrow(), "big")
+        .publishes::<Ping>()
+        .max_payload_bytes(4)
+        .start()
+        .await
+        .expect("big");
+    let too_large: Result<_, Error> = big
+        .transaction(async move |tx| tx.publish(&Ping { n: 12345 }))
+        .await;
+    assert!(matches!(
+        too_large.expect_err("over the limit"),
+        Error::PayloadTooLarge { .. }
+    ));
 
-    let bad_rate = Bus::builder().module(&big).duplicate_rate(1.5).start().err().expect("bad rate");
-    assert!(bad_rate.to_string().contains("duplicate_rate"), "{bad_rate}");
+    let bad_rate = Bus::builder()
+        .module(&big)
+        .duplicate_rate(1.5)
+        .start()
+        .err()
+        .expect("bad rate");
+    assert!(
+        bad_rate.to_string().contains("duplicate_rate"),
+        "{bad_rate}"
+    );
 
-    let zero_pool = B::module(db.borrow(), "zero").pool_size(0).start().await.expect_err("zero pool");
+    let zero_pool = B::module(db.borrow(), "zero")
+        .pool_size(0)
+        .start()
+        .await
+        .expect_err("zero pool");
     assert!(zero_pool.to_string().contains("pool_size"), "{zero_pool}");
 }
 
@@ -344,7 +448,10 @@ pub async fn a_bad_database_url_fails_at_start<B: TestBackend>(bad_url: &str) {
         .expect_err("a bad database URL");
     assert!(matches!(error, Error::BadDatabaseUrl { .. }), "{error}");
     assert!(error.to_string().contains("module `orders`"), "{error}");
-    assert!(!error.to_string().contains("hunter2"), "passwords are not shown: {error}");
+    assert!(
+        !error.to_string().contains("hunter2"),
+        "passwords are not shown: {error}"
+    );
 }
 
 /// Lets each test own its `TestDb` while helpers borrow it.

@@ -244,9 +244,13 @@ impl<B: TestBackend, M: Message + HasN> Handler<B> for RecordOf<M> {
         }
         let call = record.calls.fetch_add(1, SeqCst) + 1;
         match record.then {
-            Then::FailFirst(n) if call <= n => return Err(HandlerError::msg(format!("failure {call} of {n}"))),
+            Then::FailFirst(n) if call <= n => {
+                return Err(HandlerError::msg(format!("failure {call} of {n}")))
+            }
             Then::PanicFirst(n) if call <= n => panic!("panic {call} of {n}"),
-            Then::FailWhile(switch) if switch.load(SeqCst) => return Err(HandlerError::msg("switched to fail")),
+            Then::FailWhile(switch) if switch.load(SeqCst) => {
+                return Err(HandlerError::msg("switched to fail"))
+            }
             _ => {}
         }
         if record.publish_pong {
