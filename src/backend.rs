@@ -6,7 +6,7 @@
 //! (opening a pool, running migrations, how a write transaction begins) is
 //! written per backend, in `sqlite.rs` and `postgres.rs`.
 
-use crate::schema::OutboxRow;
+use crate::schema::{DeadLetterRow, OutboxRow};
 use diesel::QueryResult;
 use diesel_async::AsyncConnection;
 use std::future::Future;
@@ -91,13 +91,95 @@ pub trait Backend: Sized + Send + Sync + 'static {
         now_us: i64,
     ) -> impl Future<Output = QueryResult<bool>> + Send;
 
-    /// Undelivered outbox rows with ids above `after`, oldest first.
+    /// Claims up to `claim.limit` undelivered outbox rows, oldest first, that
+    /// were created before `claim.created_before_us` and that no live claim
+    /// holds: another process's rows are skipped, never waited for.
     #[doc(hidden)]
-    fn pending(
+    fn claim(
         conn: &mut Self::Connection,
-        after: Option<Uuid>,
-        limit: i64,
+        claim: Claim,
     ) -> impl Future<Output = QueryResult<Vec<OutboxRow>>> + Send;
+
+    /// Extends (or takes) the claim of `bus` on these undelivered rows unless
+    /// another bus holds a live claim on them.
+    #[doc(hidden)]
+    fn renew_claims(
+        conn: &mut Self::Connection,
+        ids: Vec<Uuid>,
+        bus: Uuid,
+        now_us: i64,
+        until_us: i64,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
+
+    /// Gives up the claims of `bus` on these rows (on a graceful stop).
+    #[doc(hidden)]
+    fn release_claims(
+        conn: &mut Self::Connection,
+        ids: Vec<Uuid>,
+        bus: Uuid,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
+
+    /// Records a dead letter, or updates the one already recorded for the
+    /// same message and handler.
+    #[doc(hidden)]
+    fn insert_dead_letter(
+        conn: &mut Self::Connection,
+        row: DeadLetterRow,
+    ) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Dead letters, oldest first, from `offset`.
+    #[doc(hidden)]
+    fn dead_letters(
+        conn: &mut Self::Connection,
+        offset: i64,
+        limit: i64,
+    ) -> impl Future<Output = QueryResult<Vec<DeadLetterRow>>> + Send;
+
+    /// One dead letter.
+    #[doc(hidden)]
+    fn dead_letter(
+        conn: &mut Self::Connection,
+        message_id: Uuid,
+        handler: String,
+    ) -> impl Future<Output = QueryResult<Option<DeadLetterRow>>> + Send;
+
+    /// Deletes one dead letter; the number of rows deleted.
+    #[doc(hidden)]
+    fn delete_dead_letter(
+        conn: &mut Self::Connection,
+        message_id: Uuid,
+        handler: String,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
+
+    /// Puts a delivered outbox row back to pending, unclaimed.
+    #[doc(hidden)]
+    fn requeue(
+        conn: &mut Self::Connection,
+        message_id: Uuid,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
+
+    /// Deletes up to `batch` messages' inbox rows processed before
+    /// `before_us`; the number of rows deleted.
+    #[doc(hidden)]
+    fn sweep_inbox(
+        conn: &mut Self::Connection,
+        before_us: i64,
+        batch: i64,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
+
+    /// Deletes up to `batch` outbox rows delivered before `before_us`.
+    #[doc(hidden)]
+    fn sweep_outbox(
+        conn: &mut Self::Connection,
+        before_us: i64,
+        batch: i64,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
+
+    /// Counts the rows of the inbox and of the dead letters.
+    #[doc(hidden)]
+    fn table_sizes(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = QueryResult<(i64, i64)>> + Send;
 
     /// Marks outbox rows delivered.
     #[doc(hidden)]
@@ -113,6 +195,21 @@ pub trait Backend: Sized + Send + Sync + 'static {
     fn outbox_backlog(
         conn: &mut Self::Connection,
     ) -> impl Future<Output = QueryResult<(i64, Option<i64>)>> + Send;
+}
+
+/// What a bus asks for when it claims outbox rows.
+#[derive(Debug, Clone, Copy)]
+#[allow(unreachable_pub)] // named only by the sealed trait's hidden methods
+pub struct Claim {
+    /// The claiming bus instance.
+    pub(crate) bus: Uuid,
+    pub(crate) now_us: i64,
+    /// The claim holds until then unless renewed.
+    pub(crate) until_us: i64,
+    /// Only rows created before this are claimed: younger ones are still on
+    /// their publisher's fast path.
+    pub(crate) created_before_us: i64,
+    pub(crate) limit: i64,
 }
 
 /// The queries that read the same on both dialects, expanded inside each
@@ -140,24 +237,159 @@ macro_rules! shared_queries {
             Ok(inserted == 1)
         }
 
-        async fn pending(
+        async fn renew_claims(
             conn: &mut Self::Connection,
-            after: Option<uuid::Uuid>,
-            limit: i64,
-        ) -> diesel::QueryResult<Vec<$crate::schema::OutboxRow>> {
-            use diesel::{ExpressionMethods, QueryDsl, SelectableHelper};
+            ids: Vec<uuid::Uuid>,
+            bus: uuid::Uuid,
+            now_us: i64,
+            until_us: i64,
+        ) -> diesel::QueryResult<usize> {
+            use diesel::{BoolExpressionMethods, ExpressionMethods, QueryDsl};
             use diesel_async::RunQueryDsl;
             use $crate::schema::tickbox_outbox::dsl as outbox;
-            let mut query = outbox::tickbox_outbox
-                .filter(outbox::delivered_at_us.is_null())
-                .order(outbox::id)
+            use $crate::schema::Id;
+            let ids: Vec<_> = ids.into_iter().map(Id).collect();
+            diesel::update(
+                outbox::tickbox_outbox
+                    .filter(outbox::id.eq_any(ids))
+                    .filter(outbox::delivered_at_us.is_null())
+                    .filter(
+                        outbox::claimed_by
+                            .eq(Id(bus))
+                            .or(outbox::claimed_until_us.is_null())
+                            .or(outbox::claimed_until_us.lt(now_us)),
+                    ),
+            )
+            .set((
+                outbox::claimed_by.eq(Id(bus)),
+                outbox::claimed_until_us.eq(until_us),
+            ))
+            .execute(conn)
+            .await
+        }
+
+        async fn release_claims(
+            conn: &mut Self::Connection,
+            ids: Vec<uuid::Uuid>,
+            bus: uuid::Uuid,
+        ) -> diesel::QueryResult<usize> {
+            use diesel::{ExpressionMethods, QueryDsl};
+            use diesel_async::RunQueryDsl;
+            use $crate::schema::tickbox_outbox::dsl as outbox;
+            use $crate::schema::Id;
+            let ids: Vec<_> = ids.into_iter().map(Id).collect();
+            diesel::update(
+                outbox::tickbox_outbox
+                    .filter(outbox::id.eq_any(ids))
+                    .filter(outbox::claimed_by.eq(Id(bus))),
+            )
+            .set((
+                outbox::claimed_by.eq(None::<Id>),
+                outbox::claimed_until_us.eq(None::<i64>),
+            ))
+            .execute(conn)
+            .await
+        }
+
+        async fn insert_dead_letter(
+            conn: &mut Self::Connection,
+            row: $crate::schema::DeadLetterRow,
+        ) -> diesel::QueryResult<()> {
+            use diesel::upsert::excluded;
+            use diesel::ExpressionMethods;
+            use diesel_async::RunQueryDsl;
+            use $crate::schema::tickbox_dead_letters::dsl as dead;
+            diesel::insert_into(dead::tickbox_dead_letters)
+                .values(row)
+                .on_conflict((dead::message_id, dead::handler))
+                .do_update()
+                .set((
+                    dead::attempts.eq(excluded(dead::attempts)),
+                    dead::reason.eq(excluded(dead::reason)),
+                    dead::dead_at_us.eq(excluded(dead::dead_at_us)),
+                ))
+                .execute(conn)
+                .await
+                .map(drop)
+        }
+
+        async fn dead_letters(
+            conn: &mut Self::Connection,
+            offset: i64,
+            limit: i64,
+        ) -> diesel::QueryResult<Vec<$crate::schema::DeadLetterRow>> {
+            use diesel::{QueryDsl, SelectableHelper};
+            use diesel_async::RunQueryDsl;
+            use $crate::schema::tickbox_dead_letters::dsl as dead;
+            dead::tickbox_dead_letters
+                .order((dead::dead_at_us, dead::message_id, dead::handler))
+                .offset(offset)
                 .limit(limit)
-                .select($crate::schema::OutboxRow::as_select())
-                .into_boxed();
-            if let Some(after) = after {
-                query = query.filter(outbox::id.gt($crate::schema::Id(after)));
-            }
-            query.load(conn).await
+                .select($crate::schema::DeadLetterRow::as_select())
+                .load(conn)
+                .await
+        }
+
+        async fn dead_letter(
+            conn: &mut Self::Connection,
+            message_id: uuid::Uuid,
+            handler: String,
+        ) -> diesel::QueryResult<Option<$crate::schema::DeadLetterRow>> {
+            use diesel::{ExpressionMethods, OptionalExtension, QueryDsl, SelectableHelper};
+            use diesel_async::RunQueryDsl;
+            use $crate::schema::tickbox_dead_letters::dsl as dead;
+            dead::tickbox_dead_letters
+                .filter(dead::message_id.eq($crate::schema::Id(message_id)))
+                .filter(dead::handler.eq(handler))
+                .select($crate::schema::DeadLetterRow::as_select())
+                .first(conn)
+                .await
+                .optional()
+        }
+
+        async fn delete_dead_letter(
+            conn: &mut Self::Connection,
+            message_id: uuid::Uuid,
+            handler: String,
+        ) -> diesel::QueryResult<usize> {
+            use diesel::{ExpressionMethods, QueryDsl};
+            use diesel_async::RunQueryDsl;
+            use $crate::schema::tickbox_dead_letters::dsl as dead;
+            diesel::delete(
+                dead::tickbox_dead_letters
+                    .filter(dead::message_id.eq($crate::schema::Id(message_id)))
+                    .filter(dead::handler.eq(handler)),
+            )
+            .execute(conn)
+            .await
+        }
+
+        async fn requeue(
+            conn: &mut Self::Connection,
+            message_id: uuid::Uuid,
+        ) -> diesel::QueryResult<usize> {
+            use diesel::{ExpressionMethods, QueryDsl};
+            use diesel_async::RunQueryDsl;
+            use $crate::schema::tickbox_outbox::dsl as outbox;
+            diesel::update(
+                outbox::tickbox_outbox.filter(outbox::id.eq($crate::schema::Id(message_id))),
+            )
+            .set((
+                outbox::delivered_at_us.eq(None::<i64>),
+                outbox::claimed_by.eq(None::<$crate::schema::Id>),
+                outbox::claimed_until_us.eq(None::<i64>),
+            ))
+            .execute(conn)
+            .await
+        }
+
+        async fn table_sizes(conn: &mut Self::Connection) -> diesel::QueryResult<(i64, i64)> {
+            use diesel::QueryDsl;
+            use diesel_async::RunQueryDsl;
+            use $crate::schema::{tickbox_dead_letters, tickbox_inbox};
+            let inbox = tickbox_inbox::table.count().get_result(conn).await?;
+            let dead = tickbox_dead_letters::table.count().get_result(conn).await?;
+            Ok((inbox, dead))
         }
 
         async fn mark_delivered(
@@ -170,7 +402,10 @@ macro_rules! shared_queries {
             use $crate::schema::tickbox_outbox::dsl as outbox;
             let ids: Vec<_> = ids.into_iter().map($crate::schema::Id).collect();
             diesel::update(outbox::tickbox_outbox.filter(outbox::id.eq_any(ids)))
-                .set(outbox::delivered_at_us.eq(now_us))
+                .set((
+                    outbox::delivered_at_us.eq(now_us),
+                    outbox::claimed_until_us.eq(None::<i64>),
+                ))
                 .execute(conn)
                 .await
         }
@@ -232,3 +467,72 @@ where
 {
     pool.get().await.map_err(|e| e.to_string())
 }
+
+/// Expands to `Backend::claim` running `$sql`, the dialect's claim statement,
+/// whose binds are: bus, claimed-until, created-before, now, limit.
+macro_rules! claim_with {
+    ($sql:expr) => {
+        async fn claim(
+            conn: &mut Self::Connection,
+            claim: $crate::backend::Claim,
+        ) -> diesel::QueryResult<Vec<$crate::schema::OutboxRow>> {
+            use diesel::sql_types::BigInt;
+            use diesel_async::RunQueryDsl;
+            let mut rows: Vec<$crate::schema::OutboxRow> = diesel::sql_query($sql)
+                .bind::<$crate::schema::DbUuid, _>($crate::schema::Id(claim.bus))
+                .bind::<BigInt, _>(claim.until_us)
+                .bind::<BigInt, _>(claim.created_before_us)
+                .bind::<BigInt, _>(claim.now_us)
+                .bind::<BigInt, _>(claim.limit)
+                .load(conn)
+                .await?;
+            // RETURNING does not promise an order.
+            rows.sort_by_key(|row| row.id.0);
+            Ok(rows)
+        }
+    };
+}
+pub(crate) use claim_with;
+
+/// Expands to `Backend::sweep_inbox` and `Backend::sweep_outbox` running the
+/// dialect's statements, whose binds are: id cutoff, time cutoff, batch, and
+/// (inbox only) the time cutoff again.
+///
+/// A message is processed and delivered after it is created, so every row to
+/// go has an id (a UUIDv7) below the cutoff: the primary key finds them, and
+/// no extra index has to be kept up on every insert.
+macro_rules! sweep_with {
+    (inbox: $inbox:expr, outbox: $outbox:expr $(,)?) => {
+        async fn sweep_inbox(
+            conn: &mut Self::Connection,
+            before_us: i64,
+            batch: i64,
+        ) -> diesel::QueryResult<usize> {
+            use diesel::sql_types::BigInt;
+            use diesel_async::RunQueryDsl;
+            diesel::sql_query($inbox)
+                .bind::<$crate::schema::DbUuid, _>($crate::schema::Id::earliest_at(before_us))
+                .bind::<BigInt, _>(before_us)
+                .bind::<BigInt, _>(batch)
+                .bind::<BigInt, _>(before_us)
+                .execute(conn)
+                .await
+        }
+
+        async fn sweep_outbox(
+            conn: &mut Self::Connection,
+            before_us: i64,
+            batch: i64,
+        ) -> diesel::QueryResult<usize> {
+            use diesel::sql_types::BigInt;
+            use diesel_async::RunQueryDsl;
+            diesel::sql_query($outbox)
+                .bind::<$crate::schema::DbUuid, _>($crate::schema::Id::earliest_at(before_us))
+                .bind::<BigInt, _>(before_us)
+                .bind::<BigInt, _>(batch)
+                .execute(conn)
+                .await
+        }
+    };
+}
+pub(crate) use sweep_with;

@@ -50,6 +50,9 @@ pub(crate) struct BusConfig {
     pub(crate) duplicate_rate: f64,
     /// How long `stop` waits for running deliveries.
     pub(crate) stop_timeout: Duration,
+    /// How long a claim on an outbox row keeps other processes' buses away;
+    /// renewed while the delivery runs.
+    pub(crate) claim_lease: Duration,
 }
 
 impl Default for BusConfig {
@@ -62,6 +65,7 @@ impl Default for BusConfig {
             retry: RetryPolicy::default(),
             duplicate_rate: 0.0,
             stop_timeout: Duration::from_secs(30),
+            claim_lease: Duration::from_secs(10),
         }
     }
 }
@@ -126,6 +130,15 @@ impl<B: Backend> BusBuilder<B> {
         self
     }
 
+    /// How long this bus's claim on an outbox row keeps other processes'
+    /// buses from delivering it too (default 10 s). The claim is renewed
+    /// while the delivery runs, so only the claims of a process that died
+    /// expire; its messages are taken over after at most this long.
+    pub fn claim_lease(mut self, lease: Duration) -> Self {
+        self.config.claim_lease = lease;
+        self
+    }
+
     /// Checks the configuration and starts the bus actor, which begins with a
     /// scan of every outbox.
     pub fn start(self) -> Result<BusHandle<B>> {
@@ -169,9 +182,17 @@ impl<B: Backend> BusBuilder<B> {
             .iter()
             .flat_map(|m| m.core.publishes.iter().copied())
             .collect();
+        // A redelivery can come as late as the last retry, plus a lease to
+        // expire and a scan to find the message.
+        let slack = config.claim_lease + config.sweep_interval;
         let mut routes: HashMap<String, Vec<Route<B>>> = HashMap::new();
         for module in &self.modules {
             for (index, entry) in module.core.handlers.iter().enumerate() {
+                let policy = entry.retry.as_ref().unwrap_or(&config.retry);
+                module
+                    .core
+                    .retention
+                    .check(module.name(), &entry.name, policy, slack)?;
                 let topic = entry.handler.topic();
                 if !published.contains(topic) {
                     return Err(Error::UnsubscribableTopic {
@@ -193,6 +214,9 @@ impl<B: Backend> BusBuilder<B> {
 
         let (stop, stopped) = watch::channel(false);
         let core = Arc::new(BusCore {
+            id: uuid::Uuid::now_v7(),
+            started_us: crate::message::now_us(),
+            known_topics: published.iter().map(|t| t.to_string()).collect(),
             routes: routes
                 .into_iter()
                 .map(|(topic, routes)| (topic, Arc::from(routes)))
@@ -232,8 +256,30 @@ pub(crate) struct Route<B: Backend> {
     pub(crate) handler: usize,
 }
 
+impl<B: Backend> Route<B> {
+    pub(crate) fn name(&self) -> &str {
+        &self.module.core.handlers[self.handler].name
+    }
+
+    /// The handler's own retry policy, or the bus's.
+    pub(crate) fn retry<'a>(&'a self, bus: &'a BusConfig) -> &'a RetryPolicy {
+        self.module.core.handlers[self.handler]
+            .retry
+            .as_ref()
+            .unwrap_or(&bus.retry)
+    }
+}
+
 /// The bus's state, shared by its actor, its handle and its dispatchers.
 pub(crate) struct BusCore<B: Backend> {
+    /// This bus instance, as written in the claims it takes.
+    pub(crate) id: uuid::Uuid,
+    /// When it started: older outbox rows are claimed at once, younger ones
+    /// only once they are past their publisher's fast path.
+    pub(crate) started_us: i64,
+    /// Topics some module on the bus declares; a message of any other topic
+    /// is dead-lettered.
+    pub(crate) known_topics: HashSet<String>,
     /// Subscribers of each topic.
     pub(crate) routes: HashMap<String, Arc<[Route<B>]>>,
     /// One per running handler attempt.

@@ -1,16 +1,19 @@
 //! One dispatcher per module outbox: takes committed messages (announced on
-//! commit, or found by scanning the table), delivers each to every
-//! subscriber, and marks it delivered once all of them have it.
+//! commit, or claimed from the table by a scan), delivers each to every
+//! subscriber, and marks it delivered once each of them has handled it,
+//! found it a duplicate, or given up on it as a dead letter.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Claim};
 use crate::bus::{BusCore, Route};
 use crate::message::{now_us, Envelope};
 use crate::module::ModuleHandle;
 use futures_util::future::join_all;
 use std::collections::{HashSet, VecDeque};
+use std::future::Future;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use tokio::sync::mpsc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
 use tokio::time::{sleep, sleep_until, Instant};
 use uuid::Uuid;
 
@@ -25,14 +28,14 @@ pub(crate) struct Dispatcher<B: Backend> {
 
 /// How the delivery of one message ended.
 enum Finished {
-    /// Every subscriber has it: mark it delivered.
+    /// Every subscriber is done with it: mark it delivered.
     Delivered(Uuid),
     /// Given up because the bus is stopping: it stays pending.
     Abandoned(Uuid),
 }
 
-/// Ids of messages marked delivered lately, so that a late announcement or a
-/// scan that raced with the mark does not start them again.
+/// Ids of messages marked delivered lately, so that a late announcement
+/// does not start them again.
 struct RecentIds {
     order: VecDeque<Uuid>,
     set: HashSet<Uuid>,
@@ -70,10 +73,12 @@ struct State<B: Backend> {
     /// Started and not yet marked delivered.
     in_flight: HashSet<Uuid>,
     recent: RecentIds,
-    /// Delivered to every subscriber, waiting for the mark.
+    /// Done with by every subscriber, waiting for the mark.
     to_mark: Vec<Uuid>,
-    /// While a scan of the outbox is under way: the last id it read.
-    scan: Option<Option<Uuid>>,
+    /// Given up on while stopping: their claims are released.
+    abandoned: Vec<Uuid>,
+    /// A scan of the outbox is under way.
+    scanning: bool,
     finished: mpsc::UnboundedSender<Finished>,
 }
 
@@ -102,18 +107,24 @@ impl<B: Backend> Dispatcher<B> {
             bus: bus.clone(),
             source: source.clone(),
             in_flight: HashSet::new(),
-            recent: RecentIds::new(2 * capacity + announcements.max_capacity()),
+            recent: RecentIds::new(capacity + announcements.max_capacity()),
             to_mark: Vec::new(),
-            scan: Some(None),
+            abandoned: Vec::new(),
+            scanning: true,
             finished,
         };
+        let retention = actix::spawn(sweep_retention_periodically(bus.clone(), source.clone()));
         let mut stopped = bus.stopped.clone();
+        let renew_every = bus.config.claim_lease / 3;
         let mut next_scan = Instant::now() + bus.config.sweep_interval;
-        tracing::debug!(module = %source.name(), "dispatcher started");
+        let mut next_renewal = Instant::now() + renew_every;
+        tracing::debug!(module = %source.name(), bus = %bus.id, "dispatcher started");
 
         while !bus.is_stopping() {
             state.mark().await;
-            state.scan_page().await;
+            if state.scanning {
+                state.scan_page().await;
+            }
             let room = state.in_flight.len() < capacity;
             tokio::select! {
                 biased;
@@ -135,19 +146,23 @@ impl<B: Backend> Dispatcher<B> {
                 }
                 _ = source.core.wake.notified() => {
                     if source.core.overflowed.swap(false, Relaxed) {
-                        state.scan.get_or_insert(None);
+                        state.scanning = true;
                     }
+                }
+                _ = sleep_until(next_renewal) => {
+                    next_renewal = Instant::now() + renew_every;
+                    state.renew_claims().await;
                 }
                 _ = sleep_until(next_scan) => {
                     next_scan = Instant::now() + bus.config.sweep_interval;
-                    state.scan.get_or_insert(None);
+                    state.scanning = true;
                 }
             }
         }
 
-        // Stopping: let running deliveries finish, within the timeout.
+        // Stopping: running deliveries may finish, within the timeout.
         let deadline = Instant::now() + bus.config.stop_timeout;
-        while !state.in_flight.is_empty() && state.to_mark.len() < state.in_flight.len() {
+        while state.to_mark.len() + state.abandoned.len() < state.in_flight.len() {
             tokio::select! {
                 Some(done) = finished_rx.recv() => state.finish(done),
                 _ = sleep_until(deadline) => {
@@ -157,6 +172,8 @@ impl<B: Backend> Dispatcher<B> {
             }
         }
         state.mark().await;
+        state.release_claims().await;
+        retention.abort();
         tracing::debug!(module = %source.name(), "dispatcher stopped");
     }
 }
@@ -170,6 +187,7 @@ impl<B: Backend> State<B> {
         self.in_flight.insert(envelope.id);
         actix::spawn(deliver_message(
             self.bus.clone(),
+            self.source.clone(),
             envelope,
             self.finished.clone(),
         ));
@@ -178,25 +196,23 @@ impl<B: Backend> State<B> {
     fn finish(&mut self, done: Finished) {
         match done {
             Finished::Delivered(id) => self.to_mark.push(id),
-            Finished::Abandoned(id) => {
-                self.in_flight.remove(&id);
-            }
+            Finished::Abandoned(id) => self.abandoned.push(id),
         }
     }
 
-    /// Marks delivered messages in one statement. On failure they stay in
-    /// flight (so nothing starts them again) and the mark is tried again on
-    /// the next turn.
+    /// Marks finished messages delivered in one statement. On failure they
+    /// stay in flight (so nothing starts them again) and the mark is tried
+    /// again on the next turn.
     async fn mark(&mut self) {
         if self.to_mark.is_empty() {
             return;
         }
         let ids = self.to_mark.clone();
-        let marked = match B::checkout(&self.source.core.pool).await {
+        let marked = match self.source.connection().await {
             Ok(mut conn) => B::mark_delivered(&mut conn, ids, now_us())
                 .await
                 .map_err(|e| e.to_string()),
-            Err(e) => Err(e),
+            Err(e) => Err(e.to_string()),
         };
         match marked {
             Ok(_) => {
@@ -210,39 +226,84 @@ impl<B: Backend> State<B> {
             }
             Err(error) => {
                 tracing::warn!(module = %self.source.name(), %error, "marking messages delivered failed; will retry");
+                sleep(Duration::from_millis(100)).await;
             }
         }
     }
 
-    /// Reads the next page of the outbox scan, if one is under way and there
-    /// is room in memory, and starts what it finds.
+    /// Claims the next page of the outbox scan, if there is room in memory,
+    /// and starts what it finds. Rows are claimed only once they are older
+    /// than a lease (or than the bus), so a message still on its
+    /// publisher's fast path is left to it.
     async fn scan_page(&mut self) {
-        let Some(after) = self.scan else { return };
         let capacity = self.bus.config.max_messages_in_memory;
-        if self.in_flight.len() >= capacity {
+        let room = capacity.saturating_sub(self.in_flight.len()) as i64;
+        if room == 0 {
             return;
         }
-        let limit = self.bus.config.sweep_page;
-        let rows = match B::checkout(&self.source.core.pool).await {
-            Ok(mut conn) => B::pending(&mut conn, after, limit)
-                .await
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e),
+        let now = now_us();
+        let lease = self.bus.config.claim_lease.as_micros() as i64;
+        let claim = Claim {
+            bus: self.bus.id,
+            now_us: now,
+            until_us: now + lease,
+            created_before_us: self.bus.started_us.max(now - lease),
+            limit: room.min(self.bus.config.sweep_page),
+        };
+        let rows = match self.source.connection().await {
+            Ok(mut conn) => B::claim(&mut conn, claim).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
         };
         match rows {
             Ok(rows) => {
-                let complete = (rows.len() as i64) < limit;
-                self.scan = Some(rows.last().map(|r| r.id.0).or(after));
+                self.scanning = rows.len() as i64 == claim.limit;
                 for row in rows {
                     self.start(Arc::new(row.into()));
-                }
-                if complete {
-                    self.scan = None;
                 }
             }
             Err(error) => {
                 tracing::warn!(module = %self.source.name(), %error, "scanning the outbox failed; will retry");
-                self.scan = None;
+                self.scanning = false;
+            }
+        }
+    }
+
+    /// Keeps this bus's claims on its running deliveries alive (and claims
+    /// the ones that came by the fast path), so no other process's bus takes
+    /// them over.
+    async fn renew_claims(&mut self) {
+        if self.in_flight.is_empty() {
+            return;
+        }
+        let ids = self.in_flight.iter().copied().collect();
+        let now = now_us();
+        let until = now + self.bus.config.claim_lease.as_micros() as i64;
+        let renewed = match self.source.connection().await {
+            Ok(mut conn) => B::renew_claims(&mut conn, ids, self.bus.id, now, until)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(error) = renewed {
+            tracing::warn!(module = %self.source.name(), %error, "renewing claims failed; will retry");
+        }
+    }
+
+    /// Gives up the claims of deliveries abandoned at stop, so the next bus
+    /// (in this process or another) takes them at once.
+    async fn release_claims(&mut self) {
+        let ids: Vec<Uuid> = self
+            .in_flight
+            .iter()
+            .filter(|id| !self.to_mark.contains(id))
+            .copied()
+            .collect();
+        if ids.is_empty() {
+            return;
+        }
+        if let Ok(mut conn) = self.source.connection().await {
+            if let Err(error) = B::release_claims(&mut conn, ids, self.bus.id).await {
+                tracing::warn!(module = %self.source.name(), %error, "releasing claims failed; they expire by themselves");
             }
         }
     }
@@ -251,15 +312,39 @@ impl<B: Backend> State<B> {
 /// Delivers one message to every subscriber and reports how it ended.
 async fn deliver_message<B: Backend>(
     bus: Arc<BusCore<B>>,
+    source: ModuleHandle<B>,
     envelope: Arc<Envelope>,
     finished: mpsc::UnboundedSender<Finished>,
 ) {
     let id = envelope.id;
     let done = match bus.routes.get(&envelope.topic).cloned() {
-        Some(routes) => deliver_to_all(&bus, &routes, &envelope).await,
-        None => {
+        Some(routes) => {
+            let done = join_all(
+                routes
+                    .iter()
+                    .map(|route| deliver_to_route(&bus, route, &envelope)),
+            )
+            .await
+            .into_iter()
+            .all(|done| done);
+            if done
+                && bus.config.duplicate_rate > 0.0
+                && fastrand::f64() < bus.config.duplicate_rate
+            {
+                inject_duplicate(&bus, &routes, &envelope).await;
+            }
+            done
+        }
+        None if bus.known_topics.contains(&envelope.topic) => {
             tracing::debug!(message_id = %id, topic = %envelope.topic, "no subscribers");
             true
+        }
+        None => {
+            let reason = format!(
+                "unknown topic `{}`: no module on the bus declares it, so no handler can decode it",
+                envelope.topic
+            );
+            bury(&bus, &source, &envelope, "", 0, &reason).await
         }
     };
     let _ = finished.send(if done {
@@ -269,55 +354,120 @@ async fn deliver_message<B: Backend>(
     });
 }
 
-/// Delivers to each route until every one has handled the message or found
-/// it a duplicate, retrying failures with backoff. False if the bus stopped
-/// first.
-async fn deliver_to_all<B: Backend>(
+/// Delivers to one handler until it has handled the message or found it a
+/// duplicate, retrying failures with backoff, or gives up and records a dead
+/// letter. False if the bus stopped first.
+async fn deliver_to_route<B: Backend>(
+    bus: &BusCore<B>,
+    route: &Route<B>,
+    envelope: &Arc<Envelope>,
+) -> bool {
+    let policy = route.retry(&bus.config);
+    let mut attempt = 0;
+    let mut failures = 0;
+    loop {
+        attempt += 1;
+        // Waiting for a slot stops with the bus; a running attempt is let
+        // finish.
+        let Some(slot) = until_stopped(bus, bus.permits.acquire()).await else {
+            return false;
+        };
+        let outcome = route
+            .module
+            .deliver(envelope.clone(), route.handler, attempt)
+            .await;
+        drop(slot);
+        let error = match outcome {
+            Ok(_) => return true,
+            Err(error) => error,
+        };
+        if error.counts_as_attempt() {
+            failures += 1;
+        }
+        let exhausted = policy.max_attempts.is_some_and(|max| failures >= max);
+        if !error.is_retryable() || exhausted {
+            let reason = format!("after {attempt} attempt(s): {error}");
+            return bury(bus, &route.module, envelope, route.name(), attempt, &reason).await;
+        }
+        if until_stopped(bus, sleep(policy.delay(attempt)))
+            .await
+            .is_none()
+        {
+            return false;
+        }
+    }
+}
+
+/// Records a dead letter, retrying while the database fails. False if the
+/// bus stopped first.
+async fn bury<B: Backend>(
+    bus: &BusCore<B>,
+    module: &ModuleHandle<B>,
+    envelope: &Envelope,
+    handler: &str,
+    attempts: u32,
+    reason: &str,
+) -> bool {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match module.bury(envelope, handler, attempts, reason).await {
+            Ok(()) => return true,
+            Err(error) => {
+                tracing::warn!(module = %module.name(), handler, %error, "recording a dead letter failed; will retry");
+            }
+        }
+        let delay = bus.config.retry.delay(tries);
+        if until_stopped(bus, sleep(delay)).await.is_none() {
+            return false;
+        }
+    }
+}
+
+/// For demonstrations: delivers the message to every subscriber once more.
+async fn inject_duplicate<B: Backend>(
     bus: &BusCore<B>,
     routes: &[Route<B>],
     envelope: &Arc<Envelope>,
-) -> bool {
-    let mut stopped = bus.stopped.clone();
-    // (route index, attempt number) of the deliveries still to succeed.
-    let mut waiting: Vec<(usize, u32)> = (0..routes.len()).map(|r| (r, 1)).collect();
+) {
+    bus.duplicates_injected.fetch_add(1, Relaxed);
+    join_all(
+        routes
+            .iter()
+            .map(|route| route.module.deliver(envelope.clone(), route.handler, 1)),
+    )
+    .await;
+}
+
+/// Runs `work` unless the bus stops first.
+async fn until_stopped<B: Backend, T>(
+    bus: &BusCore<B>,
+    work: impl Future<Output = T>,
+) -> Option<T> {
+    let mut stopped: watch::Receiver<bool> = bus.stopped.clone();
+    tokio::select! {
+        value = work => Some(value),
+        _ = stopped.wait_for(|stop| *stop) => None,
+    }
+}
+
+/// Runs the module's retention sweep every retention interval while the
+/// bus runs, starting one interval after the bus (after its first scan has
+/// redelivered what a crash left behind).
+async fn sweep_retention_periodically<B: Backend>(bus: Arc<BusCore<B>>, module: ModuleHandle<B>) {
+    let retention = &module.core.retention;
+    if retention.inbox.is_none() && retention.outbox.is_none() {
+        return;
+    }
     loop {
-        let slots = waiting.len().min(bus.config.max_concurrent_deliveries) as u32;
-        let permit = tokio::select! {
-            permit = bus.permits.acquire_many(slots) => permit.expect("the semaphore is never closed"),
-            _ = stopped.wait_for(|s| *s) => return false,
-        };
-        let outcomes = join_all(waiting.iter().map(|&(r, attempt)| {
-            routes[r]
-                .module
-                .deliver(envelope.clone(), routes[r].handler, attempt)
-        }))
-        .await;
-        drop(permit);
-        waiting = waiting
-            .into_iter()
-            .zip(outcomes)
-            .filter_map(|((r, attempt), outcome)| outcome.err().map(|_| (r, attempt + 1)))
-            .collect();
-        let Some(&(_, next_attempt)) = waiting.iter().min_by_key(|(_, a)| *a) else {
-            break;
-        };
-        if bus.is_stopping() {
-            return false;
+        if until_stopped(&bus, sleep(retention.interval))
+            .await
+            .is_none()
+        {
+            return;
         }
-        let delay = bus.config.retry.delay(next_attempt - 1);
-        tokio::select! {
-            _ = sleep(delay) => {}
-            _ = stopped.wait_for(|s| *s) => return false,
+        if let Err(error) = module.sweep_retention().await {
+            tracing::warn!(module = %module.name(), %error, "retention sweep failed; will retry");
         }
     }
-    if bus.config.duplicate_rate > 0.0 && fastrand::f64() < bus.config.duplicate_rate {
-        bus.duplicates_injected.fetch_add(1, Relaxed);
-        join_all(
-            routes
-                .iter()
-                .map(|route| route.module.deliver(envelope.clone(), route.handler, 1)),
-        )
-        .await;
-    }
-    true
 }

@@ -80,6 +80,38 @@ pub enum Error {
         source: serde_json::Error,
     },
 
+    /// A module's inbox retention is shorter than the time a message can
+    /// still be redelivered to one of its handlers: a late duplicate would
+    /// find its inbox row gone and be processed twice.
+    #[error("module `{module}`: inbox retention of {retention:?} is shorter than the redelivery horizon {horizon} of handler `{handler}`; raise the retention, or lower the retry policy's max_attempts or delays")]
+    RetentionTooShort {
+        /// The module.
+        module: String,
+        /// The handler whose retries outlast the window.
+        handler: String,
+        /// The configured window.
+        retention: std::time::Duration,
+        /// How long redeliveries can go on (or "unbounded").
+        horizon: String,
+    },
+
+    /// No dead letter exists for that message and handler.
+    #[error(
+        "module `{module}` has no dead letter for message {message_id} and handler `{handler}`"
+    )]
+    NoSuchDeadLetter {
+        /// The module.
+        module: String,
+        /// The message id.
+        message_id: uuid::Uuid,
+        /// The handler.
+        handler: String,
+    },
+
+    /// A replayed dead letter failed again; it stays a dead letter.
+    #[error("replay failed: {0}")]
+    ReplayFailed(crate::DeliveryError),
+
     /// The module was already attached to a bus.
     #[error("module `{0}` is already attached to a bus; a module belongs to one bus")]
     AlreadyAttached(String),

@@ -85,6 +85,18 @@ impl HandlerError {
     pub fn is_permanent(&self) -> bool {
         self.permanent
     }
+
+    /// True when the handler failed because the database did (a lost
+    /// connection, a serialization failure, a busy database): retried
+    /// without using up an attempt.
+    pub(crate) fn is_transient_database(&self) -> bool {
+        if let Some(e) = self.error.downcast_ref::<diesel::result::Error>() {
+            return crate::error::is_transient_db(e);
+        }
+        self.error
+            .downcast_ref::<crate::Error>()
+            .is_some_and(crate::Error::is_transient)
+    }
 }
 
 impl<E: std::error::Error + Send + Sync + 'static> From<E> for HandlerError {

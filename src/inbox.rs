@@ -30,6 +30,9 @@ pub struct DeliveryError {
     pub kind: FailureKind,
     /// A description, with the error's chain of causes.
     pub reason: String,
+    /// The database failed in a way that may pass (a lost connection, a
+    /// serialization failure, a busy database).
+    pub transient: bool,
 }
 
 /// The kinds of delivery failure.
@@ -58,6 +61,24 @@ impl DeliveryError {
         DeliveryError {
             kind,
             reason: reason.to_string(),
+            transient: false,
+        }
+    }
+
+    fn database(error: Error) -> Self {
+        DeliveryError {
+            transient: error.is_transient(),
+            ..Self::new(FailureKind::Database, error)
+        }
+    }
+
+    /// Whether this failure uses up one of the retry policy's attempts:
+    /// transient database failures and stops do not.
+    pub fn counts_as_attempt(&self) -> bool {
+        match self.kind {
+            FailureKind::Database => !self.transient,
+            FailureKind::Stopped => false,
+            _ => true,
         }
     }
 
@@ -135,7 +156,7 @@ async fn run<B: Backend>(
     module: Arc<ModuleCore<B>>,
     deliver: Deliver,
 ) -> Result<Outcome, DeliveryError> {
-    let database = |e: Error| DeliveryError::new(FailureKind::Database, e);
+    let database = DeliveryError::database;
     let entry = &module.handlers[deliver.handler];
     let handler = entry.handler.clone();
     let delivery = Delivery {
@@ -176,6 +197,10 @@ async fn run<B: Backend>(
         Ok(Err(CallError::Handler(error))) if error.is_permanent() => {
             DeliveryError::new(FailureKind::Permanent, error)
         }
+        Ok(Err(CallError::Handler(error))) if error.is_transient_database() => DeliveryError {
+            transient: true,
+            ..DeliveryError::new(FailureKind::Database, error)
+        },
         Ok(Err(CallError::Handler(error))) => DeliveryError::new(FailureKind::Handler, error),
         Err(panic) => DeliveryError::new(
             FailureKind::Panic,

@@ -75,7 +75,10 @@
 //! - `inbox` — the inbox guard that makes each delivery idempotent.
 //! - `bus` — [`Bus`], the actor that routes messages, built with
 //!   [`BusBuilder`]; `dispatcher` delivers one outbox.
-//! - `retry` — [`RetryPolicy`], the backoff between attempts.
+//! - `retry` — [`RetryPolicy`], the backoff between attempts and when to
+//!   give up.
+//! - `dead_letter` — [`DeadLetter`]s: list, replay, discard.
+//! - `retention` — [`Retention`]: the inbox window and the outbox sweep.
 //! - `metrics` — counters and their snapshots.
 //! - `backend`, `schema`, `sqlite`, `postgres` — storage, one file per
 //!   backend for what differs.
@@ -91,6 +94,7 @@ compile_error!(
 
 mod backend;
 mod bus;
+mod dead_letter;
 mod dispatcher;
 mod error;
 mod handler;
@@ -98,6 +102,7 @@ mod inbox;
 mod message;
 mod metrics;
 mod module;
+mod retention;
 mod retry;
 mod schema;
 mod tx;
@@ -109,12 +114,14 @@ mod sqlite;
 
 pub use backend::Backend;
 pub use bus::{Bus, BusBuilder, BusHandle, Stop};
+pub use dead_letter::{DeadLetter, Replayed};
 pub use error::{Error, Result};
 pub use handler::{Handler, HandlerError};
 pub use inbox::{DeliveryError, FailureKind, Outcome};
 pub use message::{Envelope, Message};
 pub use metrics::{BusMetrics, HandlerMetrics, ModuleMetrics};
-pub use module::{Deliver, Module, ModuleBuilder, ModuleHandle};
+pub use module::{Deliver, Module, ModuleBuilder, ModuleHandle, StoreStats};
+pub use retention::{Retention, SweepReport};
 pub use retry::RetryPolicy;
 pub use tx::{Delivery, Tx, TxFn};
 

@@ -11,6 +11,7 @@ pub(crate) struct HandlerCounters {
     pub(crate) duplicates: AtomicU64,
     pub(crate) failed: AtomicU64,
     pub(crate) retried: AtomicU64,
+    pub(crate) dead_lettered: AtomicU64,
     pub(crate) latency_us_sum: AtomicU64,
 }
 
@@ -31,6 +32,7 @@ impl HandlerCounters {
             duplicates_skipped: self.duplicates.load(Relaxed),
             failed: self.failed.load(Relaxed),
             retried: self.retried.load(Relaxed),
+            dead_lettered: self.dead_lettered.load(Relaxed),
             mean_latency_seconds: if handled == 0 {
                 0.0
             } else {
@@ -64,6 +66,8 @@ pub struct HandlerMetrics {
     pub failed: u64,
     /// Attempts that were retries of a failed one.
     pub retried: u64,
+    /// Deliveries given up on and recorded as dead letters.
+    pub dead_lettered: u64,
     /// Mean time of a committed delivery, from BEGIN to COMMIT.
     pub mean_latency_seconds: f64,
 }

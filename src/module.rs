@@ -6,6 +6,8 @@ use crate::handler::{ErasedHandler, Handler, Typed};
 use crate::inbox::{self, DeliveryError, Outcome};
 use crate::message::{Envelope, Message};
 use crate::metrics::{HandlerCounters, Mailbox, ModuleMetrics};
+use crate::retention::Retention;
+use crate::retry::RetryPolicy;
 use crate::tx::{Tx, TxFn};
 use actix::{Actor, Addr, Context, ResponseFuture};
 use futures_util::FutureExt;
@@ -34,6 +36,7 @@ const ANNOUNCE_CAPACITY: usize = 4096;
 pub struct ModuleBuilder<B: Backend> {
     settings: StoreSettings,
     max_payload_bytes: usize,
+    retention: Retention,
     publishes: HashSet<&'static str>,
     handlers: Vec<HandlerEntry<B>>,
 }
@@ -42,6 +45,8 @@ pub struct ModuleBuilder<B: Backend> {
 pub(crate) struct HandlerEntry<B: Backend> {
     pub(crate) name: Arc<str>,
     pub(crate) handler: Arc<dyn ErasedHandler<B>>,
+    /// Overrides the bus's retry policy for this handler.
+    pub(crate) retry: Option<RetryPolicy>,
     pub(crate) counters: HandlerCounters,
 }
 
@@ -59,6 +64,7 @@ impl<B: Backend> ModuleBuilder<B> {
                 checkout_timeout: Duration::from_secs(30),
             },
             max_payload_bytes: 256 * 1024,
+            retention: Retention::default(),
             publishes: HashSet::new(),
             handlers: Vec::new(),
         }
@@ -104,12 +110,41 @@ impl<B: Backend> ModuleBuilder<B> {
     /// The name is half of the inbox key: keep it stable across releases (a
     /// renamed handler would process old messages again) and unique within
     /// the module.
-    pub fn handler<H: Handler<B>>(mut self, name: impl Into<String>, handler: H) -> Self {
+    pub fn handler<H: Handler<B>>(self, name: impl Into<String>, handler: H) -> Self {
+        self.add_handler(name.into(), handler, None)
+    }
+
+    /// Like [`ModuleBuilder::handler`], with a retry policy of its own
+    /// instead of the bus's.
+    pub fn handler_with_retry<H: Handler<B>>(
+        self,
+        name: impl Into<String>,
+        handler: H,
+        policy: RetryPolicy,
+    ) -> Self {
+        self.add_handler(name.into(), handler, Some(policy))
+    }
+
+    fn add_handler<H: Handler<B>>(
+        mut self,
+        name: String,
+        handler: H,
+        retry: Option<RetryPolicy>,
+    ) -> Self {
         self.handlers.push(HandlerEntry {
-            name: Arc::from(name.into()),
+            name: Arc::from(name),
             handler: Arc::new(Typed(handler)),
+            retry,
             counters: HandlerCounters::default(),
         });
+        self
+    }
+
+    /// How long processed inbox rows and delivered outbox rows are kept
+    /// (default: [`Retention::default`], seven days). The bus refuses an
+    /// inbox window shorter than a handler's redelivery horizon.
+    pub fn retention(mut self, retention: Retention) -> Self {
+        self.retention = retention;
         self
     }
 
@@ -130,8 +165,16 @@ impl<B: Backend> ModuleBuilder<B> {
                 "module `{name}`: max_payload_bytes must be at least 1"
             )));
         }
+        if self.retention.interval.is_zero() {
+            return Err(Error::Config(format!(
+                "module `{name}`: the retention interval must be above zero"
+            )));
+        }
         let mut seen = HashSet::new();
         for entry in &self.handlers {
+            if let Some(policy) = &entry.retry {
+                policy.validate()?;
+            }
             if entry.name.trim().is_empty() {
                 return Err(Error::Config(format!(
                     "module `{name}`: a handler name must not be empty"
@@ -151,6 +194,7 @@ impl<B: Backend> ModuleBuilder<B> {
             pool,
             publishes: self.publishes,
             max_payload_bytes: self.max_payload_bytes,
+            retention: self.retention,
             handlers: self.handlers,
             mailbox: Mailbox::default(),
             announced: sender,
@@ -172,6 +216,7 @@ pub(crate) struct ModuleCore<B: Backend> {
     /// Topics this module may publish.
     pub(crate) publishes: HashSet<&'static str>,
     pub(crate) max_payload_bytes: usize,
+    pub(crate) retention: Retention,
     pub(crate) handlers: Vec<HandlerEntry<B>>,
     pub(crate) mailbox: Mailbox,
     /// Committed messages on their way to the bus (the fast path: no polling).
@@ -256,6 +301,19 @@ impl<B: Backend> actix::Handler<Deliver> for Module<B> {
             result.unwrap_or_else(|e| Err(DeliveryError::stopped(e.to_string())))
         })
     }
+}
+
+/// Sizes of a module's tickbox tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct StoreStats {
+    /// Outbox messages not yet delivered to all their subscribers.
+    pub outbox_pending: i64,
+    /// When the oldest of them was published (µs since the Unix epoch).
+    pub oldest_pending_us: Option<i64>,
+    /// Rows in the inbox (the duplicate-detection window).
+    pub inbox_rows: i64,
+    /// Dead letters waiting for an operator.
+    pub dead_letters: i64,
 }
 
 /// What application code holds of a started module: run transactions, read
@@ -361,13 +419,31 @@ impl<B: Backend> ModuleHandle<B> {
     /// subscribers, and when the oldest of them was published (microseconds
     /// since the Unix epoch).
     pub async fn outbox_backlog(&self) -> Result<(i64, Option<i64>)> {
-        let mut conn = B::checkout(&self.core.pool)
+        let mut conn = self.connection().await?;
+        Ok(B::outbox_backlog(&mut conn).await?)
+    }
+
+    /// Sizes of the module's tickbox tables, read from the database.
+    pub async fn store_stats(&self) -> Result<StoreStats> {
+        let mut conn = self.connection().await?;
+        let (outbox_pending, oldest_pending_us) = B::outbox_backlog(&mut conn).await?;
+        let (inbox_rows, dead_letters) = B::table_sizes(&mut conn).await?;
+        Ok(StoreStats {
+            outbox_pending,
+            oldest_pending_us,
+            inbox_rows,
+            dead_letters,
+        })
+    }
+
+    /// A connection from the module's pool, outside any transaction.
+    pub(crate) async fn connection(&self) -> Result<B::Pooled> {
+        B::checkout(&self.core.pool)
             .await
             .map_err(|reason| Error::Pool {
                 module: self.core.name.to_string(),
                 reason,
-            })?;
-        Ok(B::outbox_backlog(&mut conn).await?)
+            })
     }
 
     /// A snapshot of the module's mailbox and handler counters.

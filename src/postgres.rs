@@ -1,7 +1,9 @@
 //! The PostgreSQL backend: `AsyncPgConnection` (tokio-postgres, no libpq)
 //! with a pool; a module owns a database or a schema.
 
-use crate::backend::{build_pool, checkout, shared_queries, Backend, StoreSettings};
+use crate::backend::{
+    build_pool, checkout, claim_with, shared_queries, sweep_with, Backend, StoreSettings,
+};
 use crate::error::{redact_url, Error};
 use crate::schema::{tickbox_outbox, OutboxRow};
 use diesel::QueryResult;
@@ -157,6 +159,27 @@ impl Backend for Postgres {
             .await
             .map(drop)
     }
+
+    // SKIP LOCKED: rows another process is claiming right now are passed
+    // over, not waited for.
+    claim_with!(
+        "UPDATE tickbox_outbox SET claimed_by = $1, claimed_until_us = $2 \
+         WHERE id IN (SELECT id FROM tickbox_outbox \
+             WHERE delivered_at_us IS NULL AND created_at_us < $3 \
+             AND (claimed_until_us IS NULL OR claimed_until_us < $4) \
+             ORDER BY id LIMIT $5 FOR UPDATE SKIP LOCKED) \
+         RETURNING id, topic, payload, correlation_id, causation_id, created_at_us"
+    );
+
+    sweep_with!(
+        inbox: "DELETE FROM tickbox_inbox WHERE message_id IN \
+            (SELECT message_id FROM tickbox_inbox \
+             WHERE message_id < $1 AND processed_at_us < $2 LIMIT $3) \
+            AND processed_at_us < $4",
+        outbox: "DELETE FROM tickbox_outbox WHERE id IN \
+            (SELECT id FROM tickbox_outbox \
+             WHERE id < $1 AND delivered_at_us < $2 LIMIT $3)",
+    );
 
     shared_queries!();
 }

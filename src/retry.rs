@@ -2,11 +2,14 @@
 
 use std::time::Duration;
 
-/// Exponential backoff with jitter.
+/// Exponential backoff with jitter, and when to give up.
 ///
 /// The n-th retry waits `initial × multiplier^(n-1)`, capped at `max_delay`,
 /// then spread by ±`jitter` so that deliveries failing together do not retry
-/// in lockstep.
+/// in lockstep. After `max_attempts` failed attempts the delivery becomes a
+/// dead letter. Transient database failures (a lost connection, a busy
+/// database) are retried with the same backoff but do not use up attempts:
+/// an outage pauses delivery instead of burying messages.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RetryPolicy {
     /// Delay before the first retry.
@@ -17,6 +20,10 @@ pub struct RetryPolicy {
     pub multiplier: f64,
     /// Relative spread, from 0 (none) to 1 (±100 %).
     pub jitter: f64,
+    /// Failed attempts before the delivery is dead-lettered; `None` retries
+    /// forever (and rules out inbox retention, whose window must outlast
+    /// every redelivery).
+    pub max_attempts: Option<u32>,
 }
 
 impl Default for RetryPolicy {
@@ -26,6 +33,7 @@ impl Default for RetryPolicy {
             max_delay: Duration::from_secs(30),
             multiplier: 2.0,
             jitter: 0.2,
+            max_attempts: Some(10),
         }
     }
 }
@@ -38,6 +46,21 @@ impl RetryPolicy {
         let capped = base.min(self.max_delay.as_secs_f64());
         let spread = 1.0 + self.jitter * (fastrand::f64() * 2.0 - 1.0);
         Duration::from_secs_f64((capped * spread).max(0.0))
+    }
+
+    /// The longest a delivery can go on failing before it is dead-lettered:
+    /// every backoff at its largest jitter. `None` when attempts are
+    /// unbounded.
+    pub fn horizon(&self) -> Option<Duration> {
+        let attempts = self.max_attempts?;
+        let total: f64 = (1..attempts)
+            .map(|n| {
+                let exponent = (n - 1).min(64) as i32;
+                let base = self.initial_delay.as_secs_f64() * self.multiplier.powi(exponent);
+                base.min(self.max_delay.as_secs_f64()) * (1.0 + self.jitter)
+            })
+            .sum();
+        Some(Duration::from_secs_f64(total))
     }
 
     /// Checks the settings; `Err` names the bad one.
@@ -54,6 +77,9 @@ impl RetryPolicy {
         }
         if !(0.0..=1.0).contains(&self.jitter) {
             return bad("jitter must be between 0 and 1");
+        }
+        if self.max_attempts == Some(0) {
+            return bad("max_attempts must be at least 1 (or None to retry forever)");
         }
         Ok(())
     }
@@ -82,6 +108,22 @@ mod tests {
             let d = policy.delay(1).as_secs_f64();
             assert!((0.040..=0.060).contains(&d), "{d}");
         }
+    }
+
+    #[test]
+    fn the_horizon_adds_every_backoff_at_its_largest() {
+        let policy = RetryPolicy {
+            max_attempts: Some(4),
+            jitter: 0.5,
+            ..RetryPolicy::default()
+        };
+        // Three waits: 50, 100 and 200 ms, each at +50 %.
+        assert_eq!(policy.horizon(), Some(Duration::from_millis(525)));
+        let forever = RetryPolicy {
+            max_attempts: None,
+            ..RetryPolicy::default()
+        };
+        assert_eq!(forever.horizon(), None);
     }
 
     #[test]

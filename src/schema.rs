@@ -29,6 +29,19 @@ pub struct DbUuid;
 #[diesel(sql_type = DbUuid)]
 pub struct Id(pub(crate) uuid::Uuid);
 
+impl Id {
+    /// The smallest UUIDv7 of the millisecond holding `unix_us`: every
+    /// UUIDv7 made before that millisecond compares lower (UUIDs compare
+    /// bytewise on both backends).
+    pub(crate) fn earliest_at(unix_us: i64) -> Id {
+        let ms = (unix_us / 1000).max(0) as u64;
+        let mut bytes = [0u8; 16];
+        bytes[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
+        bytes[6] = 0x70;
+        Id(uuid::Uuid::from_bytes(bytes))
+    }
+}
+
 diesel::table! {
     use diesel::sql_types::*;
     use super::DbUuid;
@@ -42,6 +55,8 @@ diesel::table! {
         causation_id -> Nullable<DbUuid>,
         created_at_us -> BigInt,
         delivered_at_us -> Nullable<BigInt>,
+        claimed_by -> Nullable<DbUuid>,
+        claimed_until_us -> Nullable<BigInt>,
     }
 }
 
@@ -57,8 +72,45 @@ diesel::table! {
     }
 }
 
-/// One outbox row, as written at publish and read back for redelivery.
+diesel::table! {
+    use diesel::sql_types::*;
+    use super::DbUuid;
+
+    /// Deliveries given up on, kept until replayed or discarded.
+    tickbox_dead_letters (message_id, handler) {
+        message_id -> DbUuid,
+        handler -> Text,
+        topic -> Text,
+        payload -> Text,
+        correlation_id -> DbUuid,
+        causation_id -> Nullable<DbUuid>,
+        created_at_us -> BigInt,
+        attempts -> Integer,
+        reason -> Text,
+        dead_at_us -> BigInt,
+    }
+}
+
+/// One dead letter row.
 #[derive(Debug, Clone, diesel::Queryable, diesel::Insertable, diesel::Selectable)]
+#[diesel(table_name = tickbox_dead_letters, treat_none_as_default_value = false)]
+pub struct DeadLetterRow {
+    pub(crate) message_id: Id,
+    pub(crate) handler: String,
+    pub(crate) topic: String,
+    pub(crate) payload: String,
+    pub(crate) correlation_id: Id,
+    pub(crate) causation_id: Option<Id>,
+    pub(crate) created_at_us: i64,
+    pub(crate) attempts: i32,
+    pub(crate) reason: String,
+    pub(crate) dead_at_us: i64,
+}
+
+/// One outbox row, as written at publish and read back for redelivery.
+#[derive(
+    Debug, Clone, diesel::Queryable, diesel::QueryableByName, diesel::Insertable, diesel::Selectable,
+)]
 #[diesel(table_name = tickbox_outbox, treat_none_as_default_value = false)]
 pub struct OutboxRow {
     pub(crate) id: Id,

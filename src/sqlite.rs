@@ -1,7 +1,9 @@
 //! The SQLite backend: one database file per module, WAL mode, through
 //! diesel-async's `SyncConnectionWrapper`.
 
-use crate::backend::{build_pool, checkout, shared_queries, Backend, StoreSettings};
+use crate::backend::{
+    build_pool, checkout, claim_with, shared_queries, sweep_with, Backend, StoreSettings,
+};
 use crate::error::Error;
 use crate::schema::{tickbox_outbox, OutboxRow};
 use diesel::connection::{
@@ -144,6 +146,25 @@ impl Backend for Sqlite {
         })
         .await
     }
+
+    claim_with!(
+        "UPDATE tickbox_outbox SET claimed_by = ?, claimed_until_us = ? \
+         WHERE id IN (SELECT id FROM tickbox_outbox \
+             WHERE delivered_at_us IS NULL AND created_at_us < ? \
+             AND (claimed_until_us IS NULL OR claimed_until_us < ?) \
+             ORDER BY id LIMIT ?) \
+         RETURNING id, topic, payload, correlation_id, causation_id, created_at_us"
+    );
+
+    sweep_with!(
+        inbox: "DELETE FROM tickbox_inbox WHERE message_id IN \
+            (SELECT message_id FROM tickbox_inbox \
+             WHERE message_id < ? AND processed_at_us < ? LIMIT ?) \
+            AND processed_at_us < ?",
+        outbox: "DELETE FROM tickbox_outbox WHERE id IN \
+            (SELECT id FROM tickbox_outbox \
+             WHERE id < ? AND delivered_at_us < ? LIMIT ?)",
+    );
 
     shared_queries!();
 }

@@ -1,0 +1,181 @@
+//! Dead letters: deliveries given up on, kept in the subscriber module's
+//! database with their reason until an operator replays or discards them.
+
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::inbox::Outcome;
+use crate::message::{now_us, Envelope};
+use crate::module::ModuleHandle;
+use crate::schema::{DeadLetterRow, Id};
+use serde::Serialize;
+use uuid::Uuid;
+
+/// A delivery given up on: after the retry policy's last attempt, on a
+/// permanent handler error, for a payload that does not decode, or for a
+/// topic no module on the bus declares. It never blocks other messages.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeadLetter {
+    /// The message's id.
+    pub message_id: Uuid,
+    /// The handler that gave up, or `""` when no handler could be chosen (an
+    /// unknown topic; the dead letter then sits in the publishing module).
+    pub handler: String,
+    /// The message's topic.
+    pub topic: String,
+    /// The message's JSON payload, as published.
+    pub payload: String,
+    /// The message's correlation id.
+    pub correlation_id: Uuid,
+    /// The message's causation id.
+    pub causation_id: Option<Uuid>,
+    /// When the message was published (µs since the Unix epoch).
+    pub created_at_us: i64,
+    /// Attempts made before giving up.
+    pub attempts: u32,
+    /// Why: the last error.
+    pub reason: String,
+    /// When it was given up on (µs since the Unix epoch).
+    pub dead_at_us: i64,
+}
+
+impl DeadLetter {
+    /// The message as an envelope, to deliver again.
+    pub fn envelope(&self) -> Envelope {
+        Envelope {
+            id: self.message_id,
+            topic: self.topic.clone(),
+            payload: self.payload.clone(),
+            correlation_id: self.correlation_id,
+            causation_id: self.causation_id,
+            created_at_us: self.created_at_us,
+        }
+    }
+}
+
+impl From<DeadLetterRow> for DeadLetter {
+    fn from(row: DeadLetterRow) -> Self {
+        DeadLetter {
+            message_id: row.message_id.0,
+            handler: row.handler,
+            topic: row.topic,
+            payload: row.payload,
+            correlation_id: row.correlation_id.0,
+            causation_id: row.causation_id.map(|c| c.0),
+            created_at_us: row.created_at_us,
+            attempts: row.attempts.max(0) as u32,
+            reason: row.reason,
+            dead_at_us: row.dead_at_us,
+        }
+    }
+}
+
+/// What [`ModuleHandle::replay_dead_letter`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replayed {
+    /// Delivered again through the inbox guard with this outcome.
+    Delivered(Outcome),
+    /// A message without a handler (unknown topic) was put back in the
+    /// outbox; the bus delivers it on its next scan.
+    Requeued,
+}
+
+impl<B: Backend> ModuleHandle<B> {
+    /// Records that delivering `envelope` to `handler` was given up on.
+    pub(crate) async fn bury(
+        &self,
+        envelope: &Envelope,
+        handler: &str,
+        attempts: u32,
+        reason: &str,
+    ) -> Result<()> {
+        tracing::error!(
+            module = %self.name(),
+            handler,
+            message_id = %envelope.id,
+            topic = %envelope.topic,
+            attempts,
+            reason,
+            "dead-lettered"
+        );
+        let row = DeadLetterRow {
+            message_id: Id(envelope.id),
+            handler: handler.to_string(),
+            topic: envelope.topic.clone(),
+            payload: envelope.payload.clone(),
+            correlation_id: Id(envelope.correlation_id),
+            causation_id: envelope.causation_id.map(Id),
+            created_at_us: envelope.created_at_us,
+            attempts: attempts.min(i32::MAX as u32) as i32,
+            reason: reason.to_string(),
+            dead_at_us: now_us(),
+        };
+        let mut conn = self.connection().await?;
+        B::insert_dead_letter(&mut conn, row).await?;
+        if let Some(entry) = self.core.handlers.iter().find(|h| &*h.name == handler) {
+            entry
+                .counters
+                .dead_lettered
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Dead letters of this module, oldest first: `limit` of them from
+    /// `offset`.
+    pub async fn dead_letters(&self, offset: u64, limit: u64) -> Result<Vec<DeadLetter>> {
+        let mut conn = self.connection().await?;
+        let rows = B::dead_letters(&mut conn, clamp(offset), clamp(limit)).await?;
+        Ok(rows.into_iter().map(DeadLetter::from).collect())
+    }
+
+    /// One dead letter, if there is one for this message and handler.
+    pub async fn dead_letter(&self, message_id: Uuid, handler: &str) -> Result<Option<DeadLetter>> {
+        let mut conn = self.connection().await?;
+        let row = B::dead_letter(&mut conn, message_id, handler.to_string()).await?;
+        Ok(row.map(DeadLetter::from))
+    }
+
+    /// Delivers a dead letter again, through the inbox guard (so a message
+    /// the handler did process is skipped, not processed twice), and removes
+    /// it once delivered. A message without a handler is put back in this
+    /// module's outbox instead. If the delivery fails again the dead letter
+    /// stays, with the new reason.
+    pub async fn replay_dead_letter(&self, message_id: Uuid, handler: &str) -> Result<Replayed> {
+        let dead = self
+            .dead_letter(message_id, handler)
+            .await?
+            .ok_or_else(|| Error::NoSuchDeadLetter {
+                module: self.name().to_string(),
+                message_id,
+                handler: handler.to_string(),
+            })?;
+        if dead.handler.is_empty() {
+            let mut conn = self.connection().await?;
+            B::requeue(&mut conn, message_id).await?;
+            B::delete_dead_letter(&mut conn, message_id, String::new()).await?;
+            return Ok(Replayed::Requeued);
+        }
+        let envelope = dead.envelope();
+        match self.deliver_to(envelope.clone(), handler).await {
+            Ok(outcome) => {
+                self.discard_dead_letter(message_id, handler).await?;
+                Ok(Replayed::Delivered(outcome))
+            }
+            Err(error) => {
+                self.bury(&envelope, handler, dead.attempts + 1, &error.to_string())
+                    .await?;
+                Err(Error::ReplayFailed(error))
+            }
+        }
+    }
+
+    /// Deletes a dead letter without delivering it; false if there was none.
+    pub async fn discard_dead_letter(&self, message_id: Uuid, handler: &str) -> Result<bool> {
+        let mut conn = self.connection().await?;
+        Ok(B::delete_dead_letter(&mut conn, message_id, handler.to_string()).await? > 0)
+    }
+}
+
+fn clamp(n: u64) -> i64 {
+    n.min(i64::MAX as u64) as i64
+}

@@ -1,0 +1,136 @@
+//! Retention: the inbox and the outbox do not grow forever.
+//!
+//! Inbox rows are the duplicate-detection window: a message redelivered after
+//! its row is gone would be processed again. So the window must outlast every
+//! redelivery — the bus refuses to start when a handler's retry policy can go
+//! on longer than its module's window.
+
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::message::now_us;
+use crate::module::ModuleHandle;
+use crate::retry::RetryPolicy;
+use serde::Serialize;
+use std::time::Duration;
+
+/// Rows deleted per statement: small, so a sweep never holds a lock long.
+const BATCH: i64 = 500;
+
+/// How long a module keeps processed inbox rows and delivered outbox rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retention {
+    /// Inbox rows older than this are deleted; `None` keeps them forever.
+    /// This is the duplicate-detection window.
+    pub inbox: Option<Duration>,
+    /// Delivered outbox rows older than this are deleted; `None` keeps them.
+    /// Undelivered rows are never deleted.
+    pub outbox: Option<Duration>,
+    /// How often the bus runs the sweep.
+    pub interval: Duration,
+}
+
+impl Default for Retention {
+    /// Seven days for both, swept every minute.
+    fn default() -> Self {
+        Retention {
+            inbox: Some(Duration::from_secs(7 * 24 * 3600)),
+            outbox: Some(Duration::from_secs(7 * 24 * 3600)),
+            interval: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Retention {
+    /// Keeps every row forever.
+    pub fn forever() -> Self {
+        Retention {
+            inbox: None,
+            outbox: None,
+            ..Retention::default()
+        }
+    }
+
+    /// Checks that the inbox window outlasts the redeliveries of a handler
+    /// with this retry policy. `slack` covers the rest of the redelivery
+    /// path (claim leases, scans).
+    pub(crate) fn check(
+        &self,
+        module: &str,
+        handler: &str,
+        policy: &RetryPolicy,
+        slack: Duration,
+    ) -> Result<()> {
+        let Some(window) = self.inbox else {
+            return Ok(());
+        };
+        let too_short = |horizon: String| Error::RetentionTooShort {
+            module: module.to_string(),
+            handler: handler.to_string(),
+            retention: window,
+            horizon,
+        };
+        match policy.horizon() {
+            None => Err(too_short("unbounded (max_attempts is None)".into())),
+            Some(horizon) if window < horizon + slack => {
+                Err(too_short(format!("{:?}", horizon + slack)))
+            }
+            Some(_) => Ok(()),
+        }
+    }
+}
+
+/// What one retention sweep deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct SweepReport {
+    /// Inbox rows deleted.
+    pub inbox_rows: u64,
+    /// Delivered outbox rows deleted.
+    pub outbox_rows: u64,
+}
+
+impl<B: Backend> ModuleHandle<B> {
+    /// Runs the retention sweep once: deletes inbox rows and delivered outbox
+    /// rows older than the module's retention, in small batches.
+    pub async fn sweep_retention(&self) -> Result<SweepReport> {
+        let retention = &self.core.retention;
+        let mut report = SweepReport::default();
+        if let Some(window) = retention.inbox {
+            let before = now_us() - window.as_micros() as i64;
+            report.inbox_rows = self
+                .sweep_in_batches(|conn| Box::pin(B::sweep_inbox(conn, before, BATCH)))
+                .await?;
+        }
+        if let Some(window) = retention.outbox {
+            let before = now_us() - window.as_micros() as i64;
+            report.outbox_rows = self
+                .sweep_in_batches(|conn| Box::pin(B::sweep_outbox(conn, before, BATCH)))
+                .await?;
+        }
+        if report != SweepReport::default() {
+            tracing::info!(module = %self.name(), inbox_rows = report.inbox_rows, outbox_rows = report.outbox_rows, "retention sweep");
+        }
+        Ok(report)
+    }
+
+    /// Repeats one batch delete until a batch deletes less than a full
+    /// batch, yielding between batches.
+    async fn sweep_in_batches<F>(&self, mut batch: F) -> Result<u64>
+    where
+        F: for<'c> FnMut(
+            &'c mut B::Connection,
+        ) -> crate::handler::BoxFuture<'c, diesel::QueryResult<usize>>,
+    {
+        let mut total = 0;
+        loop {
+            let deleted = {
+                let mut conn = self.connection().await?;
+                batch(&mut conn).await?
+            };
+            total += deleted as u64;
+            if (deleted as i64) < BATCH {
+                return Ok(total);
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+}
