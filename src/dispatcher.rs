@@ -34,8 +34,8 @@ enum Finished {
     Abandoned(Uuid),
 }
 
-/// Ids of messages marked delivered lately, so that a late announcement
-/// does not start them again.
+/// Ids of messages marked delivered lately, so that a late announcement (of
+/// a message a scan claimed and delivered first) does not start them again.
 struct RecentIds {
     order: VecDeque<Uuid>,
     set: HashSet<Uuid>,
@@ -136,10 +136,10 @@ impl<B: Backend> Dispatcher<B> {
                     }
                 }
                 Some(envelope) = announcements.recv(), if room => {
-                    state.start(envelope);
+                    state.start_announced(envelope);
                     while state.in_flight.len() < capacity {
                         match announcements.try_recv() {
-                            Ok(envelope) => state.start(envelope),
+                            Ok(envelope) => state.start_announced(envelope),
                             Err(_) => break,
                         }
                     }
@@ -179,12 +179,19 @@ impl<B: Backend> Dispatcher<B> {
 }
 
 impl<B: Backend> State<B> {
-    /// Starts delivering a message unless it is already in flight or done.
+    /// Starts delivering an announced message unless it is already in
+    /// flight or was delivered lately (a scan may have claimed it first).
+    fn start_announced(&mut self, envelope: Arc<Envelope>) {
+        if !self.recent.contains(&envelope.id) {
+            self.start(envelope);
+        }
+    }
+
+    /// Starts delivering a message unless it is already in flight.
     fn start(&mut self, envelope: Arc<Envelope>) {
-        if self.in_flight.contains(&envelope.id) || self.recent.contains(&envelope.id) {
+        if !self.in_flight.insert(envelope.id) {
             return;
         }
-        self.in_flight.insert(envelope.id);
         actix::spawn(deliver_message(
             self.bus.clone(),
             self.source.clone(),

@@ -84,8 +84,8 @@ impl Backend for Sqlite {
             };
             let mut conn = diesel::SqliteConnection::establish(&migrate_path)
                 .map_err(|e| bad_url(e.to_string()))?;
-            conn.batch_execute("PRAGMA journal_mode = WAL;")
-                .and_then(|()| conn.batch_execute(CONNECTION_PRAGMAS))
+            conn.batch_execute(CONNECTION_PRAGMAS)
+                .and_then(|()| conn.batch_execute("PRAGMA journal_mode = WAL;"))
                 .map_err(|e| bad_url(e.to_string()))?;
             conn.run_pending_migrations(MIGRATIONS)
                 .map(drop)

@@ -13,8 +13,8 @@ mod support;
 /// Instantiates every suite test for one backend.
 macro_rules! suite {
     ($backend:ty, $db:expr, $bad_url:expr) => {
-        use super::suite;
-        use super::support::trace_init;
+        use crate::suite;
+        use crate::support::trace_init;
 
         macro_rules! case {
             ($name:ident) => {
@@ -36,6 +36,29 @@ macro_rules! suite {
         case!(a_crash_between_handler_commit_and_outbox_mark_redelivers_without_double_effect);
         case!(configuration_mistakes_fail_at_start_with_clear_errors);
 
+        mod faults {
+            use super::trace_init;
+            use crate::suite::faults;
+
+            macro_rules! fault {
+                ($name:ident) => {
+                    #[actix::test]
+                    async fn $name() {
+                        trace_init();
+                        faults::$name::<$backend>($db).await;
+                    }
+                };
+            }
+
+            fault!(a_poison_message_is_dead_lettered_while_others_flow_and_replayed_once);
+            fault!(a_permanent_error_dead_letters_at_once_and_can_be_discarded);
+            fault!(bad_rows_become_dead_letters_and_nothing_else_is_lost);
+            fault!(retention_sweeps_old_rows_and_keeps_recent_duplicates_out);
+            fault!(stopping_with_deliveries_in_flight_loses_and_doubles_nothing);
+            fault!(a_dead_process_claims_are_taken_over_when_they_expire);
+            fault!(two_buses_on_one_set_of_databases_handle_each_message_once);
+        }
+
         #[actix::test]
         async fn a_bad_database_url_fails_at_start() {
             trace_init();
@@ -47,7 +70,7 @@ macro_rules! suite {
 mod sqlite {
     suite!(
         tickbox::Sqlite,
-        super::support::TestDb::new(),
+        crate::support::TestDb::new(),
         "/no/such/directory/orders.db"
     );
 }
@@ -56,7 +79,7 @@ mod sqlite {
 mod postgres {
     suite!(
         tickbox::Postgres,
-        super::support::TestDb::postgres(),
+        crate::support::TestDb::postgres(),
         "postgres://tickbox:hunter2@127.0.0.1:1/nowhere"
     );
 }

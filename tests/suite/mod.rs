@@ -1,6 +1,8 @@
 //! The conformance suite: every test is written once, generic over the
 //! backend, and run against SQLite and PostgreSQL (see `lib.rs`).
 
+pub mod faults;
+
 use crate::support::*;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
@@ -8,7 +10,7 @@ use std::time::Duration;
 use tickbox::{Bus, BusHandle, Envelope, Error, FailureKind, ModuleHandle, Outcome, RetryPolicy};
 
 /// Retries quickly so failure tests finish fast.
-fn fast_retries() -> RetryPolicy {
+pub(crate) fn fast_retries() -> RetryPolicy {
     RetryPolicy {
         initial_delay: Duration::from_millis(10),
         max_delay: Duration::from_millis(100),
@@ -18,7 +20,10 @@ fn fast_retries() -> RetryPolicy {
 
 /// A publisher module `orders` (publishes Ping) and a subscriber module
 /// `warehouse` with one Record handler `warehouse.record`.
-async fn pair<B: TestBackend>(db: &TestDb, handler: &Record) -> (ModuleHandle<B>, ModuleHandle<B>) {
+pub(crate) async fn pair<B: TestBackend>(
+    db: &TestDb,
+    handler: &Record,
+) -> (ModuleHandle<B>, ModuleHandle<B>) {
     let orders = B::module(db, "orders")
         .publishes::<Ping>()
         .start()
@@ -34,7 +39,7 @@ async fn pair<B: TestBackend>(db: &TestDb, handler: &Record) -> (ModuleHandle<B>
     (orders, warehouse)
 }
 
-fn bus<B: TestBackend>(modules: &[&ModuleHandle<B>]) -> BusHandle<B> {
+pub(crate) fn bus<B: TestBackend>(modules: &[&ModuleHandle<B>]) -> BusHandle<B> {
     modules
         .iter()
         .fold(Bus::builder(), |b, m| b.module(m))
@@ -45,14 +50,14 @@ fn bus<B: TestBackend>(modules: &[&ModuleHandle<B>]) -> BusHandle<B> {
 }
 
 /// Publishes `Ping { n }` from `orders` in its own transaction.
-async fn publish<B: TestBackend>(orders: &ModuleHandle<B>, n: u64) -> uuid::Uuid {
+pub(crate) async fn publish<B: TestBackend>(orders: &ModuleHandle<B>, n: u64) -> uuid::Uuid {
     orders
         .transaction(async move |tx| tx.publish(&Ping { n }))
         .await
         .expect("publish commits")
 }
 
-async fn drained<B: TestBackend>(bus: &BusHandle<B>) {
+pub(crate) async fn drained<B: TestBackend>(bus: &BusHandle<B>) {
     eventually("every outbox is drained", WAIT, || async {
         bus.pending().await.expect("pending") == 0
     })

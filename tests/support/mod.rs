@@ -192,6 +192,13 @@ pub enum Then {
     PanicFirst(u32),
     /// Fail every call while the switch is on.
     FailWhile(&'static std::sync::atomic::AtomicBool),
+    /// Fail calls for message number `n` while the switch is on, with a
+    /// permanent error if `permanent`.
+    FailFor {
+        n: u64,
+        switch: &'static std::sync::atomic::AtomicBool,
+        permanent: bool,
+    },
 }
 
 /// A test handler: writes an effect row in its transaction, then succeeds,
@@ -251,6 +258,18 @@ impl<B: TestBackend, M: Message + HasN> Handler<B> for RecordOf<M> {
             Then::FailWhile(switch) if switch.load(SeqCst) => {
                 return Err(HandlerError::msg("switched to fail"))
             }
+            Then::FailFor {
+                n,
+                switch,
+                permanent,
+            } if n == message.n() && switch.load(SeqCst) => {
+                let error = HandlerError::msg(format!("message {n} is poison"));
+                return Err(if permanent {
+                    HandlerError::permanent(error)
+                } else {
+                    error
+                });
+            }
             _ => {}
         }
         if record.publish_pong {
@@ -280,4 +299,65 @@ impl HasN for Pong {
     fn n(&self) -> u64 {
         self.n
     }
+}
+
+/// A UUID as an SQL literal of the backend.
+pub fn uuid_literal<B: TestBackend>(id: uuid::Uuid) -> String {
+    match B::NAME {
+        "postgres" => format!("'{id}'"),
+        _ => format!("x'{}'", id.simple()),
+    }
+}
+
+/// A UUIDv7 of `ago` in the past.
+pub fn uuid_ago(ago: Duration) -> uuid::Uuid {
+    let at = std::time::SystemTime::now() - ago;
+    let since = at
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970");
+    uuid::Uuid::new_v7(uuid::Timestamp::from_unix(
+        uuid::NoContext,
+        since.as_secs(),
+        since.subsec_nanos(),
+    ))
+}
+
+/// Microseconds since the Unix epoch, `ago` in the past.
+pub fn micros_ago(ago: Duration) -> i64 {
+    let at = std::time::SystemTime::now() - ago;
+    at.duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_micros() as i64
+}
+
+/// Runs SQL on a module's database in a transaction.
+pub async fn execute<B: TestBackend>(
+    module: &ModuleHandle<B>,
+    sql: String,
+) -> Result<(), tickbox::Error> {
+    module
+        .transaction(async move |tx| {
+            tx.conn().batch_execute(&sql).await?;
+            Ok::<_, tickbox::Error>(())
+        })
+        .await
+}
+
+/// Writes an outbox row by hand, as an operator or another program might.
+pub async fn insert_outbox_row<B: TestBackend>(
+    module: &ModuleHandle<B>,
+    id: uuid::Uuid,
+    topic: &str,
+    payload: &str,
+    created_at_us: i64,
+) -> Result<(), tickbox::Error> {
+    let id = uuid_literal::<B>(id);
+    execute(
+        module,
+        format!(
+            "INSERT INTO tickbox_outbox (id, topic, payload, correlation_id, created_at_us) \
+             VALUES ({id}, '{topic}', '{payload}', {id}, {created_at_us})"
+        ),
+    )
+    .await
 }

@@ -1,0 +1,475 @@
+//! Faults inside one process: poison messages and dead letters, retention,
+//! shutdown with deliveries in flight, bad input, claims and takeover.
+
+use super::{bus, drained, fast_retries, pair, publish};
+use crate::support::*;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::time::{Duration, Instant};
+use tickbox::{Bus, Error, Outcome, Replayed, Retention, RetryPolicy};
+
+pub async fn a_poison_message_is_dead_lettered_while_others_flow_and_replayed_once<
+    B: TestBackend,
+>(
+    db: TestDb,
+) {
+    static POISONED: AtomicBool = AtomicBool::new(true);
+    POISONED.store(true, SeqCst);
+    let handler = Record::new(Then::FailFor {
+        n: 13,
+        switch: &POISONED,
+        permanent: false,
+    });
+    let (orders, warehouse) = pair::<B>(&db, &handler).await;
+    let bus = Bus::builder()
+        .module(&orders)
+        .module(&warehouse)
+        .retry_policy(RetryPolicy {
+            max_attempts: Some(3),
+            ..fast_retries()
+        })
+        .start()
+        .expect("bus starts");
+    let mut poison = None;
+    for n in 10..30 {
+        let id = publish(&orders, n).await;
+        if n == 13 {
+            poison = Some(id);
+        }
+    }
+    let poison = poison.expect("published");
+    drained(&bus).await;
+
+    assert_eq!(
+        effects(&warehouse, "warehouse.record").await,
+        19,
+        "every other message was handled"
+    );
+    let dead = warehouse.dead_letters(0, 10).await.expect("dead letters");
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(
+        (
+            dead[0].message_id,
+            dead[0].handler.as_str(),
+            dead[0].attempts
+        ),
+        (poison, "warehouse.record", 3)
+    );
+    assert!(
+        dead[0].reason.contains("message 13 is poison"),
+        "{}",
+        dead[0].reason
+    );
+    assert_eq!(warehouse.metrics().handlers[0].dead_lettered, 1);
+    assert_eq!(
+        warehouse.store_stats().await.expect("stats").dead_letters,
+        1
+    );
+
+    POISONED.store(false, SeqCst);
+    let replayed = warehouse
+        .replay_dead_letter(poison, "warehouse.record")
+        .await
+        .expect("replay");
+    assert_eq!(replayed, Replayed::Delivered(Outcome::Handled));
+    assert_eq!(effects(&warehouse, "warehouse.record").await, 20);
+    assert!(warehouse
+        .dead_letters(0, 10)
+        .await
+        .expect("dead letters")
+        .is_empty());
+    let again = warehouse
+        .replay_dead_letter(poison, "warehouse.record")
+        .await
+        .expect_err("gone");
+    assert!(matches!(again, Error::NoSuchDeadLetter { .. }), "{again}");
+    assert_eq!(
+        effects(&warehouse, "warehouse.record").await,
+        20,
+        "handled exactly once"
+    );
+    bus.stop().await;
+}
+
+pub async fn a_permanent_error_dead_letters_at_once_and_can_be_discarded<B: TestBackend>(
+    db: TestDb,
+) {
+    static ON: AtomicBool = AtomicBool::new(true);
+    ON.store(true, SeqCst);
+    let handler = Record::new(Then::FailFor {
+        n: 5,
+        switch: &ON,
+        permanent: true,
+    });
+    let (orders, warehouse) = pair::<B>(&db, &handler).await;
+    let bus = bus(&[&orders, &warehouse]);
+    let id = publish(&orders, 5).await;
+    drained(&bus).await;
+    let dead = warehouse.dead_letters(0, 10).await.expect("dead letters");
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].attempts, 1, "a permanent error is not retried");
+    assert_eq!(handler.calls.load(SeqCst), 1);
+    assert!(warehouse
+        .discard_dead_letter(id, "warehouse.record")
+        .await
+        .expect("discard"));
+    assert!(!warehouse
+        .discard_dead_letter(id, "warehouse.record")
+        .await
+        .expect("discard"));
+    assert_eq!(effects(&warehouse, "warehouse.record").await, 0);
+    bus.stop().await;
+}
+
+pub async fn bad_rows_become_dead_letters_and_nothing_else_is_lost<B: TestBackend>(db: TestDb) {
+    let handler = Record::new(Then::Succeed);
+    let (orders, warehouse) = pair::<B>(&db, &handler).await;
+    let old = micros_ago(Duration::from_secs(60));
+
+    // Written by hand: a topic nobody declares, and a payload that is not a Ping.
+    let unknown = uuid_ago(Duration::from_secs(60));
+    insert_outbox_row(&orders, unknown, "test.nobody", "{}", old)
+        .await
+        .expect("insert");
+    let garbled = uuid_ago(Duration::from_secs(59));
+    insert_outbox_row(&orders, garbled, "test.ping", "not json", old)
+        .await
+        .expect("insert");
+    // An id that is not a UUID is refused by the table itself.
+    let refused = execute(
+        &orders,
+        format!("INSERT INTO tickbox_outbox (id, topic, payload, correlation_id, created_at_us) VALUES ('garbage', 'test.ping', '{{}}', 'garbage', {old})"),
+    )
+    .await
+    .expect_err("a malformed id");
+    assert!(
+        refused
+            .to_string()
+            .to_lowercase()
+            .contains("check constraint")
+            || refused.to_string().contains("uuid"),
+        "{refused}"
+    );
+
+    let bus = bus(&[&orders, &warehouse]);
+    for n in 0..5 {
+        publish(&orders, n).await;
+    }
+    drained(&bus).await;
+    assert_eq!(
+        effects(&warehouse, "warehouse.record").await,
+        5,
+        "good messages all handled"
+    );
+
+    let at_source = orders.dead_letters(0, 10).await.expect("dead letters");
+    assert_eq!(at_source.len(), 1, "{at_source:?}");
+    assert_eq!(
+        (at_source[0].message_id, at_source[0].handler.as_str()),
+        (unknown, "")
+    );
+    assert!(
+        at_source[0].reason.contains("unknown topic `test.nobody`"),
+        "{}",
+        at_source[0].reason
+    );
+
+    let at_handler = warehouse.dead_letters(0, 10).await.expect("dead letters");
+    assert_eq!(at_handler.len(), 1, "{at_handler:?}");
+    assert_eq!(at_handler[0].message_id, garbled);
+    assert!(
+        at_handler[0].reason.contains("does not decode"),
+        "{}",
+        at_handler[0].reason
+    );
+    assert_eq!(
+        at_handler[0].attempts, 1,
+        "an undecodable payload is not retried"
+    );
+
+    // Replaying the unknown topic puts it back in the outbox; still unknown,
+    // it is dead-lettered again rather than lost.
+    let replayed = orders
+        .replay_dead_letter(unknown, "")
+        .await
+        .expect("replay");
+    assert_eq!(replayed, Replayed::Requeued);
+    eventually(
+        "the requeued message is dead-lettered again",
+        WAIT,
+        || async {
+            orders
+                .dead_letters(0, 10)
+                .await
+                .expect("dead letters")
+                .len()
+                == 1
+                && orders.outbox_backlog().await.expect("backlog").0 == 0
+        },
+    )
+    .await;
+    bus.stop().await;
+}
+
+pub async fn retention_sweeps_old_rows_and_keeps_recent_duplicates_out<B: TestBackend>(db: TestDb) {
+    let handler = Record::new(Then::Succeed);
+    let hour = Duration::from_secs(3600);
+    let retention = Retention {
+        inbox: Some(hour),
+        outbox: Some(hour),
+        interval: Duration::from_secs(60),
+    };
+    let orders = B::module(&db, "orders")
+        .publishes::<Ping>()
+        .retention(retention.clone())
+        .start()
+        .await
+        .expect("orders");
+    let warehouse = B::module(&db, "warehouse")
+        .retention(retention.clone())
+        .handler("warehouse.record", record::<Ping>(&handler))
+        .start()
+        .await
+        .expect("warehouse");
+    create_effects(&warehouse).await;
+
+    // Two hours old: an inbox row and a delivered outbox row.
+    let old = uuid_ago(2 * hour);
+    let old_us = micros_ago(2 * hour);
+    execute(
+        &warehouse,
+        format!("INSERT INTO tickbox_inbox (message_id, handler, processed_at_us) VALUES ({}, 'warehouse.record', {old_us})", uuid_literal::<B>(old)),
+    )
+    .await
+    .expect("old inbox row");
+    insert_outbox_row(&orders, old, "test.ping", "{\"n\":1}", old_us)
+        .await
+        .expect("old outbox row");
+    execute(
+        &orders,
+        format!("UPDATE tickbox_outbox SET delivered_at_us = {old_us}"),
+    )
+    .await
+    .expect("delivered");
+    // A pending row as old is never swept.
+    let pending = uuid_ago(2 * hour);
+    insert_outbox_row(&orders, pending, "test.ping", "{\"n\":2}", old_us)
+        .await
+        .expect("old pending row");
+
+    // A recent message, handled now.
+    let recent = tickbox::Envelope::encode(&Ping { n: 3 }).expect("encodes");
+    assert_eq!(
+        warehouse
+            .deliver_to(recent.clone(), "warehouse.record")
+            .await,
+        Ok(Outcome::Handled)
+    );
+
+    let swept = warehouse.sweep_retention().await.expect("sweep");
+    assert_eq!((swept.inbox_rows, swept.outbox_rows), (1, 0));
+    let swept = orders.sweep_retention().await.expect("sweep");
+    assert_eq!((swept.inbox_rows, swept.outbox_rows), (0, 1));
+    assert_eq!(
+        orders.outbox_backlog().await.expect("backlog").0,
+        1,
+        "the pending row stays"
+    );
+    assert_eq!(
+        inbox_rows(&warehouse, "warehouse.record").await,
+        1,
+        "the recent row stays"
+    );
+    assert_eq!(
+        warehouse.deliver_to(recent, "warehouse.record").await,
+        Ok(Outcome::Duplicate),
+        "a recent duplicate is still skipped"
+    );
+
+    // A window shorter than the retries' horizon is refused at start.
+    let short = B::module(&db, "short")
+        .retention(Retention {
+            inbox: Some(Duration::from_secs(1)),
+            ..Retention::default()
+        })
+        .handler("short.record", record::<Ping>(&handler))
+        .start()
+        .await
+        .expect("module starts");
+    let refused = Bus::builder()
+        .module(&orders)
+        .module(&short)
+        .start()
+        .err()
+        .expect("too short");
+    assert!(
+        matches!(refused, Error::RetentionTooShort { .. }),
+        "{refused}"
+    );
+    assert!(refused.to_string().contains("short.record"), "{refused}");
+    let unbounded = Bus::builder()
+        .module(&orders)
+        .module(&warehouse)
+        .retry_policy(RetryPolicy {
+            max_attempts: None,
+            ..RetryPolicy::default()
+        })
+        .start()
+        .err()
+        .expect("unbounded retries with a window");
+    assert!(unbounded.to_string().contains("unbounded"), "{unbounded}");
+}
+
+pub async fn stopping_with_deliveries_in_flight_loses_and_doubles_nothing<B: TestBackend>(
+    db: TestDb,
+) {
+    let handler = Record::new(Then::Succeed).holding(Duration::from_millis(200));
+    let (orders, warehouse) = pair::<B>(&db, &handler).await;
+    let first = Bus::builder()
+        .module(&orders)
+        .module(&warehouse)
+        .max_concurrent_deliveries(2)
+        .start()
+        .expect("bus starts");
+    for n in 0..20 {
+        publish(&orders, n).await;
+    }
+    eventually("some deliveries are done", WAIT, || async {
+        handler.calls.load(SeqCst) >= 2
+    })
+    .await;
+    first.stop().await;
+    assert_eq!(
+        warehouse.metrics().mailbox_in_flight,
+        0,
+        "running deliveries finished before stop returned"
+    );
+    let handled_before = effects(&warehouse, "warehouse.record").await;
+    assert!(
+        handled_before < 20,
+        "the stop came mid-way ({handled_before} handled)"
+    );
+    let pending = orders.outbox_backlog().await.expect("backlog").0;
+    assert!(
+        pending >= 20 - handled_before,
+        "unhandled messages stay pending"
+    );
+    drop(first);
+
+    let (orders, warehouse) = (orders.clone(), warehouse.clone());
+    let restarted_orders = B::module(&db, "orders")
+        .publishes::<Ping>()
+        .start()
+        .await
+        .expect("orders");
+    let restarted_warehouse = B::module(&db, "warehouse")
+        .handler("warehouse.record", record::<Ping>(&handler))
+        .start()
+        .await
+        .expect("warehouse");
+    drop((orders, warehouse));
+    let second = bus(&[&restarted_orders, &restarted_warehouse]);
+    drained(&second).await;
+    assert_eq!(
+        effects(&restarted_warehouse, "warehouse.record").await,
+        20,
+        "none lost"
+    );
+    assert_eq!(
+        count(&restarted_warehouse, "SELECT count(*) AS n FROM (SELECT message_id FROM effects GROUP BY message_id HAVING count(*) > 1) doubled").await,
+        0,
+        "none doubled"
+    );
+    assert_eq!(handler.calls.load(SeqCst), 20);
+    second.stop().await;
+}
+
+pub async fn a_dead_process_claims_are_taken_over_when_they_expire<B: TestBackend>(db: TestDb) {
+    let handler = Record::new(Then::Succeed);
+    let (orders, warehouse) = pair::<B>(&db, &handler).await;
+    // A row claimed by a bus that died, its lease running 1.5 s more.
+    let id = uuid_ago(Duration::from_secs(60));
+    insert_outbox_row(
+        &orders,
+        id,
+        "test.ping",
+        "{\"n\":1}",
+        micros_ago(Duration::from_secs(60)),
+    )
+    .await
+    .expect("insert");
+    let dead_bus = uuid_literal::<B>(uuid::Uuid::now_v7());
+    let until = micros_ago(Duration::ZERO) + 1_500_000;
+    execute(
+        &orders,
+        format!("UPDATE tickbox_outbox SET claimed_by = {dead_bus}, claimed_until_us = {until}"),
+    )
+    .await
+    .expect("claim");
+
+    let started = Instant::now();
+    let bus = Bus::builder()
+        .module(&orders)
+        .module(&warehouse)
+        .claim_lease(Duration::from_millis(500))
+        .sweep_interval(Duration::from_millis(100))
+        .start()
+        .expect("bus starts");
+    eventually("the expired claim is taken over", WAIT, || async {
+        effects(&warehouse, "warehouse.record").await == 1
+    })
+    .await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(1400),
+        "not before the claim expired ({:?})",
+        started.elapsed()
+    );
+    drained(&bus).await;
+    bus.stop().await;
+}
+
+pub async fn two_buses_on_one_set_of_databases_handle_each_message_once<B: TestBackend>(
+    db: TestDb,
+) {
+    let handler = Record::new(Then::Succeed).holding(Duration::from_millis(5));
+    let start = async || {
+        let orders = B::module(&db, "orders")
+            .publishes::<Ping>()
+            .start()
+            .await
+            .expect("orders");
+        let warehouse = B::module(&db, "warehouse")
+            .handler("warehouse.record", record::<Ping>(&handler))
+            .start()
+            .await
+            .expect("warehouse");
+        let bus = Bus::builder()
+            .module(&orders)
+            .module(&warehouse)
+            .claim_lease(Duration::from_millis(500))
+            .sweep_interval(Duration::from_millis(100))
+            .max_concurrent_deliveries(4)
+            .start()
+            .expect("bus starts");
+        (orders, warehouse, bus)
+    };
+    let (orders_a, warehouse_a, bus_a) = start().await;
+    create_effects(&warehouse_a).await;
+    let (orders_b, _warehouse_b, bus_b) = start().await;
+    for n in 0..40 {
+        publish(&orders_a, n).await;
+        publish(&orders_b, 100 + n).await;
+    }
+    // Process A stops half-way: what it leaves is released and process B
+    // takes it over.
+    bus_a.stop().await;
+    drained(&bus_b).await;
+    assert_eq!(effects(&warehouse_a, "warehouse.record").await, 80);
+    assert_eq!(
+        count(&warehouse_a, "SELECT count(*) AS n FROM (SELECT message_id FROM effects GROUP BY message_id HAVING count(*) > 1) doubled").await,
+        0,
+        "each message handled once"
+    );
+    assert_eq!(inbox_rows(&warehouse_a, "warehouse.record").await, 80);
+    drop(orders_b);
+    bus_b.stop().await;
+}
