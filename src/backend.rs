@@ -28,6 +28,9 @@ pub struct StoreSettings {
     pub(crate) pool_size: usize,
     /// How long a checkout waits for a free connection.
     pub(crate) checkout_timeout: Duration,
+    /// Run tickbox's migrations at open (false to attach to an existing
+    /// database, as an operator's tool does).
+    pub(crate) migrate: bool,
 }
 
 /// A database backend: [`Sqlite`](crate::Sqlite) or
@@ -53,7 +56,8 @@ pub trait Backend: Sized + Send + Sync + 'static {
     /// Pool size used when a module does not set one.
     const DEFAULT_POOL_SIZE: usize;
 
-    /// Runs the embedded migrations and opens the module's pool.
+    /// Runs the embedded migrations (if `settings.migrate`) and opens the
+    /// module's pool.
     #[doc(hidden)]
     fn open(settings: &StoreSettings) -> impl Future<Output = crate::Result<Self::Pool>> + Send;
 
@@ -151,12 +155,13 @@ pub trait Backend: Sized + Send + Sync + 'static {
         handler: String,
     ) -> impl Future<Output = QueryResult<usize>> + Send;
 
-    /// Puts a delivered outbox row back to pending, unclaimed.
+    /// Writes a message into the outbox as pending and unclaimed, or puts
+    /// the row already there back to that state.
     #[doc(hidden)]
-    fn requeue(
+    fn requeue_or_insert(
         conn: &mut Self::Connection,
-        message_id: Uuid,
-    ) -> impl Future<Output = QueryResult<usize>> + Send;
+        row: OutboxRow,
+    ) -> impl Future<Output = QueryResult<()>> + Send;
 
     /// Deletes up to `batch` messages' inbox rows processed before
     /// `before_us`; the number of rows deleted.
@@ -364,23 +369,25 @@ macro_rules! shared_queries {
             .await
         }
 
-        async fn requeue(
+        async fn requeue_or_insert(
             conn: &mut Self::Connection,
-            message_id: uuid::Uuid,
-        ) -> diesel::QueryResult<usize> {
-            use diesel::{ExpressionMethods, QueryDsl};
+            row: $crate::schema::OutboxRow,
+        ) -> diesel::QueryResult<()> {
+            use diesel::ExpressionMethods;
             use diesel_async::RunQueryDsl;
             use $crate::schema::tickbox_outbox::dsl as outbox;
-            diesel::update(
-                outbox::tickbox_outbox.filter(outbox::id.eq($crate::schema::Id(message_id))),
-            )
-            .set((
-                outbox::delivered_at_us.eq(None::<i64>),
-                outbox::claimed_by.eq(None::<$crate::schema::Id>),
-                outbox::claimed_until_us.eq(None::<i64>),
-            ))
-            .execute(conn)
-            .await
+            diesel::insert_into(outbox::tickbox_outbox)
+                .values(row)
+                .on_conflict(outbox::id)
+                .do_update()
+                .set((
+                    outbox::delivered_at_us.eq(None::<i64>),
+                    outbox::claimed_by.eq(None::<$crate::schema::Id>),
+                    outbox::claimed_until_us.eq(None::<i64>),
+                ))
+                .execute(conn)
+                .await
+                .map(drop)
         }
 
         async fn table_sizes(conn: &mut Self::Connection) -> diesel::QueryResult<(i64, i64)> {

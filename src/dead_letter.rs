@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::inbox::Outcome;
 use crate::message::{now_us, Envelope};
 use crate::module::ModuleHandle;
-use crate::schema::{DeadLetterRow, Id};
+use crate::schema::{DeadLetterRow, Id, OutboxRow};
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -150,9 +150,7 @@ impl<B: Backend> ModuleHandle<B> {
                 handler: handler.to_string(),
             })?;
         if dead.handler.is_empty() {
-            let mut conn = self.connection().await?;
-            B::requeue(&mut conn, message_id).await?;
-            B::delete_dead_letter(&mut conn, message_id, String::new()).await?;
+            self.requeue_dead_letter(message_id, handler).await?;
             return Ok(Replayed::Requeued);
         }
         let envelope = dead.envelope();
@@ -167,6 +165,32 @@ impl<B: Backend> ModuleHandle<B> {
                 Err(Error::ReplayFailed(error))
             }
         }
+    }
+
+    /// Puts a dead letter's message back in this module's outbox and removes
+    /// the dead letter, in one transaction. Whichever bus runs over this
+    /// database delivers it again on its next scan, to every subscriber of
+    /// its topic: handlers that did process it skip it in their inbox, the
+    /// one that gave up tries again. Unlike
+    /// [`ModuleHandle::replay_dead_letter`] this needs no handler code, so an
+    /// operator's tool can do it while the application runs elsewhere.
+    pub async fn requeue_dead_letter(&self, message_id: Uuid, handler: &str) -> Result<()> {
+        let dead = self
+            .dead_letter(message_id, handler)
+            .await?
+            .ok_or_else(|| Error::NoSuchDeadLetter {
+                module: self.name().to_string(),
+                message_id,
+                handler: handler.to_string(),
+            })?;
+        let envelope = dead.envelope();
+        let handler = handler.to_string();
+        self.transaction(async move |tx| {
+            B::requeue_or_insert(tx.conn(), OutboxRow::from(&envelope)).await?;
+            B::delete_dead_letter(tx.conn(), message_id, handler).await?;
+            Ok::<_, Error>(())
+        })
+        .await
     }
 
     /// Deletes a dead letter without delivering it; false if there was none.

@@ -26,6 +26,15 @@ pub enum Error {
         reason: String,
     },
 
+    /// The database opened but holds no tickbox tables.
+    #[error("the database of module `{module}` at {url} has no tickbox tables; is it a tickbox module's database (and, on PostgreSQL, the right schema)?")]
+    NotATickboxDatabase {
+        /// The module whose database it was meant to be.
+        module: String,
+        /// The URL with any password removed.
+        url: String,
+    },
+
     /// Two handlers of one module share a name; the name is part of the
     /// inbox key, so it must be unique within its module.
     #[error("module `{module}` has two handlers named `{handler}`; handler names are inbox keys and must be unique within a module")]
@@ -180,7 +189,6 @@ pub(crate) fn is_transient_db(error: &diesel::result::Error) -> bool {
 }
 
 /// Removes the password from a database URL before it is shown anywhere.
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) fn redact_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         return url.to_string();

@@ -62,6 +62,7 @@ impl<B: Backend> ModuleBuilder<B> {
                 schema: None,
                 pool_size: B::DEFAULT_POOL_SIZE,
                 checkout_timeout: Duration::from_secs(30),
+                migrate: true,
             },
             max_payload_bytes: 256 * 1024,
             retention: Retention::default(),
@@ -151,6 +152,34 @@ impl<B: Backend> ModuleBuilder<B> {
     /// Checks the configuration, opens the database (running tickbox's
     /// migrations) and starts the module actor.
     pub async fn start(self) -> Result<ModuleHandle<B>> {
+        self.open().await
+    }
+
+    /// Opens an existing module database without running migrations, for
+    /// tools that inspect or repair it while the application runs elsewhere.
+    /// Fails with [`Error::NotATickboxDatabase`] when the database has no
+    /// tickbox tables.
+    pub async fn attach(mut self) -> Result<ModuleHandle<B>> {
+        self.settings.migrate = false;
+        let url = crate::error::redact_url(&self.settings.url);
+        let module = self.open().await?;
+        if let Err(error) = module.store_stats().await {
+            let text = error.to_string();
+            return Err(
+                if text.contains("no such table") || text.contains("does not exist") {
+                    Error::NotATickboxDatabase {
+                        module: module.name().to_string(),
+                        url,
+                    }
+                } else {
+                    error
+                },
+            );
+        }
+        Ok(module)
+    }
+
+    async fn open(self) -> Result<ModuleHandle<B>> {
         let name = self.settings.module.trim();
         if name.is_empty() {
             return Err(Error::Config("a module name must not be empty".into()));

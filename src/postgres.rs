@@ -76,6 +76,7 @@ impl Backend for Postgres {
         let module = settings.module.clone();
         let migrate_url = url.clone();
         let migrate_schema = schema.clone();
+        let migrate = settings.migrate;
         tokio::task::spawn_blocking(move || {
             let mut conn: AsyncConnectionWrapper<AsyncPgConnection> =
                 diesel::Connection::establish(&migrate_url).map_err(|e| Error::BadDatabaseUrl {
@@ -88,6 +89,9 @@ impl Backend for Postgres {
                 reason,
             };
             use diesel::connection::SimpleConnection;
+            if !migrate {
+                return Ok(());
+            }
             SimpleConnection::batch_execute(
                 &mut conn,
                 &format!("SELECT pg_advisory_lock({MIGRATION_LOCK})"),

@@ -74,6 +74,14 @@ impl Backend for Sqlite {
 
     async fn open(settings: &StoreSettings) -> crate::Result<Self::Pool> {
         let path = database_path(settings)?;
+        if !settings.migrate && !std::path::Path::new(&path).exists() {
+            return Err(Error::BadDatabaseUrl {
+                module: settings.module.clone(),
+                url: path,
+                reason: "no database file there".into(),
+            });
+        }
+        let migrate = settings.migrate;
         let migrate_path = path.clone();
         let module = settings.module.clone();
         tokio::task::spawn_blocking(move || {
@@ -87,6 +95,9 @@ impl Backend for Sqlite {
             conn.batch_execute(CONNECTION_PRAGMAS)
                 .and_then(|()| conn.batch_execute("PRAGMA journal_mode = WAL;"))
                 .map_err(|e| bad_url(e.to_string()))?;
+            if !migrate {
+                return Ok(());
+            }
             conn.run_pending_migrations(MIGRATIONS)
                 .map(drop)
                 .map_err(|e| Error::Migration {
