@@ -180,6 +180,12 @@ pub trait Backend: Sized + Send + Sync + 'static {
         batch: i64,
     ) -> impl Future<Output = QueryResult<usize>> + Send;
 
+    /// Counts the dead letters (a small table).
+    #[doc(hidden)]
+    fn count_dead_letters(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = QueryResult<i64>> + Send;
+
     /// Counts the rows of the inbox and of the dead letters.
     #[doc(hidden)]
     fn table_sizes(
@@ -388,6 +394,13 @@ macro_rules! shared_queries {
                 .execute(conn)
                 .await
                 .map(drop)
+        }
+
+        async fn count_dead_letters(conn: &mut Self::Connection) -> diesel::QueryResult<i64> {
+            use diesel::QueryDsl;
+            use diesel_async::RunQueryDsl;
+            use $crate::schema::tickbox_dead_letters;
+            tickbox_dead_letters::table.count().get_result(conn).await
         }
 
         async fn table_sizes(conn: &mut Self::Connection) -> diesel::QueryResult<(i64, i64)> {

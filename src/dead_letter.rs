@@ -112,10 +112,7 @@ impl<B: Backend> ModuleHandle<B> {
         let mut conn = self.connection().await?;
         B::insert_dead_letter(&mut conn, row).await?;
         if let Some(entry) = self.core.handlers.iter().find(|h| &*h.name == handler) {
-            entry
-                .counters
-                .dead_lettered
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            entry.counters.dead_lettered();
         }
         Ok(())
     }

@@ -114,6 +114,7 @@ impl<B: Backend> Dispatcher<B> {
             finished,
         };
         let retention = actix::spawn(sweep_retention_periodically(bus.clone(), source.clone()));
+        let sampling = actix::spawn(sample_outbox_periodically(bus.clone(), source.clone()));
         let mut stopped = bus.stopped.clone();
         let renew_every = bus.config.claim_lease / 3;
         let mut next_scan = Instant::now() + bus.config.sweep_interval;
@@ -174,6 +175,7 @@ impl<B: Backend> Dispatcher<B> {
         state.mark().await;
         state.release_claims().await;
         retention.abort();
+        sampling.abort();
         tracing::debug!(module = %source.name(), "dispatcher stopped");
     }
 }
@@ -223,9 +225,9 @@ impl<B: Backend> State<B> {
         };
         match marked {
             Ok(_) => {
-                self.bus
-                    .delivered
-                    .fetch_add(self.to_mark.len() as u64, Relaxed);
+                let marked = self.to_mark.len() as u64;
+                self.bus.delivered.fetch_add(marked, Relaxed);
+                self.source.core.outbox.delivered(marked);
                 for id in self.to_mark.drain(..) {
                     self.in_flight.remove(&id);
                     self.recent.insert(id);
@@ -475,6 +477,30 @@ async fn sweep_retention_periodically<B: Backend>(bus: Arc<BusCore<B>>, module: 
         }
         if let Err(error) = module.sweep_retention().await {
             tracing::warn!(module = %module.name(), %error, "retention sweep failed; will retry");
+        }
+    }
+}
+
+/// Reads the outbox backlog and the dead-letter count into the module's
+/// gauges every metrics interval while the bus runs: indexed queries, never
+/// one per message.
+async fn sample_outbox_periodically<B: Backend>(bus: Arc<BusCore<B>>, module: ModuleHandle<B>) {
+    loop {
+        let sampled = async {
+            let mut conn = module.connection().await?;
+            let (pending, oldest) = B::outbox_backlog(&mut conn).await?;
+            let dead = B::count_dead_letters(&mut conn).await?;
+            module.core.outbox.sampled(pending, oldest, dead, now_us());
+            Ok::<_, crate::Error>(())
+        };
+        if let Err(error) = sampled.await {
+            tracing::debug!(module = %module.name(), %error, "reading outbox gauges failed");
+        }
+        if until_stopped(&bus, sleep(bus.config.metrics_interval))
+            .await
+            .is_none()
+        {
+            return;
         }
     }
 }

@@ -9,9 +9,8 @@ use crate::tx::{Delivery, Tx};
 use futures_util::FutureExt;
 use std::fmt;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 /// How a delivery ended when it did not fail.
@@ -124,19 +123,19 @@ pub(crate) async fn guard<B: Backend>(
         outcome = tracing::field::Empty,
     );
     if deliver.attempt > 1 {
-        entry.counters.retried.fetch_add(1, Relaxed);
+        entry.counters.retried();
     }
+    let published_us = deliver.envelope.created_at_us;
     let started = Instant::now();
     let result = run(module.clone(), deliver).instrument(span.clone()).await;
     let counters = &entry.counters;
     match &result {
-        Ok(Outcome::Handled) => counters.record_handled(started.elapsed()),
-        Ok(Outcome::Duplicate) => {
-            counters.duplicates.fetch_add(1, Relaxed);
+        Ok(Outcome::Handled) => {
+            let end_to_end = (crate::message::now_us() - published_us).max(0) as u64;
+            counters.handled(started.elapsed(), Duration::from_micros(end_to_end));
         }
-        Err(_) => {
-            counters.failed.fetch_add(1, Relaxed);
-        }
+        Ok(Outcome::Duplicate) => counters.duplicate(),
+        Err(_) => counters.failed(),
     }
     let _entered = span.enter();
     match &result {

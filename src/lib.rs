@@ -62,8 +62,11 @@
 //!
 //! - `sqlite` (default): the embedded backend, [`Sqlite`]; SQLite is
 //!   compiled in, nothing to install.
-//! - `postgres`: the production backend, [`Postgres`], through
+//! - `postgres`: the production backend, `Postgres`, through
 //!   tokio-postgres (no libpq).
+//! - `prometheus`: `install_prometheus`, an HTTP endpoint serving the
+//!   metrics in Prometheus's text format. Without it, metrics still go
+//!   through the [`metrics`] facade to any recorder the application installs.
 //!
 //! # Layout
 //!
@@ -79,7 +82,8 @@
 //!   give up.
 //! - `dead_letter` — [`DeadLetter`]s: list, replay, discard.
 //! - `retention` — [`Retention`]: the inbox window and the outbox sweep.
-//! - `metrics` — counters and their snapshots.
+//! - `metrics` — counters, histograms and gauges, their snapshots, and the
+//!   names they are exported under; `prometheus` serves them.
 //! - `backend`, `schema`, `sqlite`, `postgres` — storage, one file per
 //!   backend for what differs.
 //! - `error` — [`Error`], the one error type.
@@ -109,6 +113,8 @@ mod tx;
 
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "prometheus")]
+mod prometheus;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
@@ -119,7 +125,7 @@ pub use error::{Error, Result};
 pub use handler::{Handler, HandlerError};
 pub use inbox::{DeliveryError, FailureKind, Outcome};
 pub use message::{Envelope, Message};
-pub use metrics::{BusMetrics, HandlerMetrics, ModuleMetrics};
+pub use metrics::{BusMetrics, HandlerMetrics, LatencyMetrics, ModuleMetrics, OutboxMetrics};
 pub use module::{Deliver, Module, ModuleBuilder, ModuleHandle, StoreStats};
 pub use retention::{Retention, SweepReport};
 pub use retry::RetryPolicy;
@@ -127,5 +133,7 @@ pub use tx::{Delivery, Tx, TxFn};
 
 #[cfg(feature = "postgres")]
 pub use postgres::Postgres;
+#[cfg(feature = "prometheus")]
+pub use prometheus::{install_prometheus, PrometheusExporter};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{Sqlite, SqliteConnection};

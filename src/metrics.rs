@@ -1,54 +1,399 @@
-//! Counters kept per module and per handler, and the snapshots read from them.
+//! Metrics: counters kept per module and per handler, recorded both in
+//! atomics (read back as typed snapshots by [`BusHandle::metrics`]) and
+//! through the [`metrics`] facade, so any exporter sees them.
+//!
+//! Facade handles are registered when a module starts, so install the
+//! application's recorder (for example
+//! [`install_prometheus`](crate::install_prometheus)) before starting
+//! modules. Names follow Prometheus conventions:
+//!
+//! | name | kind | labels |
+//! | --- | --- | --- |
+//! | `tickbox_inbox_handled_total` | counter | module, handler, topic |
+//! | `tickbox_inbox_duplicates_total` | counter | module, handler, topic |
+//! | `tickbox_inbox_failed_total` | counter | module, handler, topic |
+//! | `tickbox_inbox_retried_total` | counter | module, handler, topic |
+//! | `tickbox_inbox_dead_lettered_total` | counter | module, handler, topic |
+//! | `tickbox_handler_duration_seconds` | histogram | module, handler, topic |
+//! | `tickbox_end_to_end_seconds` | histogram | module, handler, topic |
+//! | `tickbox_mailbox_queued` | gauge | module |
+//! | `tickbox_mailbox_in_flight` | gauge | module |
+//! | `tickbox_outbox_pending` | gauge | module |
+//! | `tickbox_outbox_lag_seconds` | gauge | module |
+//! | `tickbox_outbox_delivered_total` | counter | module |
+//! | `tickbox_dead_letters` | gauge | module |
+//!
+//! The outbox gauges and the dead-letter count are read from the database
+//! by the bus at an interval (indexed queries), never per message.
+//!
+//! [`BusHandle::metrics`]: crate::BusHandle::metrics
 
 use serde::Serialize;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::Once;
 use std::time::Duration;
 
-/// Live counters of one handler.
+/// Upper bounds of the latency buckets, in seconds (shared with the
+/// Prometheus exporter).
+pub(crate) const LATENCY_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Registers descriptions (the `# HELP` lines) once per process.
+fn describe() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+        describe_counter!(
+            "tickbox_inbox_handled_total",
+            "Deliveries whose handler transaction committed with its inbox row."
+        );
+        describe_counter!(
+            "tickbox_inbox_duplicates_total",
+            "Deliveries skipped because the inbox already held the message."
+        );
+        describe_counter!(
+            "tickbox_inbox_failed_total",
+            "Delivery attempts that failed and were rolled back."
+        );
+        describe_counter!(
+            "tickbox_inbox_retried_total",
+            "Delivery attempts that retried a failed one."
+        );
+        describe_counter!(
+            "tickbox_inbox_dead_lettered_total",
+            "Deliveries given up on and recorded as dead letters."
+        );
+        describe_histogram!(
+            "tickbox_handler_duration_seconds",
+            Unit::Seconds,
+            "Time of a committed delivery transaction, BEGIN to COMMIT."
+        );
+        describe_histogram!(
+            "tickbox_end_to_end_seconds",
+            Unit::Seconds,
+            "Time from the publishing transaction's commit to the handler's commit."
+        );
+        describe_gauge!(
+            "tickbox_mailbox_queued",
+            "Deliveries waiting in the module actor's mailbox."
+        );
+        describe_gauge!(
+            "tickbox_mailbox_in_flight",
+            "Delivery transactions running in the module."
+        );
+        describe_gauge!(
+            "tickbox_outbox_pending",
+            "Outbox messages not yet delivered to all subscribers."
+        );
+        describe_gauge!(
+            "tickbox_outbox_lag_seconds",
+            Unit::Seconds,
+            "Age of the oldest pending outbox message."
+        );
+        describe_counter!(
+            "tickbox_outbox_delivered_total",
+            "Outbox messages delivered to all subscribers and marked."
+        );
+        describe_gauge!(
+            "tickbox_dead_letters",
+            "Dead letters waiting for an operator."
+        );
+    });
+}
+
+/// A latency histogram with fixed buckets, kept in atomics.
 #[derive(Debug, Default)]
+pub(crate) struct Latency {
+    buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    count: AtomicU64,
+    sum_us: AtomicU64,
+}
+
+impl Latency {
+    fn record(&self, elapsed: Duration) {
+        let seconds = elapsed.as_secs_f64();
+        if let Some(i) = LATENCY_BUCKETS.iter().position(|le| seconds <= *le) {
+            self.buckets[i].fetch_add(1, Relaxed);
+        }
+        self.count.fetch_add(1, Relaxed);
+        self.sum_us.fetch_add(elapsed.as_micros() as u64, Relaxed);
+    }
+
+    fn snapshot(&self) -> LatencyMetrics {
+        let mut cumulative = 0;
+        let buckets = LATENCY_BUCKETS
+            .iter()
+            .zip(&self.buckets)
+            .map(|(le, n)| {
+                cumulative += n.load(Relaxed);
+                (*le, cumulative)
+            })
+            .collect();
+        LatencyMetrics {
+            count: self.count.load(Relaxed),
+            sum_seconds: self.sum_us.load(Relaxed) as f64 / 1e6,
+            buckets,
+        }
+    }
+}
+
+/// A latency distribution at a point in time.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LatencyMetrics {
+    /// Observations.
+    pub count: u64,
+    /// Their sum, in seconds.
+    pub sum_seconds: f64,
+    /// Cumulative counts: (upper bound in seconds, observations at or below
+    /// it). Observations above the last bound are only in `count`.
+    pub buckets: Vec<(f64, u64)>,
+}
+
+impl LatencyMetrics {
+    /// The mean, in seconds (0 without observations).
+    pub fn mean_seconds(&self) -> f64 {
+        if self.count == 0 {
+            0.0
+        } else {
+            self.sum_seconds / self.count as f64
+        }
+    }
+
+    /// The upper bound of the bucket holding quantile `q` (0..=1): an upper
+    /// estimate, in seconds; infinite if it lies above the last bucket.
+    pub fn quantile_upper_bound(&self, q: f64) -> f64 {
+        let rank = (q.clamp(0.0, 1.0) * self.count as f64).ceil() as u64;
+        self.buckets
+            .iter()
+            .find(|(_, n)| *n >= rank.max(1))
+            .map_or(f64::INFINITY, |(le, _)| *le)
+    }
+}
+
+/// Live counters of one handler, and their facade handles.
 pub(crate) struct HandlerCounters {
-    pub(crate) handled: AtomicU64,
-    pub(crate) duplicates: AtomicU64,
-    pub(crate) failed: AtomicU64,
-    pub(crate) retried: AtomicU64,
-    pub(crate) dead_lettered: AtomicU64,
-    pub(crate) latency_us_sum: AtomicU64,
+    handled: AtomicU64,
+    duplicates: AtomicU64,
+    failed: AtomicU64,
+    retried: AtomicU64,
+    dead_lettered: AtomicU64,
+    latency: Latency,
+    end_to_end: Latency,
+    exported: HandlerExport,
+}
+
+/// The facade handles of one handler's metrics.
+struct HandlerExport {
+    handled: metrics::Counter,
+    duplicates: metrics::Counter,
+    failed: metrics::Counter,
+    retried: metrics::Counter,
+    dead_lettered: metrics::Counter,
+    latency: metrics::Histogram,
+    end_to_end: metrics::Histogram,
 }
 
 impl HandlerCounters {
-    pub(crate) fn record_handled(&self, latency: Duration) {
+    pub(crate) fn new(module: &str, handler: &str, topic: &str) -> Self {
+        describe();
+        let labels = [
+            ("module", module.to_string()),
+            ("handler", handler.to_string()),
+            ("topic", topic.to_string()),
+        ];
+        HandlerCounters {
+            handled: AtomicU64::new(0),
+            duplicates: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            retried: AtomicU64::new(0),
+            dead_lettered: AtomicU64::new(0),
+            latency: Latency::default(),
+            end_to_end: Latency::default(),
+            exported: HandlerExport {
+                handled: metrics::counter!("tickbox_inbox_handled_total", &labels),
+                duplicates: metrics::counter!("tickbox_inbox_duplicates_total", &labels),
+                failed: metrics::counter!("tickbox_inbox_failed_total", &labels),
+                retried: metrics::counter!("tickbox_inbox_retried_total", &labels),
+                dead_lettered: metrics::counter!("tickbox_inbox_dead_lettered_total", &labels),
+                latency: metrics::histogram!("tickbox_handler_duration_seconds", &labels),
+                end_to_end: metrics::histogram!("tickbox_end_to_end_seconds", &labels),
+            },
+        }
+    }
+
+    /// A committed delivery: its transaction time, and the time since the
+    /// message's publishing transaction committed.
+    pub(crate) fn handled(&self, latency: Duration, end_to_end: Duration) {
         self.handled.fetch_add(1, Relaxed);
-        self.latency_us_sum
-            .fetch_add(latency.as_micros() as u64, Relaxed);
+        self.exported.handled.increment(1);
+        self.latency.record(latency);
+        self.exported.latency.record(latency.as_secs_f64());
+        self.end_to_end.record(end_to_end);
+        self.exported.end_to_end.record(end_to_end.as_secs_f64());
+    }
+
+    pub(crate) fn duplicate(&self) {
+        self.duplicates.fetch_add(1, Relaxed);
+        self.exported.duplicates.increment(1);
+    }
+
+    pub(crate) fn failed(&self) {
+        self.failed.fetch_add(1, Relaxed);
+        self.exported.failed.increment(1);
+    }
+
+    pub(crate) fn retried(&self) {
+        self.retried.fetch_add(1, Relaxed);
+        self.exported.retried.increment(1);
+    }
+
+    pub(crate) fn dead_lettered(&self) {
+        self.dead_lettered.fetch_add(1, Relaxed);
+        self.exported.dead_lettered.increment(1);
     }
 
     pub(crate) fn snapshot(&self, handler: &str, topic: &str) -> HandlerMetrics {
-        let handled = self.handled.load(Relaxed);
-        let sum = self.latency_us_sum.load(Relaxed);
+        let latency = self.latency.snapshot();
         HandlerMetrics {
             handler: handler.to_string(),
             topic: topic.to_string(),
-            handled,
+            handled: self.handled.load(Relaxed),
             duplicates_skipped: self.duplicates.load(Relaxed),
             failed: self.failed.load(Relaxed),
             retried: self.retried.load(Relaxed),
             dead_lettered: self.dead_lettered.load(Relaxed),
-            mean_latency_seconds: if handled == 0 {
-                0.0
-            } else {
-                sum as f64 / handled as f64 / 1e6
-            },
+            mean_latency_seconds: latency.mean_seconds(),
+            latency,
+            end_to_end: self.end_to_end.snapshot(),
         }
     }
 }
 
 /// Deliveries sent to a module actor and not yet answered.
-#[derive(Debug, Default)]
 pub(crate) struct Mailbox {
-    /// Sent by the bus, not yet picked up by the actor.
-    pub(crate) queued: AtomicU64,
-    /// Picked up, transaction running.
-    pub(crate) in_flight: AtomicU64,
+    queued: AtomicU64,
+    in_flight: AtomicU64,
+    queued_gauge: metrics::Gauge,
+    in_flight_gauge: metrics::Gauge,
+}
+
+impl Mailbox {
+    pub(crate) fn new(module: &str) -> Self {
+        describe();
+        let labels = [("module", module.to_string())];
+        Mailbox {
+            queued: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            queued_gauge: metrics::gauge!("tickbox_mailbox_queued", &labels),
+            in_flight_gauge: metrics::gauge!("tickbox_mailbox_in_flight", &labels),
+        }
+    }
+
+    /// The bus sent a delivery.
+    pub(crate) fn sent(&self) {
+        self.queued.fetch_add(1, Relaxed);
+        self.queued_gauge.increment(1.0);
+    }
+
+    /// A sent delivery never reached the actor.
+    pub(crate) fn lost(&self) {
+        self.queued.fetch_sub(1, Relaxed);
+        self.queued_gauge.decrement(1.0);
+    }
+
+    /// The actor picked a delivery up and started its transaction.
+    pub(crate) fn started(&self) {
+        self.queued.fetch_sub(1, Relaxed);
+        self.queued_gauge.decrement(1.0);
+        self.in_flight.fetch_add(1, Relaxed);
+        self.in_flight_gauge.increment(1.0);
+    }
+
+    /// The delivery's transaction ended.
+    pub(crate) fn finished(&self) {
+        self.in_flight.fetch_sub(1, Relaxed);
+        self.in_flight_gauge.decrement(1.0);
+    }
+
+    pub(crate) fn depth(&self) -> (u64, u64) {
+        (self.queued.load(Relaxed), self.in_flight.load(Relaxed))
+    }
+}
+
+/// What the bus last read from a module's outbox, and its delivered count.
+pub(crate) struct OutboxGauges {
+    pending: AtomicI64,
+    /// Creation time of the oldest pending message; 0 when none.
+    oldest_pending_us: AtomicI64,
+    dead_letters: AtomicI64,
+    /// When the values above were read; 0 before the first read.
+    sampled_at_us: AtomicI64,
+    delivered: AtomicU64,
+    pending_gauge: metrics::Gauge,
+    lag_gauge: metrics::Gauge,
+    dead_letters_gauge: metrics::Gauge,
+    delivered_counter: metrics::Counter,
+}
+
+impl OutboxGauges {
+    pub(crate) fn new(module: &str) -> Self {
+        describe();
+        let labels = [("module", module.to_string())];
+        OutboxGauges {
+            pending: AtomicI64::new(0),
+            oldest_pending_us: AtomicI64::new(0),
+            dead_letters: AtomicI64::new(0),
+            sampled_at_us: AtomicI64::new(0),
+            delivered: AtomicU64::new(0),
+            pending_gauge: metrics::gauge!("tickbox_outbox_pending", &labels),
+            lag_gauge: metrics::gauge!("tickbox_outbox_lag_seconds", &labels),
+            dead_letters_gauge: metrics::gauge!("tickbox_dead_letters", &labels),
+            delivered_counter: metrics::counter!("tickbox_outbox_delivered_total", &labels),
+        }
+    }
+
+    pub(crate) fn delivered(&self, n: u64) {
+        self.delivered.fetch_add(n, Relaxed);
+        self.delivered_counter.increment(n);
+    }
+
+    /// Stores a reading taken from the database at `now_us`.
+    pub(crate) fn sampled(
+        &self,
+        pending: i64,
+        oldest_pending_us: Option<i64>,
+        dead_letters: i64,
+        now_us: i64,
+    ) {
+        let oldest = oldest_pending_us.unwrap_or(0);
+        self.pending.store(pending, Relaxed);
+        self.oldest_pending_us.store(oldest, Relaxed);
+        self.dead_letters.store(dead_letters, Relaxed);
+        self.sampled_at_us.store(now_us, Relaxed);
+        self.pending_gauge.set(pending as f64);
+        self.lag_gauge.set(lag_seconds(oldest, now_us));
+        self.dead_letters_gauge.set(dead_letters as f64);
+    }
+
+    pub(crate) fn snapshot(&self) -> OutboxMetrics {
+        let sampled_at_us = self.sampled_at_us.load(Relaxed);
+        OutboxMetrics {
+            pending: self.pending.load(Relaxed),
+            lag_seconds: lag_seconds(self.oldest_pending_us.load(Relaxed), sampled_at_us),
+            dead_letters: self.dead_letters.load(Relaxed),
+            delivered: self.delivered.load(Relaxed),
+            sampled_at_us,
+        }
+    }
+}
+
+fn lag_seconds(oldest_pending_us: i64, now_us: i64) -> f64 {
+    if oldest_pending_us == 0 {
+        0.0
+    } else {
+        (now_us - oldest_pending_us).max(0) as f64 / 1e6
+    }
 }
 
 /// A point-in-time view of one handler's counters.
@@ -70,6 +415,26 @@ pub struct HandlerMetrics {
     pub dead_lettered: u64,
     /// Mean time of a committed delivery, from BEGIN to COMMIT.
     pub mean_latency_seconds: f64,
+    /// Time of committed deliveries, BEGIN to COMMIT.
+    pub latency: LatencyMetrics,
+    /// Time from the publishing transaction's commit to this handler's.
+    pub end_to_end: LatencyMetrics,
+}
+
+/// The outbox of one module, as last read by the bus.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OutboxMetrics {
+    /// Messages not yet delivered to all their subscribers.
+    pub pending: i64,
+    /// Age of the oldest of them when read, in seconds (0 when none).
+    pub lag_seconds: f64,
+    /// Dead letters held by the module.
+    pub dead_letters: i64,
+    /// Messages delivered and marked since the module started.
+    pub delivered: u64,
+    /// When the database values were read (µs since the Unix epoch; 0 if
+    /// never, e.g. before a bus runs).
+    pub sampled_at_us: i64,
 }
 
 /// A point-in-time view of one module.
@@ -81,6 +446,8 @@ pub struct ModuleMetrics {
     pub mailbox_queued: u64,
     /// Deliveries whose transaction is running.
     pub mailbox_in_flight: u64,
+    /// The module's outbox.
+    pub outbox: OutboxMetrics,
     /// One entry per handler, in registration order.
     pub handlers: Vec<HandlerMetrics>,
 }
@@ -107,5 +474,23 @@ impl BusMetrics {
     /// Sums a handler counter over every module.
     pub fn total(&self, counter: impl Fn(&HandlerMetrics) -> u64 + Copy) -> u64 {
         self.modules.iter().map(|m| m.total(counter)).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_come_from_cumulative_buckets() {
+        let latency = Latency::default();
+        for ms in [1, 1, 1, 1, 1, 1, 1, 1, 1, 40] {
+            latency.record(Duration::from_millis(ms));
+        }
+        let snapshot = latency.snapshot();
+        assert_eq!(snapshot.count, 10);
+        assert_eq!(snapshot.quantile_upper_bound(0.5), 0.001);
+        assert_eq!(snapshot.quantile_upper_bound(0.99), 0.05);
+        assert!((snapshot.mean_seconds() - 0.0049).abs() < 1e-9);
     }
 }

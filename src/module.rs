@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::handler::{ErasedHandler, Handler, Typed};
 use crate::inbox::{self, DeliveryError, Outcome};
 use crate::message::{Envelope, Message};
-use crate::metrics::{HandlerCounters, Mailbox, ModuleMetrics};
+use crate::metrics::{HandlerCounters, Mailbox, ModuleMetrics, OutboxGauges};
 use crate::retention::Retention;
 use crate::retry::RetryPolicy;
 use crate::tx::{Tx, TxFn};
@@ -132,11 +132,12 @@ impl<B: Backend> ModuleBuilder<B> {
         handler: H,
         retry: Option<RetryPolicy>,
     ) -> Self {
+        let counters = HandlerCounters::new(&self.settings.module, &name, H::Message::TOPIC);
         self.handlers.push(HandlerEntry {
             name: Arc::from(name),
             handler: Arc::new(Typed(handler)),
             retry,
-            counters: HandlerCounters::default(),
+            counters,
         });
         self
     }
@@ -225,7 +226,8 @@ impl<B: Backend> ModuleBuilder<B> {
             max_payload_bytes: self.max_payload_bytes,
             retention: self.retention,
             handlers: self.handlers,
-            mailbox: Mailbox::default(),
+            mailbox: Mailbox::new(name),
+            outbox: OutboxGauges::new(name),
             announced: sender,
             announcements: Mutex::new(Some(receiver)),
             overflowed: AtomicBool::new(false),
@@ -248,6 +250,8 @@ pub(crate) struct ModuleCore<B: Backend> {
     pub(crate) retention: Retention,
     pub(crate) handlers: Vec<HandlerEntry<B>>,
     pub(crate) mailbox: Mailbox,
+    /// The outbox as last read by the bus, and its delivered count.
+    pub(crate) outbox: OutboxGauges,
     /// Committed messages on their way to the bus (the fast path: no polling).
     announced: mpsc::Sender<Arc<Envelope>>,
     /// The receiving end, taken by the bus when the module joins it.
@@ -320,13 +324,12 @@ impl<B: Backend> actix::Handler<Deliver> for Module<B> {
 
     fn handle(&mut self, deliver: Deliver, _: &mut Context<Self>) -> Self::Result {
         let core = self.core.clone();
-        core.mailbox.queued.fetch_sub(1, Relaxed);
-        core.mailbox.in_flight.fetch_add(1, Relaxed);
+        core.mailbox.started();
         Box::pin(async move {
             // Its own task: a transaction is never dropped half way, even if
             // the caller stops waiting.
             let result = tokio::spawn(inbox::guard(core.clone(), deliver)).await;
-            core.mailbox.in_flight.fetch_sub(1, Relaxed);
+            core.mailbox.finished();
             result.unwrap_or_else(|e| Err(DeliveryError::stopped(e.to_string())))
         })
     }
@@ -477,10 +480,12 @@ impl<B: Backend> ModuleHandle<B> {
 
     /// A snapshot of the module's mailbox and handler counters.
     pub fn metrics(&self) -> ModuleMetrics {
+        let (mailbox_queued, mailbox_in_flight) = self.core.mailbox.depth();
         ModuleMetrics {
             module: self.core.name.to_string(),
-            mailbox_queued: self.core.mailbox.queued.load(Relaxed),
-            mailbox_in_flight: self.core.mailbox.in_flight.load(Relaxed),
+            mailbox_queued,
+            mailbox_in_flight,
+            outbox: self.core.outbox.snapshot(),
             handlers: self
                 .core
                 .handlers
@@ -530,14 +535,14 @@ impl<B: Backend> ModuleHandle<B> {
         handler: usize,
         attempt: u32,
     ) -> std::result::Result<Outcome, DeliveryError> {
-        self.core.mailbox.queued.fetch_add(1, Relaxed);
+        self.core.mailbox.sent();
         let sent = self.addr.send(Deliver {
             envelope,
             handler,
             attempt,
         });
         sent.await.unwrap_or_else(|e| {
-            self.core.mailbox.queued.fetch_sub(1, Relaxed);
+            self.core.mailbox.lost();
             Err(DeliveryError::stopped(e.to_string()))
         })
     }

@@ -134,7 +134,13 @@ impl<B: Backend> Tx<B> {
 
     /// Writes the published messages, commits, and announces them to the bus.
     pub(crate) async fn commit(mut self) -> Result<()> {
-        let published = std::mem::take(&mut self.published);
+        let mut published = std::mem::take(&mut self.published);
+        // Stamped just before COMMIT, so end-to-end latency counts from the
+        // commit rather than from the call to `publish`.
+        let committing_us = now_us();
+        for envelope in &mut published {
+            envelope.created_at_us = committing_us;
+        }
         let rows = published.iter().map(OutboxRow::from).collect();
         if let Err(e) = B::insert_outbox(&mut self.conn, rows).await {
             self.rollback().await;
