@@ -53,8 +53,6 @@ pub(crate) struct BusConfig {
     /// How long a claim on an outbox row keeps other processes' buses away;
     /// renewed while the delivery runs.
     pub(crate) claim_lease: Duration,
-    /// How often the outbox gauges are read from the databases.
-    pub(crate) metrics_interval: Duration,
 }
 
 impl Default for BusConfig {
@@ -68,7 +66,6 @@ impl Default for BusConfig {
             duplicate_rate: 0.0,
             stop_timeout: Duration::from_secs(30),
             claim_lease: Duration::from_secs(10),
-            metrics_interval: Duration::from_secs(5),
         }
     }
 }
@@ -142,13 +139,6 @@ impl<B: Backend> BusBuilder<B> {
         self
     }
 
-    /// How often the outbox gauges (pending count, lag, dead letters) are
-    /// read from the module databases (default 5 s).
-    pub fn metrics_interval(mut self, interval: Duration) -> Self {
-        self.config.metrics_interval = interval;
-        self
-    }
-
     /// Checks the configuration and starts the bus actor, which begins with a
     /// scan of every outbox.
     pub fn start(self) -> Result<BusHandle<B>> {
@@ -168,11 +158,6 @@ impl<B: Backend> BusBuilder<B> {
         if config.sweep_interval.is_zero() {
             return Err(Error::Config(
                 "bus: sweep_interval must be above zero".into(),
-            ));
-        }
-        if config.metrics_interval.is_zero() {
-            return Err(Error::Config(
-                "bus: metrics_interval must be above zero".into(),
             ));
         }
         if config.claim_lease < Duration::from_millis(300) {

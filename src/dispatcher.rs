@@ -114,7 +114,6 @@ impl<B: Backend> Dispatcher<B> {
             finished,
         };
         let retention = actix::spawn(sweep_retention_periodically(bus.clone(), source.clone()));
-        let sampling = actix::spawn(sample_outbox_periodically(bus.clone(), source.clone()));
         let mut stopped = bus.stopped.clone();
         let renew_every = bus.config.claim_lease / 3;
         let mut next_scan = Instant::now() + bus.config.sweep_interval;
@@ -175,7 +174,6 @@ impl<B: Backend> Dispatcher<B> {
         state.mark().await;
         state.release_claims().await;
         retention.abort();
-        sampling.abort();
         tracing::debug!(module = %source.name(), "dispatcher stopped");
     }
 }
@@ -328,19 +326,26 @@ async fn deliver_message<B: Backend>(
     let id = envelope.id;
     let done = match bus.routes.get(&envelope.topic).cloned() {
         Some(routes) => {
-            let done = join_all(
+            let ends = join_all(
                 routes
                     .iter()
                     .map(|route| deliver_to_route(&bus, route, &envelope)),
             )
-            .await
-            .into_iter()
-            .all(|done| done);
+            .await;
+            let done = !ends.contains(&RouteEnd::Stopped);
             if done
                 && bus.config.duplicate_rate > 0.0
                 && fastrand::f64() < bus.config.duplicate_rate
             {
-                inject_duplicate(&bus, &routes, &envelope).await;
+                let handled: Vec<&Route<B>> = routes
+                    .iter()
+                    .zip(&ends)
+                    .filter(|(_, end)| **end == RouteEnd::Handled)
+                    .map(|(route, _)| route)
+                    .collect();
+                if !handled.is_empty() {
+                    inject_duplicate(&bus, handled, &envelope).await;
+                }
             }
             done
         }
@@ -363,14 +368,25 @@ async fn deliver_message<B: Backend>(
     });
 }
 
+/// How delivering a message to one handler ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RouteEnd {
+    /// Handled, or found a duplicate.
+    Handled,
+    /// Given up on and recorded as a dead letter.
+    Buried,
+    /// The bus stopped first.
+    Stopped,
+}
+
 /// Delivers to one handler until it has handled the message or found it a
 /// duplicate, retrying failures with backoff, or gives up and records a dead
-/// letter. False if the bus stopped first.
+/// letter.
 async fn deliver_to_route<B: Backend>(
     bus: &BusCore<B>,
     route: &Route<B>,
     envelope: &Arc<Envelope>,
-) -> bool {
+) -> RouteEnd {
     let policy = route.retry(&bus.config);
     let mut attempt = 0;
     let mut failures = 0;
@@ -379,7 +395,7 @@ async fn deliver_to_route<B: Backend>(
         // Waiting for a slot stops with the bus; a running attempt is let
         // finish.
         let Some(slot) = until_stopped(bus, bus.permits.acquire()).await else {
-            return false;
+            return RouteEnd::Stopped;
         };
         let outcome = route
             .module
@@ -387,7 +403,7 @@ async fn deliver_to_route<B: Backend>(
             .await;
         drop(slot);
         let error = match outcome {
-            Ok(_) => return true,
+            Ok(_) => return RouteEnd::Handled,
             Err(error) => error,
         };
         if error.counts_as_attempt() {
@@ -396,13 +412,18 @@ async fn deliver_to_route<B: Backend>(
         let exhausted = policy.max_attempts.is_some_and(|max| failures >= max);
         if !error.is_retryable() || exhausted {
             let reason = format!("after {attempt} attempt(s): {error}");
-            return bury(bus, &route.module, envelope, route.name(), attempt, &reason).await;
+            let buried = bury(bus, &route.module, envelope, route.name(), attempt, &reason).await;
+            return if buried {
+                RouteEnd::Buried
+            } else {
+                RouteEnd::Stopped
+            };
         }
         if until_stopped(bus, sleep(policy.delay(attempt)))
             .await
             .is_none()
         {
-            return false;
+            return RouteEnd::Stopped;
         }
     }
 }
@@ -433,16 +454,17 @@ async fn bury<B: Backend>(
     }
 }
 
-/// For demonstrations: delivers the message to every subscriber once more.
+/// For demonstrations: delivers the message once more to the handlers that
+/// handled it.
 async fn inject_duplicate<B: Backend>(
     bus: &BusCore<B>,
-    routes: &[Route<B>],
+    routes: Vec<&Route<B>>,
     envelope: &Arc<Envelope>,
 ) {
     bus.duplicates_injected.fetch_add(1, Relaxed);
     join_all(
         routes
-            .iter()
+            .into_iter()
             .map(|route| route.module.deliver(envelope.clone(), route.handler, 1)),
     )
     .await;
@@ -477,30 +499,6 @@ async fn sweep_retention_periodically<B: Backend>(bus: Arc<BusCore<B>>, module: 
         }
         if let Err(error) = module.sweep_retention().await {
             tracing::warn!(module = %module.name(), %error, "retention sweep failed; will retry");
-        }
-    }
-}
-
-/// Reads the outbox backlog and the dead-letter count into the module's
-/// gauges every metrics interval while the bus runs: indexed queries, never
-/// one per message.
-async fn sample_outbox_periodically<B: Backend>(bus: Arc<BusCore<B>>, module: ModuleHandle<B>) {
-    loop {
-        let sampled = async {
-            let mut conn = module.connection().await?;
-            let (pending, oldest) = B::outbox_backlog(&mut conn).await?;
-            let dead = B::count_dead_letters(&mut conn).await?;
-            module.core.outbox.sampled(pending, oldest, dead, now_us());
-            Ok::<_, crate::Error>(())
-        };
-        if let Err(error) = sampled.await {
-            tracing::debug!(module = %module.name(), %error, "reading outbox gauges failed");
-        }
-        if until_stopped(&bus, sleep(bus.config.metrics_interval))
-            .await
-            .is_none()
-        {
-            return;
         }
     }
 }

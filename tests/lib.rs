@@ -59,6 +59,25 @@ macro_rules! suite {
             fault!(two_buses_on_one_set_of_databases_handle_each_message_once);
         }
 
+        mod observability {
+            use crate::suite::observability;
+            use crate::support::trace_init;
+
+            macro_rules! observe {
+                ($name:ident) => {
+                    #[actix::test]
+                    async fn $name() {
+                        trace_init();
+                        observability::$name::<$backend>($db).await;
+                    }
+                };
+            }
+
+            observe!(counters_move_exactly_as_deliveries_happen);
+            observe!(lag_rises_while_the_bus_is_stopped_and_returns_to_zero);
+            observe!(mailbox_depth_rises_under_a_slow_handler_and_falls_back);
+        }
+
         #[actix::test]
         async fn a_bad_database_url_fails_at_start() {
             trace_init();

@@ -2,6 +2,7 @@
 //! backend, and run against SQLite and PostgreSQL (see `lib.rs`).
 
 pub mod faults;
+pub mod observability;
 
 use crate::support::*;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};

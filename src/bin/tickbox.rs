@@ -1,0 +1,1640 @@
+//! `tickbox` — the operator's command-line tool for a tickbox module's
+//! database.
+//!
+//! It attaches to the database of one module (an SQLite file, or a
+//! PostgreSQL database and schema) without running migrations and without
+//! any handler code, so it is safe to run while the application runs. It
+//! shows the outbox backlog and its lag, the inbox size and the dead letters;
+//! it puts dead letters back in the outbox for redelivery or discards them;
+//! and it runs the retention sweep once.
+//!
+//! ```text
+//! cargo run --bin tickbox -- --database-url minishop-data/orders.db status
+//! cargo run --bin tickbox -- --database-url minishop-data/orders.db dead-letters list
+//! cargo run --features postgres --bin tickbox -- \
+//!     --database-url postgres://postgres@127.0.0.1/shop --schema minishop_orders status
+//! cargo run --bin tickbox -- help
+//! ```
+//!
+//! Exit status: 0 on success, 1 when the operation failed (the database
+//! cannot be opened or has no tickbox tables, a query failed, the dead letter
+//! does not exist), 2 on a usage error.
+
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tickbox::{Backend, DeadLetter, Module, ModuleHandle, Retention};
+use uuid::Uuid;
+
+/// The environment variable read when `--database-url` is not given.
+const DATABASE_URL_ENV: &str = "TICKBOX_DATABASE_URL";
+
+/// Dead letters listed per page unless `--limit` says otherwise.
+const DEFAULT_LIMIT: u64 = 50;
+
+/// Characters of a dead letter's reason shown in `dead-letters list`.
+const REASON_WIDTH: usize = 60;
+
+/// The longest retention accepted (100 years): longer ones would overflow
+/// the microsecond arithmetic of the sweep.
+const MAX_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+// ---------------------------------------------------------------------------
+// Help texts
+
+/// A page of help: the main one or one command's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Topic {
+    Main,
+    Status,
+    DeadLetters,
+    List,
+    Show,
+    Replay,
+    Discard,
+    Sweep,
+    Help,
+}
+
+impl Topic {
+    /// The command words that lead to this page (`dead-letters show`).
+    fn command(self) -> &'static str {
+        match self {
+            Topic::Main => "",
+            Topic::Status => "status",
+            Topic::DeadLetters => "dead-letters",
+            Topic::List => "dead-letters list",
+            Topic::Show => "dead-letters show",
+            Topic::Replay => "dead-letters replay",
+            Topic::Discard => "dead-letters discard",
+            Topic::Sweep => "sweep",
+            Topic::Help => "help",
+        }
+    }
+
+    /// The usage line (without the `Usage: ` prefix).
+    fn usage(self) -> &'static str {
+        match self {
+            Topic::Main => "tickbox [OPTIONS] <COMMAND> [ARGS]",
+            Topic::Status => "tickbox [OPTIONS] status",
+            Topic::DeadLetters => {
+                "tickbox [OPTIONS] dead-letters <list|show|replay|discard> [ARGS]"
+            }
+            Topic::List => "tickbox [OPTIONS] dead-letters list [--offset N] [--limit N]",
+            Topic::Show => "tickbox [OPTIONS] dead-letters show MESSAGE_ID HANDLER",
+            Topic::Replay => "tickbox [OPTIONS] dead-letters replay MESSAGE_ID HANDLER",
+            Topic::Discard => "tickbox [OPTIONS] dead-letters discard MESSAGE_ID HANDLER --yes",
+            Topic::Sweep => {
+                "tickbox [OPTIONS] sweep [--inbox-retention DURATION]\n                               [--outbox-retention DURATION]"
+            }
+            Topic::Help => "tickbox help [COMMAND]",
+        }
+    }
+
+    /// The page after the usage line.
+    fn body(self) -> &'static str {
+        match self {
+            Topic::Main => MAIN_HELP,
+            Topic::Status => STATUS_HELP,
+            Topic::DeadLetters => DEAD_LETTERS_HELP,
+            Topic::List => LIST_HELP,
+            Topic::Show => SHOW_HELP,
+            Topic::Replay => REPLAY_HELP,
+            Topic::Discard => DISCARD_HELP,
+            Topic::Sweep => SWEEP_HELP,
+            Topic::Help => HELP_HELP,
+        }
+    }
+
+    /// The whole help page.
+    fn help(self) -> String {
+        let mut page = String::new();
+        if self == Topic::Main {
+            page.push_str(concat!(
+                "tickbox ",
+                env!("CARGO_PKG_VERSION"),
+                " - inspect and repair the database of a tickbox module\n\n"
+            ));
+        }
+        page.push_str("Usage: ");
+        page.push_str(self.usage());
+        page.push_str("\n\n");
+        // Global options go after the command's own text, before its examples.
+        let body = self.body();
+        let (text, examples) = match body.find("\nExamples:\n") {
+            Some(at) => body.split_at(at + 1),
+            None => (body, ""),
+        };
+        page.push_str(text.trim_end());
+        page.push('\n');
+        if self != Topic::Help {
+            page.push_str(GLOBAL_OPTIONS);
+        }
+        if !examples.is_empty() {
+            page.push('\n');
+            page.push_str(examples);
+        }
+        if self != Topic::Main {
+            page.push_str(
+                "\nExit status: 0 success, 1 the operation failed, 2 usage error \
+                 (see `tickbox help`).\n",
+            );
+        }
+        if !cfg!(feature = "postgres") {
+            page.push_str(
+                "\nThis binary was built without PostgreSQL support; build it with\n\
+                 `--features postgres` to open postgres:// URLs.\n",
+            );
+        }
+        page
+    }
+
+    /// The command's words of the page for `tickbox help …`, if any.
+    fn from_words(words: &[String]) -> Option<Topic> {
+        let words: Vec<&str> = words.iter().map(String::as_str).collect();
+        Some(match words.as_slice() {
+            [] => Topic::Main,
+            ["status"] => Topic::Status,
+            ["dead-letters"] => Topic::DeadLetters,
+            ["dead-letters", "list"] => Topic::List,
+            ["dead-letters", "show"] => Topic::Show,
+            ["dead-letters", "replay"] => Topic::Replay,
+            ["dead-letters", "discard"] => Topic::Discard,
+            ["sweep"] => Topic::Sweep,
+            ["help"] => Topic::Help,
+            _ => return None,
+        })
+    }
+}
+
+const MAIN_HELP: &str = "\
+Attaches to the database of one module - an SQLite file, or a PostgreSQL
+database and schema - without running migrations or any handler code, so it
+is safe to use while the application runs.
+
+Commands:
+  status                 Outbox backlog and lag, inbox size, dead letter count
+  dead-letters list      List dead letters, oldest first
+  dead-letters show      Show one dead letter in full, payload included
+  dead-letters replay    Put a dead letter's message back in the outbox for redelivery
+  dead-letters discard   Delete a dead letter for good (requires --yes)
+  sweep                  Run the retention sweep once and report what it deleted
+  help [COMMAND]         Show this help, or a command's
+
+Examples:
+  tickbox --database-url minishop-data/orders.db status
+  tickbox --database-url minishop-data/warehouse.db dead-letters list --limit 20
+  tickbox --database-url minishop-data/warehouse.db dead-letters replay \\
+      0190c2a4-5b1e-7d3c-9a4f-1e2d3c4b5a69 warehouse.reserve_stock
+  TICKBOX_DATABASE_URL=postgres://app@db.internal/shop \\
+      tickbox --schema minishop_orders --json status
+  tickbox help dead-letters discard
+
+Exit status:
+  0  Success
+  1  The operation failed: the database cannot be opened or has no tickbox
+     tables, a query failed, or the dead letter does not exist
+  2  Usage error: unknown command or option, missing or malformed argument,
+     or a destructive command without --yes
+";
+
+const STATUS_HELP: &str = "\
+Shows the module's outbox backlog (messages not yet delivered to every
+subscriber) and its lag (the age of the oldest of them), the number of inbox
+rows (the duplicate-detection window) and the number of dead letters.
+
+With --json: one object with outbox_pending, oldest_pending_us (microseconds
+since the Unix epoch, or null), lag_seconds (or null), inbox_rows and
+dead_letters.
+
+Examples:
+  tickbox --database-url minishop-data/orders.db status
+  tickbox --database-url minishop-data/orders.db --json status
+";
+
+const DEAD_LETTERS_HELP: &str = "\
+Dead letters are deliveries the bus gave up on: after the last retry, on a
+permanent handler error, for a payload that does not decode, or for a topic no
+module publishes. Each is keyed by its message id and the handler that gave
+up; the handler is empty when no handler could be chosen (an unknown topic) -
+write it as - or '' on the command line.
+
+Subcommands:
+  list      List dead letters, oldest first
+  show      Show one dead letter in full, payload included
+  replay    Put a dead letter's message back in the outbox for redelivery
+  discard   Delete a dead letter for good (requires --yes)
+
+Run `tickbox help dead-letters <SUBCOMMAND>` for a subcommand's options.
+";
+
+const LIST_HELP: &str = "\
+Lists the module's dead letters, oldest first: message id, handler (- when
+none), topic, attempts, when it was given up on (UTC, ISO 8601) and the
+reason, shortened to one line. `show` prints one in full.
+
+Options:
+      --offset N    Skip the first N dead letters [default: 0]
+      --limit N     Show at most N dead letters [default: 50]
+
+With --json: an array of dead letter objects (message_id, handler, topic,
+payload, correlation_id, causation_id, created_at_us, attempts, reason,
+dead_at_us).
+
+Examples:
+  tickbox --database-url minishop-data/warehouse.db dead-letters list
+  tickbox --database-url minishop-data/warehouse.db dead-letters list \\
+      --offset 50 --limit 50
+";
+
+const SHOW_HELP: &str = "\
+Shows everything about one dead letter: ids, topic, times, attempts, the full
+reason and the payload (pretty-printed when it is JSON).
+
+Arguments:
+  MESSAGE_ID   The message's id (a UUID, as `dead-letters list` prints it)
+  HANDLER      The handler that gave up; - or '' for none (an unknown topic)
+
+With --json: the dead letter as one object.
+
+Examples:
+  tickbox --database-url minishop-data/warehouse.db dead-letters show \\
+      0190c2a4-5b1e-7d3c-9a4f-1e2d3c4b5a69 warehouse.reserve_stock
+  tickbox --database-url minishop-data/orders.db dead-letters show \\
+      0190c2a4-5b1e-7d3c-9a4f-1e2d3c4b5a69 -
+";
+
+const REPLAY_HELP: &str = "\
+Puts a dead letter's message back in this module's outbox as pending and
+removes the dead letter, in one transaction. The application's bus delivers it
+again on its next outbox scan (every 2 s by default; at start if no
+application runs now) to every subscriber of its topic: handlers that did
+process it skip it thanks to their inbox, the one that gave up tries again.
+No handler code runs in this tool.
+
+Arguments:
+  MESSAGE_ID   The message's id (a UUID, as `dead-letters list` prints it)
+  HANDLER      The handler that gave up; - or '' for none (an unknown topic)
+
+With --json: one object with message_id, handler, topic and requeued.
+
+Examples:
+  tickbox --database-url minishop-data/warehouse.db dead-letters replay \\
+      0190c2a4-5b1e-7d3c-9a4f-1e2d3c4b5a69 warehouse.reserve_stock
+";
+
+const DISCARD_HELP: &str = "\
+Deletes a dead letter without delivering its message: the handler that gave
+up will never process it. There is no prompt; the command refuses to run
+without --yes.
+
+Arguments:
+  MESSAGE_ID   The message's id (a UUID, as `dead-letters list` prints it)
+  HANDLER      The handler that gave up; - or '' for none (an unknown topic)
+
+Options:
+  -y, --yes     Confirm the deletion
+
+With --json: one object with message_id, handler, topic and discarded.
+
+Examples:
+  tickbox --database-url minishop-data/warehouse.db dead-letters discard \\
+      0190c2a4-5b1e-7d3c-9a4f-1e2d3c4b5a69 warehouse.reserve_stock --yes
+";
+
+const SWEEP_HELP: &str = "\
+Runs the retention sweep once, as the application's bus does every minute:
+deletes inbox rows processed longer ago than the inbox retention and outbox
+rows delivered longer ago than the outbox retention, in small batches.
+Undelivered outbox rows and dead letters are never deleted.
+
+Inbox rows are the duplicate-detection window: keep the inbox retention
+longer than the application's redelivery horizon (its retry policies), or a
+late duplicate would be processed twice. This tool cannot see those policies.
+
+Options:
+      --inbox-retention DURATION    Keep inbox rows this long [default: 7d]
+      --outbox-retention DURATION   Keep delivered outbox rows this long [default: 7d]
+
+A DURATION is a number with a unit - s, m, h, d or w - or several of them
+(1h30m), or `never` to keep every row.
+
+With --json: one object with inbox_rows and outbox_rows (rows deleted) and
+inbox_retention_seconds and outbox_retention_seconds (null for never).
+
+Examples:
+  tickbox --database-url minishop-data/warehouse.db sweep
+  tickbox --database-url minishop-data/warehouse.db sweep \\
+      --inbox-retention 30d --outbox-retention 12h
+  tickbox --database-url minishop-data/orders.db sweep --inbox-retention never
+";
+
+const HELP_HELP: &str = "\
+Shows the main help, or a command's: `tickbox help dead-letters replay` is
+the same as `tickbox dead-letters replay --help`.
+";
+
+const GLOBAL_OPTIONS: &str = "
+Global options (before or after the command):
+      --database-url URL   The module's database: an SQLite file path or
+                           sqlite://PATH, or postgres://USER[:PASSWORD]@HOST[:PORT]/DB
+                           [env: TICKBOX_DATABASE_URL]
+      --schema NAME        PostgreSQL: the schema holding the module's tables
+                           [default: the connection's search_path]
+      --json               Print one JSON object or array instead of text
+  -h, --help               Show help
+  -V, --version            Show the version
+";
+
+// ---------------------------------------------------------------------------
+// Command line
+
+/// Why the tool stops without doing its job.
+#[derive(Debug, PartialEq)]
+enum Failure {
+    /// The command line is wrong (exit 2); `topic` names the help page to
+    /// point to.
+    Usage { message: String, topic: Topic },
+    /// The operation failed (exit 1).
+    Failed(String),
+}
+
+impl Failure {
+    fn usage(topic: Topic, message: impl Into<String>) -> Self {
+        Failure::Usage {
+            message: message.into(),
+            topic,
+        }
+    }
+}
+
+impl From<tickbox::Error> for Failure {
+    fn from(error: tickbox::Error) -> Self {
+        Failure::Failed(error.to_string())
+    }
+}
+
+/// What the command line asks for.
+#[derive(Debug, PartialEq)]
+enum Parsed {
+    Help(Topic),
+    Version,
+    Run(Invocation),
+}
+
+/// A command to run against a database.
+#[derive(Debug, PartialEq)]
+struct Invocation {
+    target: Target,
+    json: bool,
+    command: Command,
+}
+
+/// The database to attach to.
+#[derive(Debug, PartialEq)]
+struct Target {
+    url: String,
+    schema: Option<String>,
+    kind: Kind,
+    /// The module name, which only labels error messages: the SQLite file's
+    /// stem, or the PostgreSQL schema or database name.
+    module: String,
+}
+
+/// Which backend a URL is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Sqlite,
+    Postgres,
+}
+
+/// A dead letter's key as given on the command line.
+#[derive(Debug, Clone, PartialEq)]
+struct Key {
+    message_id: Uuid,
+    /// `""` for a dead letter without a handler.
+    handler: String,
+}
+
+/// The commands.
+#[derive(Debug, PartialEq)]
+enum Command {
+    Status,
+    List { offset: u64, limit: u64 },
+    Show(Key),
+    Replay(Key),
+    Discard(Key),
+    Sweep(Retention),
+}
+
+/// Options as collected from the command line, before they are checked
+/// against the command.
+#[derive(Default)]
+struct Options {
+    database_url: Option<String>,
+    schema: Option<String>,
+    json: bool,
+    help: bool,
+    version: bool,
+    offset: Option<String>,
+    limit: Option<String>,
+    yes: bool,
+    inbox_retention: Option<String>,
+    outbox_retention: Option<String>,
+    /// Command-specific options seen, by their long name, to check that they
+    /// apply to the command.
+    command_options: Vec<&'static str>,
+}
+
+/// Parses the arguments (without the program name). `env_url` is the value
+/// of `TICKBOX_DATABASE_URL`, used when `--database-url` is absent.
+fn parse(args: &[String], env_url: Option<String>) -> Result<Parsed, Failure> {
+    let mut options = Options::default();
+    let mut words: Vec<String> = Vec::new();
+    let mut args = args.iter();
+    let mut only_words = false;
+    while let Some(arg) = args.next() {
+        if only_words || !arg.starts_with('-') || arg == "-" {
+            words.push(arg.clone());
+            continue;
+        }
+        if arg == "--" {
+            only_words = true;
+            continue;
+        }
+        let (name, inline) = match arg.split_once('=') {
+            Some((name, value)) if name.starts_with("--") => (name, Some(value.to_string())),
+            _ => (arg.as_str(), None),
+        };
+        let topic = topic_of(&words);
+        let mut value = |name: &str| -> Result<String, Failure> {
+            match inline.clone().or_else(|| args.next().cloned()) {
+                Some(value) => Ok(value),
+                None => Err(Failure::usage(topic, format!("{name} needs a value"))),
+            }
+        };
+        let flag = |name: &str| -> Result<bool, Failure> {
+            match inline {
+                Some(_) => Err(Failure::usage(topic, format!("{name} takes no value"))),
+                None => Ok(true),
+            }
+        };
+        match name {
+            "--database-url" => once(&mut options.database_url, name, value(name)?, topic)?,
+            "--schema" => once(&mut options.schema, name, value(name)?, topic)?,
+            "--json" => options.json = flag(name)?,
+            "-h" | "--help" => options.help = flag(name)?,
+            "-V" | "--version" => options.version = flag(name)?,
+            "--offset" => {
+                once(&mut options.offset, name, value(name)?, topic)?;
+                options.command_options.push("--offset");
+            }
+            "--limit" => {
+                once(&mut options.limit, name, value(name)?, topic)?;
+                options.command_options.push("--limit");
+            }
+            "-y" | "--yes" => {
+                options.yes = flag(name)?;
+                options.command_options.push("--yes");
+            }
+            "--inbox-retention" => {
+                once(&mut options.inbox_retention, name, value(name)?, topic)?;
+                options.command_options.push("--inbox-retention");
+            }
+            "--outbox-retention" => {
+                once(&mut options.outbox_retention, name, value(name)?, topic)?;
+                options.command_options.push("--outbox-retention");
+            }
+            _ => return Err(Failure::usage(topic, format!("unknown option `{name}`"))),
+        }
+    }
+
+    let topic = topic_of(&words);
+    if options.help {
+        return Ok(Parsed::Help(topic));
+    }
+    if options.version {
+        return Ok(Parsed::Version);
+    }
+    let Some(first) = words.first() else {
+        return Err(Failure::usage(Topic::Main, "no command given"));
+    };
+    if first == "help" {
+        return match Topic::from_words(&words[1..]) {
+            Some(topic) => Ok(Parsed::Help(topic)),
+            None => Err(Failure::usage(
+                Topic::Help,
+                format!("no help for `{}`", words[1..].join(" ")),
+            )),
+        };
+    }
+    let (topic, args) = match first.as_str() {
+        "status" => (Topic::Status, &words[1..]),
+        "sweep" => (Topic::Sweep, &words[1..]),
+        "dead-letters" => match words.get(1).map(String::as_str) {
+            Some("list") => (Topic::List, &words[2..]),
+            Some("show") => (Topic::Show, &words[2..]),
+            Some("replay") => (Topic::Replay, &words[2..]),
+            Some("discard") => (Topic::Discard, &words[2..]),
+            Some(other) => {
+                return Err(Failure::usage(
+                    Topic::DeadLetters,
+                    format!(
+                    "unknown subcommand `dead-letters {other}`; use list, show, replay or discard"
+                ),
+                ))
+            }
+            None => {
+                return Err(Failure::usage(
+                    Topic::DeadLetters,
+                    "`dead-letters` needs a subcommand: list, show, replay or discard",
+                ))
+            }
+        },
+        other => {
+            return Err(Failure::usage(
+                Topic::Main,
+                format!("unknown command `{other}`"),
+            ))
+        }
+    };
+
+    let applies: &[&str] = match topic {
+        Topic::List => &["--offset", "--limit"],
+        Topic::Discard => &["--yes"],
+        Topic::Sweep => &["--inbox-retention", "--outbox-retention"],
+        _ => &[],
+    };
+    if let Some(option) = options
+        .command_options
+        .iter()
+        .find(|o| !applies.contains(o))
+    {
+        return Err(Failure::usage(
+            topic,
+            format!("{option} does not apply to `{}`", topic.command()),
+        ));
+    }
+
+    let command = match topic {
+        Topic::Status => {
+            no_more(topic, args)?;
+            Command::Status
+        }
+        Topic::List => {
+            no_more(topic, args)?;
+            Command::List {
+                offset: count(topic, "--offset", options.offset.as_deref(), 0)?,
+                limit: count(topic, "--limit", options.limit.as_deref(), DEFAULT_LIMIT)?,
+            }
+        }
+        Topic::Show => Command::Show(key(topic, args)?),
+        Topic::Replay => Command::Replay(key(topic, args)?),
+        Topic::Discard => {
+            let key = key(topic, args)?;
+            if !options.yes {
+                return Err(Failure::usage(
+                    topic,
+                    format!(
+                        "refusing to discard the dead letter of message {} for handler {} \
+                         without --yes: it would never be delivered to that handler; \
+                         add --yes to confirm",
+                        key.message_id,
+                        handler_label(&key.handler)
+                    ),
+                ));
+            }
+            Command::Discard(key)
+        }
+        Topic::Sweep => {
+            no_more(topic, args)?;
+            let mut retention = Retention::default();
+            if let Some(text) = &options.inbox_retention {
+                retention.inbox = retention_arg(topic, "--inbox-retention", text)?;
+            }
+            if let Some(text) = &options.outbox_retention {
+                retention.outbox = retention_arg(topic, "--outbox-retention", text)?;
+            }
+            Command::Sweep(retention)
+        }
+        Topic::Main | Topic::DeadLetters | Topic::Help => unreachable!("not a command"),
+    };
+
+    let url = options
+        .database_url
+        .or(env_url.filter(|url| !url.trim().is_empty()))
+        .ok_or_else(|| {
+            Failure::usage(
+                topic,
+                format!("no database given: pass --database-url URL or set {DATABASE_URL_ENV}"),
+            )
+        })?;
+    let target = target(topic, url, options.schema)?;
+    Ok(Parsed::Run(Invocation {
+        target,
+        json: options.json,
+        command,
+    }))
+}
+
+/// Stores an option's value; an option given twice is a usage error.
+fn once(slot: &mut Option<String>, name: &str, value: String, topic: Topic) -> Result<(), Failure> {
+    if slot.replace(value).is_some() {
+        return Err(Failure::usage(topic, format!("{name} is given twice")));
+    }
+    Ok(())
+}
+
+/// The help page for the command words seen so far (for `--help` and for
+/// usage errors).
+fn topic_of(words: &[String]) -> Topic {
+    let first = words.first().map(String::as_str);
+    let second = words.get(1).map(String::as_str);
+    match (first, second) {
+        (Some("help"), _) => Topic::from_words(&words[1..]).unwrap_or(Topic::Help),
+        (Some("dead-letters"), _) => {
+            Topic::from_words(&words[..words.len().min(2)]).unwrap_or(Topic::DeadLetters)
+        }
+        (Some(_), _) => Topic::from_words(&words[..1]).unwrap_or(Topic::Main),
+        (None, _) => Topic::Main,
+    }
+}
+
+/// Refuses arguments left over after a command's own.
+fn no_more(topic: Topic, args: &[String]) -> Result<(), Failure> {
+    match args.first() {
+        None => Ok(()),
+        Some(extra) => Err(Failure::usage(
+            topic,
+            format!("unexpected argument `{extra}`"),
+        )),
+    }
+}
+
+/// A non-negative integer option.
+fn count(topic: Topic, name: &str, text: Option<&str>, default: u64) -> Result<u64, Failure> {
+    match text {
+        None => Ok(default),
+        Some(text) => text.parse().map_err(|_| {
+            Failure::usage(
+                topic,
+                format!("{name} takes a whole number of at least 0, not `{text}`"),
+            )
+        }),
+    }
+}
+
+/// `MESSAGE_ID HANDLER`.
+fn key(topic: Topic, args: &[String]) -> Result<Key, Failure> {
+    match args {
+        [id, handler] => {
+            let message_id = Uuid::parse_str(id.trim()).map_err(|_| {
+                Failure::usage(
+                    topic,
+                    format!("`{id}` is not a message id; a message id is a UUID such as 0190c2a4-5b1e-7d3c-9a4f-1e2d3c4b5a69"),
+                )
+            })?;
+            Ok(Key {
+                message_id,
+                handler: handler_arg(handler),
+            })
+        }
+        [] | [_] => Err(Failure::usage(
+            topic,
+            "expected MESSAGE_ID and HANDLER (- for a dead letter without a handler)",
+        )),
+        [_, _, extra, ..] => Err(Failure::usage(
+            topic,
+            format!("unexpected argument `{extra}`"),
+        )),
+    }
+}
+
+/// A handler argument: `-`, `''` and an empty argument mean "no handler".
+fn handler_arg(text: &str) -> String {
+    match text {
+        "-" | "''" | "\"\"" => String::new(),
+        other => other.to_string(),
+    }
+}
+
+/// A handler for display: `-` when there is none.
+fn handler_label(handler: &str) -> String {
+    if handler.is_empty() {
+        "- (none)".to_string()
+    } else {
+        format!("`{handler}`")
+    }
+}
+
+/// A retention option: a positive duration or `never`.
+fn retention_arg(topic: Topic, name: &str, text: &str) -> Result<Option<Duration>, Failure> {
+    let bad = |why: &str| {
+        Failure::usage(
+            topic,
+            format!("{name} `{text}`: {why}; write e.g. 7d, 12h, 30m, 45s, 1h30m or never"),
+        )
+    };
+    let window = parse_duration(text).map_err(|why| bad(&why))?;
+    match window {
+        Some(window) if window.is_zero() => Err(bad("must be above zero (never keeps every row)")),
+        Some(window) if window > MAX_RETENTION => Err(bad("is longer than 100 years")),
+        window => Ok(window),
+    }
+}
+
+/// Parses `7d`, `12h`, `30m`, `45s`, `2w`, `1h30m`; `never` is `None`.
+fn parse_duration(text: &str) -> Result<Option<Duration>, String> {
+    let text = text.trim();
+    if text.eq_ignore_ascii_case("never") {
+        return Ok(None);
+    }
+    if text.is_empty() {
+        return Err("empty duration".into());
+    }
+    let mut total: u64 = 0;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        if digits == 0 {
+            return Err("expected a number".into());
+        }
+        let number: u64 = rest[..digits]
+            .parse()
+            .map_err(|_| "number too large".to_string())?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit = match &rest[..unit_len] {
+            "s" => 1,
+            "m" => 60,
+            "h" => 3600,
+            "d" => 86_400,
+            "w" => 7 * 86_400,
+            "" => return Err("missing unit (s, m, h, d or w)".into()),
+            other => return Err(format!("unknown unit `{other}` (use s, m, h, d or w)")),
+        };
+        rest = &rest[unit_len..];
+        total = number
+            .checked_mul(unit)
+            .and_then(|seconds| total.checked_add(seconds))
+            .ok_or_else(|| "duration too large".to_string())?;
+    }
+    Ok(Some(Duration::from_secs(total)))
+}
+
+/// Works out the backend and a module label from the URL.
+fn target(topic: Topic, url: String, schema: Option<String>) -> Result<Target, Failure> {
+    let trimmed = url.trim();
+    let lower = trimmed.to_ascii_lowercase();
+    let kind = if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
+        Kind::Postgres
+    } else {
+        Kind::Sqlite
+    };
+    if kind == Kind::Sqlite && lower.contains("://") && !lower.starts_with("sqlite://") {
+        return Err(Failure::usage(
+            topic,
+            format!(
+                "`{}` is neither an SQLite path (or sqlite://PATH) nor a postgres:// URL",
+                redact(trimmed)
+            ),
+        ));
+    }
+    if kind == Kind::Sqlite && schema.is_some() {
+        return Err(Failure::usage(
+            topic,
+            "--schema applies to PostgreSQL only; an SQLite module has its own file",
+        ));
+    }
+    let module = match kind {
+        Kind::Sqlite => {
+            let path = trimmed
+                .strip_prefix("sqlite://")
+                .or_else(|| trimmed.strip_prefix("sqlite:"))
+                .unwrap_or(trimmed);
+            std::path::Path::new(path)
+                .file_stem()
+                .and_then(|stem| stem.to_str())
+                .map(str::to_string)
+        }
+        Kind::Postgres => schema.clone().or_else(|| {
+            let after_scheme = &trimmed[trimmed.find("://").map_or(0, |i| i + 3)..];
+            let path = after_scheme.split_once('/').map(|(_, path)| path)?;
+            let database = path.split(['?', '#']).next().unwrap_or_default();
+            Some(database.to_string())
+        }),
+    }
+    .filter(|name| !name.trim().is_empty())
+    .unwrap_or_else(|| "module".to_string());
+    Ok(Target {
+        url: trimmed.to_string(),
+        schema,
+        kind,
+        module,
+    })
+}
+
+/// A URL with its password replaced by `***`, for messages.
+fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_string();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+    match authority.rfind('@') {
+        Some(at) => match authority[..at].find(':') {
+            Some(colon) => format!(
+                "{}://{}:***{}",
+                &url[..scheme_end],
+                &rest[..colon],
+                &rest[at..]
+            ),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Commands
+
+/// Opens the module's database with the URL's backend and runs the command;
+/// returns what to print.
+async fn execute(invocation: &Invocation) -> Result<String, Failure> {
+    match invocation.target.kind {
+        Kind::Sqlite => run_sqlite(invocation).await,
+        Kind::Postgres => run_postgres(invocation).await,
+    }
+}
+
+#[cfg(feature = "sqlite")]
+async fn run_sqlite(invocation: &Invocation) -> Result<String, Failure> {
+    run::<tickbox::Sqlite>(invocation).await
+}
+
+#[cfg(not(feature = "sqlite"))]
+async fn run_sqlite(invocation: &Invocation) -> Result<String, Failure> {
+    Err(Failure::Failed(format!(
+        "`{}` is an SQLite database, but this tickbox binary was built without SQLite \
+         support; rebuild it with `--features sqlite`",
+        invocation.target.url
+    )))
+}
+
+#[cfg(feature = "postgres")]
+async fn run_postgres(invocation: &Invocation) -> Result<String, Failure> {
+    run::<tickbox::Postgres>(invocation).await
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn run_postgres(invocation: &Invocation) -> Result<String, Failure> {
+    Err(Failure::Failed(format!(
+        "`{}` is a PostgreSQL URL, but this tickbox binary was built without PostgreSQL \
+         support; rebuild it with `--features postgres` \
+         (cargo build --release --features postgres --bin tickbox)",
+        redact(&invocation.target.url)
+    )))
+}
+
+/// Attaches to the module's database and runs the command, for any backend.
+async fn run<B: Backend>(invocation: &Invocation) -> Result<String, Failure> {
+    let target = &invocation.target;
+    let mut builder = Module::<B>::builder(target.module.clone(), target.url.clone())
+        .pool_size(2)
+        .checkout_timeout(Duration::from_secs(10));
+    if let Some(schema) = &target.schema {
+        builder = builder.schema(schema.clone());
+    }
+    if let Command::Sweep(retention) = &invocation.command {
+        builder = builder.retention(retention.clone());
+    }
+    let module = builder.attach().await?;
+    let json = invocation.json;
+    match &invocation.command {
+        Command::Status => status(&module, json).await,
+        Command::List { offset, limit } => list(&module, *offset, *limit, json).await,
+        Command::Show(key) => show(&module, key, json).await,
+        Command::Replay(key) => replay(&module, key, json).await,
+        Command::Discard(key) => discard(&module, key, json).await,
+        Command::Sweep(retention) => sweep(&module, retention, json).await,
+    }
+}
+
+/// `status`.
+async fn status<B: Backend>(module: &ModuleHandle<B>, json: bool) -> Result<String, Failure> {
+    let stats = module.store_stats().await?;
+    let lag_us = stats
+        .oldest_pending_us
+        .map(|oldest| (now_us() - oldest).max(0));
+    if json {
+        let mut value = to_json(&stats)?;
+        if let Some(object) = value.as_object_mut() {
+            object.insert("backend".into(), B::NAME.into());
+            object.insert(
+                "lag_seconds".into(),
+                lag_us.map(|us| us as f64 / 1e6).into(),
+            );
+        }
+        return json_line(&value);
+    }
+    let lag = match (lag_us, stats.oldest_pending_us) {
+        (Some(lag), Some(oldest)) => format!(
+            "{} (oldest pending message published {})",
+            human_duration(lag),
+            iso8601(oldest, false)
+        ),
+        _ => "0s (nothing pending)".to_string(),
+    };
+    let mut out = String::new();
+    out.push_str(&format!("backend          {}\n", B::NAME));
+    out.push_str(&format!(
+        "outbox pending   {}\n",
+        plural(stats.outbox_pending, "message")
+    ));
+    out.push_str(&format!("outbox lag       {lag}\n"));
+    out.push_str(&format!("inbox rows       {}\n", stats.inbox_rows));
+    out.push_str(&format!("dead letters     {}", stats.dead_letters));
+    if stats.dead_letters > 0 {
+        out.push_str("  (see `tickbox dead-letters list`)");
+    }
+    out.push('\n');
+    Ok(out)
+}
+
+/// `dead-letters list`.
+async fn list<B: Backend>(
+    module: &ModuleHandle<B>,
+    offset: u64,
+    limit: u64,
+    json: bool,
+) -> Result<String, Failure> {
+    let letters = module.dead_letters(offset, limit).await?;
+    if json {
+        return json_line(&to_json(&letters)?);
+    }
+    let total = module.store_stats().await?.dead_letters.max(0) as u64;
+    if letters.is_empty() {
+        return Ok(if total == 0 {
+            "no dead letters\n".to_string()
+        } else {
+            format!(
+                "no dead letters from offset {offset} (there are {total}; try a smaller --offset)\n"
+            )
+        });
+    }
+    let header = [
+        "MESSAGE ID",
+        "HANDLER",
+        "TOPIC",
+        "ATTEMPTS",
+        "DEAD AT (UTC)",
+        "REASON",
+    ];
+    let rows: Vec<[String; 6]> = letters
+        .iter()
+        .map(|letter| {
+            [
+                letter.message_id.to_string(),
+                if letter.handler.is_empty() {
+                    "-".to_string()
+                } else {
+                    letter.handler.clone()
+                },
+                letter.topic.clone(),
+                letter.attempts.to_string(),
+                iso8601(letter.dead_at_us, false),
+                one_line(&letter.reason, REASON_WIDTH),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(|h| h.chars().count());
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &[&str]| {
+        let mut text = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                text.push_str(cell);
+            } else {
+                text.push_str(cell);
+                let pad = widths[i] - cell.chars().count() + 2;
+                text.extend(std::iter::repeat_n(' ', pad));
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line(&header);
+    for row in &rows {
+        line(&row.each_ref().map(String::as_str));
+    }
+    let first = offset + 1;
+    let last = offset + letters.len() as u64;
+    out.push('\n');
+    if first == 1 && last >= total {
+        out.push_str(&format!("{}\n", plural(total as i64, "dead letter")));
+    } else {
+        out.push_str(&format!("dead letters {first}-{last} of {total}"));
+        if last < total {
+            out.push_str(&format!("; next page: --offset {last} --limit {limit}"));
+        }
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+/// Reads a dead letter or fails with "not found".
+async fn find<B: Backend>(module: &ModuleHandle<B>, key: &Key) -> Result<DeadLetter, Failure> {
+    module
+        .dead_letter(key.message_id, &key.handler)
+        .await?
+        .ok_or_else(|| not_found(key))
+}
+
+/// The "no such dead letter" failure.
+fn not_found(key: &Key) -> Failure {
+    Failure::Failed(format!(
+        "no dead letter for message {} and handler {} in this database \
+         (`tickbox dead-letters list` shows them)",
+        key.message_id,
+        handler_label(&key.handler)
+    ))
+}
+
+/// `dead-letters show`.
+async fn show<B: Backend>(
+    module: &ModuleHandle<B>,
+    key: &Key,
+    json: bool,
+) -> Result<String, Failure> {
+    let letter = find(module, key).await?;
+    if json {
+        return json_line(&to_json(&letter)?);
+    }
+    let handler = if letter.handler.is_empty() {
+        "- (none: no handler could be chosen, the topic is unknown)".to_string()
+    } else {
+        letter.handler.clone()
+    };
+    let mut out = String::new();
+    out.push_str(&format!("message id       {}\n", letter.message_id));
+    out.push_str(&format!("handler          {handler}\n"));
+    out.push_str(&format!("topic            {}\n", letter.topic));
+    out.push_str(&format!("attempts         {}\n", letter.attempts));
+    out.push_str(&format!(
+        "dead at          {}\n",
+        iso8601(letter.dead_at_us, true)
+    ));
+    out.push_str(&format!(
+        "published at     {}\n",
+        iso8601(letter.created_at_us, true)
+    ));
+    out.push_str(&format!("correlation id   {}\n", letter.correlation_id));
+    out.push_str(&format!(
+        "causation id     {}\n",
+        letter
+            .causation_id
+            .map_or_else(|| "- (none)".to_string(), |id| id.to_string())
+    ));
+    out.push_str("reason\n");
+    out.push_str(&indent(&letter.reason));
+    match serde_json::from_str::<serde_json::Value>(&letter.payload) {
+        Ok(value) => {
+            out.push_str("payload (JSON)\n");
+            let pretty = serde_json::to_string_pretty(&value).unwrap_or(letter.payload.clone());
+            out.push_str(&indent(&pretty));
+        }
+        Err(_) => {
+            out.push_str("payload (not valid JSON; as stored)\n");
+            out.push_str(&indent(&letter.payload));
+        }
+    }
+    Ok(out)
+}
+
+/// `dead-letters replay`.
+async fn replay<B: Backend>(
+    module: &ModuleHandle<B>,
+    key: &Key,
+    json: bool,
+) -> Result<String, Failure> {
+    let letter = find(module, key).await?;
+    module
+        .requeue_dead_letter(key.message_id, &key.handler)
+        .await
+        .map_err(|error| match error {
+            tickbox::Error::NoSuchDeadLetter { .. } => not_found(key),
+            other => other.into(),
+        })?;
+    if json {
+        return json_line(&serde_json::json!({
+            "message_id": letter.message_id,
+            "handler": letter.handler,
+            "topic": letter.topic,
+            "requeued": true,
+        }));
+    }
+    Ok(format!(
+        "requeued message {} (topic {}) for handler {}: it is back in the outbox as pending \
+         and the dead letter is gone.\n\
+         The application's bus delivers it again on its next outbox scan (or when it starts), \
+         to every subscriber of {}; handlers that already processed it skip it in their inbox.\n\
+         `tickbox status` shows it as pending until then.\n",
+        letter.message_id,
+        letter.topic,
+        handler_label(&letter.handler),
+        letter.topic,
+    ))
+}
+
+/// `dead-letters discard`.
+async fn discard<B: Backend>(
+    module: &ModuleHandle<B>,
+    key: &Key,
+    json: bool,
+) -> Result<String, Failure> {
+    let letter = find(module, key).await?;
+    if !module
+        .discard_dead_letter(key.message_id, &key.handler)
+        .await?
+    {
+        return Err(not_found(key));
+    }
+    if json {
+        return json_line(&serde_json::json!({
+            "message_id": letter.message_id,
+            "handler": letter.handler,
+            "topic": letter.topic,
+            "discarded": true,
+        }));
+    }
+    Ok(format!(
+        "discarded the dead letter of message {} (topic {}) for handler {}; \
+         it will not be delivered to that handler.\n",
+        letter.message_id,
+        letter.topic,
+        handler_label(&letter.handler)
+    ))
+}
+
+/// `sweep`.
+async fn sweep<B: Backend>(
+    module: &ModuleHandle<B>,
+    retention: &Retention,
+    json: bool,
+) -> Result<String, Failure> {
+    let report = module.sweep_retention().await?;
+    if json {
+        let mut value = to_json(&report)?;
+        if let Some(object) = value.as_object_mut() {
+            let seconds = |window: Option<Duration>| window.map(|w| w.as_secs());
+            object.insert(
+                "inbox_retention_seconds".into(),
+                seconds(retention.inbox).into(),
+            );
+            object.insert(
+                "outbox_retention_seconds".into(),
+                seconds(retention.outbox).into(),
+            );
+        }
+        return json_line(&value);
+    }
+    let inbox = match retention.inbox {
+        Some(window) => format!(
+            "deleted {} processed more than {} ago",
+            plural(report.inbox_rows as i64, "row"),
+            compact_duration(window)
+        ),
+        None => "kept every row (retention: never)".to_string(),
+    };
+    let outbox = match retention.outbox {
+        Some(window) => format!(
+            "deleted {} delivered more than {} ago",
+            plural(report.outbox_rows as i64, "row"),
+            compact_duration(window)
+        ),
+        None => "kept every row (retention: never)".to_string(),
+    };
+    Ok(format!(
+        "inbox   {inbox}\noutbox  {outbox}\n(undelivered outbox rows and dead letters are never swept)\n"
+    ))
+}
+
+// ---------------------------------------------------------------------------
+// Formatting
+
+/// Serializes a value for `--json`.
+fn to_json<T: serde::Serialize>(value: &T) -> Result<serde_json::Value, Failure> {
+    serde_json::to_value(value).map_err(|e| Failure::Failed(format!("cannot encode JSON: {e}")))
+}
+
+/// One JSON document on one line.
+fn json_line(value: &serde_json::Value) -> Result<String, Failure> {
+    Ok(format!("{value}\n"))
+}
+
+/// `1 row`, `2 rows`.
+fn plural(n: i64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
+/// The first line of `text`, at most `width` characters, marked when cut.
+fn one_line(text: &str, width: usize) -> String {
+    let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if flat.chars().count() <= width {
+        flat
+    } else {
+        let mut cut: String = flat.chars().take(width.saturating_sub(3)).collect();
+        cut.push_str("...");
+        cut
+    }
+}
+
+/// Indents every line of `text` by four spaces, ending with a newline.
+fn indent(text: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        out.push_str("    ");
+        out.push_str(line);
+        out.push('\n');
+    }
+    if text.is_empty() {
+        out.push_str("    (empty)\n");
+    }
+    out
+}
+
+/// Microseconds since the Unix epoch, now.
+fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// Microseconds since the Unix epoch as UTC ISO 8601:
+/// `2026-12-01T10:20:30Z`, or with `precise` `2026-12-01T10:20:30.123456Z`.
+fn iso8601(us: i64, precise: bool) -> String {
+    let seconds = us.div_euclid(1_000_000);
+    let micros = us.rem_euclid(1_000_000);
+    let days = seconds.div_euclid(86_400);
+    let of_day = seconds.rem_euclid(86_400);
+    let (year, month, day) = civil_from_days(days);
+    let (h, m, s) = (of_day / 3600, of_day % 3600 / 60, of_day % 60);
+    if precise {
+        format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{micros:06}Z")
+    } else {
+        format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}Z")
+    }
+}
+
+/// The proleptic Gregorian date of a day count since 1970-01-01 (Howard
+/// Hinnant's `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// A lag for people: `850ms`, `42.3s`, `5m 12s`, `3h 4m`, `2d 5h`.
+fn human_duration(us: i64) -> String {
+    let us = us.max(0);
+    if us < 1_000_000 {
+        return format!("{}ms", us / 1000);
+    }
+    if us < 60_000_000 {
+        return format!("{:.1}s", us as f64 / 1e6);
+    }
+    let seconds = us / 1_000_000;
+    let (d, h, m, s) = (
+        seconds / 86_400,
+        seconds % 86_400 / 3600,
+        seconds % 3600 / 60,
+        seconds % 60,
+    );
+    if d > 0 {
+        format!("{d}d {h}h")
+    } else if h > 0 {
+        format!("{h}h {m}m")
+    } else {
+        format!("{m}m {s}s")
+    }
+}
+
+/// A retention window as written on the command line: `7d`, `1h30m`.
+fn compact_duration(window: Duration) -> String {
+    let mut seconds = window.as_secs();
+    if seconds == 0 {
+        return "0s".into();
+    }
+    let mut out = String::new();
+    for (unit, size) in [("d", 86_400), ("h", 3600), ("m", 60), ("s", 1)] {
+        if seconds >= size {
+            out.push_str(&format!("{}{unit}", seconds / size));
+            seconds %= size;
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------
+// Entry point
+
+/// Writes `text` to stdout; a closed pipe (`tickbox … | head`) is not an
+/// error.
+fn print(text: &str) -> ExitCode {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: cannot write the output: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Reports a failure on stderr and returns its exit code.
+fn fail(failure: Failure) -> ExitCode {
+    match failure {
+        Failure::Usage { message, topic } => {
+            let more = match topic {
+                Topic::Main => "tickbox help".to_string(),
+                topic => format!("tickbox help {}", topic.command()),
+            };
+            eprintln!(
+                "error: {message}\n\nUsage: {}\nRun `{more}` for more information.",
+                topic.usage()
+            );
+            ExitCode::from(2)
+        }
+        Failure::Failed(message) => {
+            eprintln!("error: {message}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+#[actix::main]
+async fn main() -> ExitCode {
+    let mut args = Vec::new();
+    for arg in std::env::args_os().skip(1) {
+        match arg.into_string() {
+            Ok(arg) => args.push(arg),
+            Err(arg) => {
+                return fail(Failure::usage(
+                    Topic::Main,
+                    format!("argument {arg:?} is not valid UTF-8"),
+                ))
+            }
+        }
+    }
+    let env_url = std::env::var(DATABASE_URL_ENV).ok();
+    match parse(&args, env_url) {
+        Ok(Parsed::Help(topic)) => print(&topic.help()),
+        Ok(Parsed::Version) => print(concat!("tickbox ", env!("CARGO_PKG_VERSION"), "\n")),
+        Ok(Parsed::Run(invocation)) => match execute(&invocation).await {
+            Ok(output) => print(&output),
+            Err(failure) => fail(failure),
+        },
+        Err(failure) => fail(failure),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(line: &str) -> Vec<String> {
+        line.split_whitespace().map(str::to_string).collect()
+    }
+
+    fn run_of(line: &str) -> Invocation {
+        match parse(&args(line), None) {
+            Ok(Parsed::Run(invocation)) => invocation,
+            other => panic!("{line}: {other:?}"),
+        }
+    }
+
+    fn usage_error(line: &str) -> String {
+        match parse(&args(line), None) {
+            Err(Failure::Usage { message, .. }) => message,
+            other => panic!("{line}: expected a usage error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn formats_timestamps_as_utc_iso8601() {
+        assert_eq!(iso8601(0, false), "1970-01-01T00:00:00Z");
+        assert_eq!(iso8601(951_782_400_000_000, false), "2000-02-29T00:00:00Z");
+        assert_eq!(
+            iso8601(1_700_000_000_123_456, true),
+            "2023-11-14T22:13:20.123456Z"
+        );
+        assert_eq!(iso8601(-1, true), "1969-12-31T23:59:59.999999Z");
+        assert_eq!(
+            iso8601(4_102_444_800_000_000, false),
+            "2100-01-01T00:00:00Z"
+        );
+    }
+
+    #[test]
+    fn parses_durations() {
+        let secs = |s: &str| parse_duration(s).map(|d| d.map(|d| d.as_secs()));
+        assert_eq!(secs("7d"), Ok(Some(7 * 86_400)));
+        assert_eq!(secs("12h"), Ok(Some(12 * 3600)));
+        assert_eq!(secs("30m"), Ok(Some(1800)));
+        assert_eq!(secs("45s"), Ok(Some(45)));
+        assert_eq!(secs("2w"), Ok(Some(14 * 86_400)));
+        assert_eq!(secs("1h30m"), Ok(Some(5400)));
+        assert_eq!(secs("never"), Ok(None));
+        assert!(secs("7").is_err());
+        assert!(secs("d").is_err());
+        assert!(secs("7x").is_err());
+        assert!(secs("").is_err());
+        assert!(secs("99999999999999999999d").is_err());
+        assert_eq!(compact_duration(Duration::from_secs(5400)), "1h30m");
+        assert_eq!(compact_duration(Duration::from_secs(7 * 86_400)), "7d");
+    }
+
+    #[test]
+    fn parses_commands_and_options_in_any_order() {
+        let invocation = run_of("--database-url a/orders.db --json status");
+        assert_eq!(invocation.command, Command::Status);
+        assert!(invocation.json);
+        assert_eq!(invocation.target.kind, Kind::Sqlite);
+        assert_eq!(invocation.target.module, "orders");
+
+        let invocation = run_of("dead-letters list --limit=5 --offset 10 --database-url x.db");
+        assert_eq!(
+            invocation.command,
+            Command::List {
+                offset: 10,
+                limit: 5
+            }
+        );
+
+        let id = "0190c2a4-5b1e-7d3c-9a4f-1e2d3c4b5a69";
+        let invocation = run_of(&format!("--database-url x.db dead-letters show {id} -"));
+        assert_eq!(
+            invocation.command,
+            Command::Show(Key {
+                message_id: id.parse().unwrap(),
+                handler: String::new()
+            })
+        );
+        let invocation = run_of(&format!(
+            "--database-url postgres://u:p@h/shop --schema s1 dead-letters discard {id} h.x --yes"
+        ));
+        assert_eq!(invocation.target.kind, Kind::Postgres);
+        assert_eq!(invocation.target.module, "s1");
+        assert!(matches!(invocation.command, Command::Discard(_)));
+
+        let invocation = run_of("--database-url postgresql://h/shop?sslmode=disable status");
+        assert_eq!(invocation.target.module, "shop");
+
+        let invocation =
+            run_of("--database-url x.db sweep --inbox-retention 14d --outbox-retention never");
+        assert_eq!(
+            invocation.command,
+            Command::Sweep(Retention {
+                inbox: Some(Duration::from_secs(14 * 86_400)),
+                outbox: None,
+                ..Retention::default()
+            })
+        );
+        assert_eq!(
+            run_of("--database-url x.db sweep").command,
+            Command::Sweep(Retention::default())
+        );
+    }
+
+    #[test]
+    fn reads_the_url_from_the_environment_when_the_flag_is_absent() {
+        let parsed = parse(&args("status"), Some("env.db".into())).unwrap();
+        let Parsed::Run(invocation) = parsed else {
+            panic!("{parsed:?}")
+        };
+        assert_eq!(invocation.target.url, "env.db");
+        let parsed = parse(
+            &args("--database-url flag.db status"),
+            Some("env.db".into()),
+        )
+        .unwrap();
+        let Parsed::Run(invocation) = parsed else {
+            panic!("{parsed:?}")
+        };
+        assert_eq!(invocation.target.url, "flag.db");
+    }
+
+    #[test]
+    fn finds_help_pages() {
+        assert_eq!(parse(&args("--help"), None), Ok(Parsed::Help(Topic::Main)));
+        assert_eq!(parse(&args("help"), None), Ok(Parsed::Help(Topic::Main)));
+        assert_eq!(
+            parse(&args("help dead-letters replay"), None),
+            Ok(Parsed::Help(Topic::Replay))
+        );
+        assert_eq!(
+            parse(&args("dead-letters replay --help"), None),
+            Ok(Parsed::Help(Topic::Replay))
+        );
+        assert_eq!(
+            parse(&args("dead-letters -h"), None),
+            Ok(Parsed::Help(Topic::DeadLetters))
+        );
+        assert_eq!(
+            parse(&args("sweep --help"), None),
+            Ok(Parsed::Help(Topic::Sweep))
+        );
+        assert_eq!(parse(&args("-V"), None), Ok(Parsed::Version));
+        for topic in [
+            Topic::Main,
+            Topic::Status,
+            Topic::DeadLetters,
+            Topic::List,
+            Topic::Show,
+            Topic::Replay,
+            Topic::Discard,
+            Topic::Sweep,
+            Topic::Help,
+        ] {
+            let page = topic.help();
+            assert!(page.contains("Usage: tickbox"), "{page}");
+            assert!(
+                page.lines().all(|line| line.chars().count() <= 100),
+                "{page}"
+            );
+        }
+    }
+
+    #[test]
+    fn refuses_bad_usage() {
+        let id = "0190c2a4-5b1e-7d3c-9a4f-1e2d3c4b5a69";
+        assert!(usage_error("").contains("no command"));
+        assert!(usage_error("--database-url x.db frobnicate").contains("unknown command"));
+        assert!(usage_error("--database-url x.db status --frob").contains("unknown option"));
+        assert!(usage_error("status").contains("TICKBOX_DATABASE_URL"));
+        assert!(usage_error("--database-url x.db status --yes").contains("does not apply"));
+        assert!(usage_error("--database-url x.db dead-letters").contains("subcommand"));
+        assert!(usage_error("--database-url x.db dead-letters show nope h").contains("UUID"));
+        assert!(
+            usage_error(&format!("--database-url x.db dead-letters show {id}"))
+                .contains("MESSAGE_ID and HANDLER")
+        );
+        assert!(
+            usage_error(&format!("--database-url x.db dead-letters discard {id} h"))
+                .contains("--yes")
+        );
+        assert!(
+            usage_error("--database-url x.db dead-letters list --limit -1").contains("--limit")
+        );
+        assert!(
+            usage_error("--database-url x.db sweep --inbox-retention 0s").contains("above zero")
+        );
+        assert!(usage_error("--database-url x.db sweep --inbox-retention 7").contains("unit"));
+        assert!(usage_error("--database-url x.db --schema s status").contains("PostgreSQL only"));
+        assert!(usage_error("--database-url mysql://h/db status").contains("neither"));
+        assert!(usage_error("--database-url a.db --database-url b.db status").contains("twice"));
+        assert!(usage_error("--database-url").contains("needs a value"));
+        assert!(usage_error("help frobnicate").contains("no help"));
+    }
+
+    #[test]
+    fn accepts_dash_and_quotes_for_the_empty_handler() {
+        assert_eq!(handler_arg("-"), "");
+        assert_eq!(handler_arg("''"), "");
+        assert_eq!(handler_arg(""), "");
+        assert_eq!(handler_arg("warehouse.reserve"), "warehouse.reserve");
+    }
+
+    #[test]
+    fn shortens_reasons_and_redacts_passwords() {
+        assert_eq!(one_line("a\n  b", 10), "a b");
+        assert_eq!(one_line("abcdefghijk", 8), "abcde...");
+        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
+        assert_eq!(human_duration(90_000_000), "1m 30s");
+        assert_eq!(human_duration(500_000), "500ms");
+    }
+}
