@@ -7,6 +7,8 @@
 //! TICKBOX_PG_URL=postgres://postgres@127.0.0.1:5432/test cargo test --all-features
 //! ```
 
+#[cfg(feature = "prometheus")]
+mod exposition;
 mod suite;
 mod support;
 

@@ -1,0 +1,117 @@
+//! The Prometheus endpoint: served over HTTP, named by the conventions, and
+//! accepted by `promtool check metrics`.
+
+use crate::support::*;
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use tickbox::{Bus, Sqlite};
+
+/// A free local port (bound then released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// GET over plain HTTP/1.0, without a client library.
+fn http_get(port: u16) -> String {
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connects");
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .expect("request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("response");
+    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(
+        head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200"),
+        "{head}"
+    );
+    body.to_string()
+}
+
+/// `promtool check metrics` on the text; its findings on failure.
+fn promtool_check(exposition: &str) -> Result<(), String> {
+    let mut child = match Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) => panic!("promtool is needed (Debian: apt-get install prometheus): {e}"),
+    };
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(exposition.as_bytes())
+        .expect("write");
+    let output = child.wait_with_output().expect("promtool runs");
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ))
+    }
+}
+
+#[actix::test]
+async fn the_prometheus_endpoint_passes_promtool() {
+    trace_init();
+    let port = free_port();
+    let exporter = tickbox::install_prometheus(([127, 0, 0, 1], port).into()).expect("installs");
+    let db = TestDb::new();
+    let handler = Record::new(Then::FailFirst(1));
+    let orders = Sqlite::module(&db, "orders")
+        .publishes::<Ping>()
+        .start()
+        .await
+        .expect("orders");
+    let warehouse = Sqlite::module(&db, "warehouse")
+        .handler("warehouse.record", record::<Ping>(&handler))
+        .start()
+        .await
+        .expect("warehouse");
+    create_effects(&warehouse).await;
+    let bus = Bus::builder()
+        .module(&orders)
+        .module(&warehouse)
+        .retry_policy(crate::suite::fast_retries())
+        .start()
+        .expect("bus");
+    orders
+        .transaction(async move |tx| tx.publish(&Ping { n: 1 }))
+        .await
+        .expect("publish");
+    eventually("the message is handled", WAIT, || async {
+        effects(&warehouse, "warehouse.record").await == 1
+    })
+    .await;
+
+    let body = tokio::task::spawn_blocking(move || http_get(port))
+        .await
+        .expect("GET");
+    let labels = r#"module="warehouse",handler="warehouse.record",topic="test.ping""#;
+    for line in [
+        format!("tickbox_inbox_handled_total{{{labels}}} 1"),
+        format!("tickbox_inbox_failed_total{{{labels}}} 1"),
+        format!("tickbox_inbox_retried_total{{{labels}}} 1"),
+        format!("tickbox_handler_duration_seconds_count{{{labels}}} 1"),
+        format!("tickbox_end_to_end_seconds_count{{{labels}}} 1"),
+        "# TYPE tickbox_handler_duration_seconds histogram".to_string(),
+        "# TYPE tickbox_inbox_handled_total counter".to_string(),
+        "# TYPE tickbox_outbox_pending gauge".to_string(),
+    ] {
+        assert!(body.contains(&line), "missing `{line}` in:\n{body}");
+    }
+    assert!(exporter.render().contains("tickbox_inbox_handled_total"));
+    if let Err(findings) = promtool_check(&body) {
+        panic!("promtool check metrics failed:\n{findings}\n--- exposition ---\n{body}");
+    }
+    bus.stop().await;
+}
