@@ -9,6 +9,7 @@
 
 #[cfg(feature = "prometheus")]
 mod exposition;
+mod processes;
 mod suite;
 mod support;
 

@@ -1,0 +1,334 @@
+//! Whole processes: the minishop example runs as a child process and is
+//! killed with SIGKILL at seeded random moments, has its PostgreSQL
+//! connections terminated under it, or runs twice at once over one set of
+//! databases. Every run ends with the example's own check of the invariants,
+//! read from the databases.
+//!
+//! `cargo test` builds the examples, so the binary is beside the test's.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The minishop binary built with this test.
+fn minishop() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>/deps");
+    let path = profile_dir.join("examples").join("minishop");
+    assert!(
+        path.exists(),
+        "{} is missing: run the tests with `cargo test`, which builds the examples",
+        path.display()
+    );
+    path
+}
+
+/// Where a run keeps its databases.
+enum Place {
+    Sqlite(tempfile::TempDir),
+    Postgres { url: String, database: String },
+}
+
+impl Place {
+    fn sqlite() -> Self {
+        Place::Sqlite(tempfile::tempdir().expect("a temporary directory"))
+    }
+
+    /// A fresh PostgreSQL database beside the one `TICKBOX_PG_URL` names.
+    #[allow(dead_code)]
+    fn postgres(name: &str) -> Self {
+        let base = std::env::var("TICKBOX_PG_URL").expect(
+            "the PostgreSQL process tests need TICKBOX_PG_URL, e.g. postgres://postgres@127.0.0.1:5432/test",
+        );
+        let database = format!("tickbox_{name}_{:08x}", fastrand::u32(..));
+        psql(&base, &format!("CREATE DATABASE {database}"));
+        let (server, _) = base.rsplit_once('/').expect("a URL ending in /database");
+        Place::Postgres {
+            url: format!("{server}/{database}"),
+            database,
+        }
+    }
+
+    fn args(&self) -> Vec<String> {
+        match self {
+            Place::Sqlite(dir) => vec!["--data-dir".into(), dir.path().display().to_string()],
+            Place::Postgres { url, .. } => vec!["--database-url".into(), url.clone()],
+        }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if let Place::Postgres { database, .. } = self {
+            if let Ok(base) = std::env::var("TICKBOX_PG_URL") {
+                let _ = Command::new("psql")
+                    .args([
+                        base.as_str(),
+                        "-qc",
+                        &format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"),
+                    ])
+                    .output();
+            }
+        }
+    }
+}
+
+/// Runs SQL with psql against `url`; panics with psql's words on failure.
+fn psql(url: &str, sql: &str) -> String {
+    let output = Command::new("psql")
+        .args([url, "-v", "ON_ERROR_STOP=1", "-qtAc", sql])
+        .output()
+        .expect("psql runs");
+    assert!(
+        output.status.success(),
+        "psql `{sql}` failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+}
+
+fn spawn(place: &Place, args: &[&str]) -> Child {
+    Command::new(minishop())
+        .args(place.args())
+        .args(args)
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("minishop starts")
+}
+
+/// Waits for the child to exit, for at most `timeout`; `None` if it is
+/// still running.
+fn wait_for(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits for a child that must finish by itself, and returns its output.
+fn finish(mut child: Child, timeout: Duration, what: &str) -> Output {
+    if wait_for(&mut child, timeout).is_none() {
+        let _ = child.kill();
+        let output = child.wait_with_output().expect("output");
+        panic!(
+            "{what} did not finish within {timeout:?}\nstderr:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    child.wait_with_output().expect("output")
+}
+
+/// The result line of a `--json` run, checked: the run passed, every order
+/// has one reservation, one confirmation and one e-mail, nothing is pending.
+fn check_result(output: &Output, what: &str) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let last = stdout.lines().last().unwrap_or_default();
+    let result: serde_json::Value = serde_json::from_str(last).unwrap_or_else(|e| {
+        panic!(
+            "{what}: the last line is not JSON ({e})\nstdout:\n{stdout}\nstderr:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    let field = |key: &str| {
+        result[key]
+            .as_i64()
+            .unwrap_or_else(|| panic!("{what}: no `{key}` in {result}"))
+    };
+    assert!(
+        output.status.success(),
+        "{what} failed: {result}\nstderr:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(
+        result["ok"],
+        serde_json::Value::Bool(true),
+        "{what}: {result}"
+    );
+    assert_eq!(field("pending"), 0, "{what}: {result}");
+    let orders = field("orders");
+    assert!(orders > 0, "{what}: {result}");
+    for key in ["reservations", "confirmations", "emails"] {
+        assert_eq!(
+            field(key),
+            orders,
+            "{what}: every order has exactly one of `{key}`: {result}"
+        );
+    }
+    result
+}
+
+/// SIGKILL at seeded random moments, at least 20 times, then a resume.
+fn survives_sigkill(place: Place) {
+    let seed = std::env::var("TICKBOX_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    eprintln!("crash test seed: {seed} (TICKBOX_CRASH_SEED={seed} replays it)");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let (mut kills, mut runs) = (0, 0);
+    // Each run resumes the work the last one left; when a run finishes all
+    // of it by itself, the next one places new orders too.
+    let mut add_orders = true;
+    while kills < 20 {
+        runs += 1;
+        assert!(
+            runs <= 100,
+            "seed {seed}: only {kills} kills in {runs} runs"
+        );
+        let mut args = vec!["--resume", "--fail-rate", "0.1", "--duplicate-rate", "0.2"];
+        if add_orders {
+            args = vec![
+                "--orders",
+                "150",
+                "--fail-rate",
+                "0.1",
+                "--duplicate-rate",
+                "0.2",
+            ];
+        }
+        let mut child = spawn(&place, &args);
+        let moment = Duration::from_millis(rng.u64(20..1200));
+        match wait_for(&mut child, moment) {
+            None => {
+                child.kill().expect("SIGKILL");
+                child.wait().expect("reaped");
+                kills += 1;
+                add_orders = false;
+            }
+            Some(status) => {
+                let output = child.wait_with_output().expect("output");
+                assert!(
+                    status.success(),
+                    "seed {seed}: run {runs} ({args:?}) finished by itself and failed its check\nstdout:\n{}\nstderr:\n{}",
+                    String::from_utf8_lossy(&output.stdout),
+                    String::from_utf8_lossy(&output.stderr)
+                );
+                add_orders = true;
+            }
+        }
+    }
+    let output = finish(
+        spawn(&place, &["--resume", "--json"]),
+        Duration::from_secs(300),
+        "the final --resume",
+    );
+    let result = check_result(&output, &format!("seed {seed}, after {kills} kills"));
+    eprintln!("after {kills} kills in {runs} runs: {result}");
+}
+
+#[test]
+fn sqlite_minishop_survives_sigkill_at_random_moments() {
+    survives_sigkill(Place::sqlite());
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::*;
+
+    #[test]
+    fn minishop_survives_sigkill_at_random_moments() {
+        survives_sigkill(Place::postgres("crash"));
+    }
+
+    /// Terminates every connection of the example's database again and
+    /// again while it runs; the same process must finish with the invariants
+    /// holding.
+    #[test]
+    fn minishop_survives_its_connections_being_terminated() {
+        let place = Place::postgres("terminate");
+        let Place::Postgres { database, url } = &place else {
+            unreachable!()
+        };
+        let base = std::env::var("TICKBOX_PG_URL").expect("TICKBOX_PG_URL");
+        let mut child = spawn(&place, &["--orders", "400", "--json"]);
+
+        // Once orders flow, terminate the backends until the run ends.
+        let started = Instant::now();
+        let orders_exist =
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'minishop_orders' AND tablename = 'orders'";
+        while psql(url, &orders_exist) != "1" {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "the example never created its tables"
+            );
+            assert!(
+                child.try_wait().expect("try_wait").is_none(),
+                "the example exited before it started work"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let (mut rounds, mut terminated) = (0, 0);
+        let kill_sql = format!(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE datname = '{database}' AND pid <> pg_backend_pid()"
+        );
+        while wait_for(&mut child, Duration::from_millis(fastrand::u64(150..400))).is_none() {
+            assert!(
+                started.elapsed() < Duration::from_secs(300),
+                "the example did not finish"
+            );
+            terminated += psql(&base, &kill_sql).parse::<u32>().expect("a count");
+            rounds += 1;
+        }
+        let output = child.wait_with_output().expect("output");
+        let result = check_result(&output, "the run whose connections were terminated");
+        eprintln!("{rounds} rounds terminated {terminated} connections: {result}");
+        assert!(
+            rounds >= 5 && terminated >= 5,
+            "too few faults injected: {rounds} rounds, {terminated} connections"
+        );
+    }
+
+    /// Two copies of the application over one set of databases.
+    #[test]
+    fn two_minishop_processes_share_one_set_of_databases() {
+        let place = Place::postgres("twice");
+        let first = spawn(
+            &place,
+            &[
+                "--orders",
+                "150",
+                "--duplicate-rate",
+                "0.1",
+                "--fail-rate",
+                "0.05",
+                "--json",
+            ],
+        );
+        let second = spawn(
+            &place,
+            &[
+                "--orders",
+                "150",
+                "--duplicate-rate",
+                "0.1",
+                "--fail-rate",
+                "0.05",
+                "--json",
+            ],
+        );
+        let first = finish(first, Duration::from_secs(300), "the first process");
+        let second = finish(second, Duration::from_secs(300), "the second process");
+        check_result(&first, "the first process");
+        check_result(&second, "the second process");
+        let output = finish(
+            spawn(&place, &["--resume", "--json"]),
+            Duration::from_secs(120),
+            "the check",
+        );
+        let result = check_result(&output, "after both");
+        assert_eq!(result["orders"], 300, "{result}");
+    }
+}
