@@ -52,7 +52,7 @@ use tickbox::{
 // Messages
 
 /// Published by orders when an order is placed.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct OrderPlaced {
     order_id: String,
     sku: String,
@@ -771,14 +771,53 @@ impl Report {
     }
 }
 
-/// Runs a statement batch in a module transaction.
+/// Runs `op` again while it fails with a transient database error (a lost
+/// or terminated connection, a busy database), with backoff, for up to a
+/// minute; `also` names other failures worth another try.
+async fn retrying<T, F, Fut>(
+    what: &str,
+    also: impl Fn(&tickbox::Error) -> bool,
+    mut op: F,
+) -> tickbox::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = tickbox::Result<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut delay = Duration::from_millis(20);
+    loop {
+        match op().await {
+            Err(error) if (error.is_transient() || also(&error)) && Instant::now() < deadline => {
+                tracing::warn!(%error, "{what} failed; trying again");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
+            result => return result,
+        }
+    }
+}
+
+/// Only transient errors are worth another try.
+fn nothing_else(_: &tickbox::Error) -> bool {
+    false
+}
+
+/// Runs a statement batch in a module transaction. Two copies of the
+/// example starting together can race on `CREATE … IF NOT EXISTS` in
+/// PostgreSQL (a duplicate key in the catalog): that is tried again too.
 async fn execute<B: Backend>(module: &ModuleHandle<B>, sql: String) -> tickbox::Result<()> {
-    module
-        .transaction(async move |tx| {
+    let racing_ddl = |e: &tickbox::Error| {
+        let text = e.to_string();
+        text.contains("already exists") || text.contains("duplicate key")
+    };
+    retrying("creating tables", racing_ddl, || {
+        let sql = sql.clone();
+        module.transaction(async move |tx| {
             tx.conn().batch_execute(&sql).await?;
             Ok::<_, tickbox::Error>(())
         })
-        .await
+    })
+    .await
 }
 
 async fn start_modules<B: Shop>(options: &Options, location: &str) -> tickbox::Result<Modules<B>> {
@@ -843,13 +882,28 @@ async fn place_orders<B: Shop>(orders: &ModuleHandle<B>, n: u64) -> tickbox::Res
             sku: order.sku.clone(),
             quantity: order.quantity,
         };
-        orders
-            .transaction(async move |tx| {
-                B::insert_order(tx.conn(), order).await?;
+        // A connection lost during COMMIT leaves it unknown whether the
+        // order committed: the order keeps its id across tries, so a try
+        // that finds it already there knows the earlier one did.
+        let mut tried = false;
+        let placing = retrying("placing an order", nothing_else, || {
+            let (order, placed) = (order.clone(), placed.clone());
+            let retry = std::mem::replace(&mut tried, true);
+            orders.transaction(async move |tx| {
+                if let Err(e) = B::insert_order(tx.conn(), order).await {
+                    return match e {
+                        diesel::result::Error::DatabaseError(
+                            diesel::result::DatabaseErrorKind::UniqueViolation,
+                            _,
+                        ) if retry => Ok(()),
+                        e => Err(e.into()),
+                    };
+                }
                 tx.publish(&placed)?;
                 Ok::<_, tickbox::Error>(())
             })
-            .await?;
+        });
+        placing.await?;
         if i % step == 0 || i == n {
             tracing::info!("placed {i}/{n} orders");
         }
@@ -859,14 +913,16 @@ async fn place_orders<B: Shop>(orders: &ModuleHandle<B>, n: u64) -> tickbox::Res
 
 /// (orders, confirmed orders, e-mails) — cheap counts for waiting.
 async fn progress<B: Shop>(shop: &Modules<B>) -> tickbox::Result<(i64, i64, i64)> {
-    let (orders, confirmed) = shop
-        .orders
-        .transaction(async move |tx| Ok::<_, tickbox::Error>(B::order_progress(tx.conn()).await?))
-        .await?;
-    let emails = shop
-        .notifications
-        .transaction(async move |tx| Ok::<_, tickbox::Error>(B::email_count(tx.conn()).await?))
-        .await?;
+    let (orders, confirmed) = retrying("reading progress", nothing_else, || {
+        shop.orders
+            .read(async move |tx| Ok::<_, tickbox::Error>(B::order_progress(tx.conn()).await?))
+    })
+    .await?;
+    let emails = retrying("reading progress", nothing_else, || {
+        shop.notifications
+            .read(async move |tx| Ok::<_, tickbox::Error>(B::email_count(tx.conn()).await?))
+    })
+    .await?;
     Ok((orders, confirmed, emails))
 }
 
@@ -874,7 +930,11 @@ async fn progress<B: Shop>(shop: &Modules<B>) -> tickbox::Result<(i64, i64, i64)
 async fn dead_letters<B: Backend>(bus: &BusHandle<B>) -> tickbox::Result<i64> {
     let mut total = 0;
     for module in bus.modules() {
-        total += module.store_stats().await?.dead_letters;
+        total += retrying("counting dead letters", nothing_else, || {
+            module.store_stats()
+        })
+        .await?
+        .dead_letters;
     }
     Ok(total)
 }
@@ -902,7 +962,7 @@ async fn wait_until_drained<B: Shop>(
     loop {
         let (orders, confirmed, emails) = progress(shop).await?;
         let complete = confirmed == orders && emails >= orders;
-        let pending = bus.pending().await?;
+        let pending = retrying("counting pending messages", nothing_else, || bus.pending()).await?;
         if complete && pending == 0 {
             return Ok(true);
         }
@@ -931,24 +991,24 @@ async fn wait_until_drained<B: Shop>(
 }
 
 async fn snapshot<B: Shop>(shop: &Modules<B>) -> tickbox::Result<Snapshot> {
-    let orders = shop
-        .orders
-        .transaction(async move |tx| Ok::<_, tickbox::Error>(B::load_orders(tx.conn()).await?))
-        .await?;
-    let (reservations, stock) = shop
-        .warehouse
-        .transaction(async move |tx| {
+    let orders = retrying("reading orders", nothing_else, || {
+        shop.orders
+            .read(async move |tx| Ok::<_, tickbox::Error>(B::load_orders(tx.conn()).await?))
+    })
+    .await?;
+    let (reservations, stock) = retrying("reading reservations", nothing_else, || {
+        shop.warehouse.read(async move |tx| {
             let reservations = B::load_reservations(tx.conn()).await?;
             let stock = B::load_stock(tx.conn()).await?;
             Ok::<_, tickbox::Error>((reservations, stock))
         })
-        .await?;
-    let emails = shop
-        .notifications
-        .transaction(async move |tx| {
-            Ok::<_, tickbox::Error>(B::load_email_orders(tx.conn()).await?)
-        })
-        .await?;
+    })
+    .await?;
+    let emails = retrying("reading e-mails", nothing_else, || {
+        shop.notifications
+            .read(async move |tx| Ok::<_, tickbox::Error>(B::load_email_orders(tx.conn()).await?))
+    })
+    .await?;
     Ok(Snapshot {
         orders,
         reservations,
@@ -1062,7 +1122,7 @@ async fn run<B: Shop>(options: &Options, location: &str) -> tickbox::Result<Repo
 
     // Everything below is read from the databases, after the bus stopped.
     let snapshot = snapshot(&shop).await?;
-    let pending = bus.pending().await?;
+    let pending = retrying("counting pending messages", nothing_else, || bus.pending()).await?;
     let dead_letters = dead_letters(&bus).await?;
     Ok(Report {
         backend: B::NAME,

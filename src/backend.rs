@@ -70,6 +70,10 @@ pub trait Backend: Sized + Send + Sync + 'static {
     #[doc(hidden)]
     fn begin(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<()>> + Send;
 
+    /// Begins a read-only transaction: one snapshot, no write lock.
+    #[doc(hidden)]
+    fn begin_read(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<()>> + Send;
+
     /// Commits the transaction begun by [`Backend::begin`].
     #[doc(hidden)]
     fn commit(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<()>> + Send;

@@ -5,7 +5,7 @@ use crate::backend::Backend;
 use crate::error::{panic_message, Error};
 use crate::handler::CallError;
 use crate::module::{Deliver, ModuleCore};
-use crate::tx::{Delivery, Tx};
+use crate::tx::{Delivery, Mode, Tx};
 use futures_util::FutureExt;
 use std::fmt;
 use std::panic::AssertUnwindSafe;
@@ -163,7 +163,7 @@ async fn run<B: Backend>(
         handler: entry.name.clone(),
         attempt: deliver.attempt,
     };
-    let mut tx = Tx::begin(module.clone(), Some(delivery))
+    let mut tx = Tx::begin(module.clone(), Some(delivery), Mode::Write)
         .await
         .map_err(database)?;
     match tx.tick_inbox().await {

@@ -8,7 +8,7 @@ use crate::message::{Envelope, Message};
 use crate::metrics::{HandlerCounters, Mailbox, ModuleMetrics, OutboxGauges};
 use crate::retention::Retention;
 use crate::retry::RetryPolicy;
-use crate::tx::{Tx, TxFn};
+use crate::tx::{Mode, Tx, TxFn};
 use actix::{Actor, Addr, AsyncContext, Context, ResponseFuture};
 use futures_util::FutureExt;
 use std::collections::HashSet;
@@ -474,12 +474,46 @@ impl<B: Backend> ModuleHandle<B> {
         R: Send + 'static,
         E: From<Error> + Send + 'static,
     {
+        self.run(Mode::Write, f).await
+    }
+
+    /// Runs `f` in a read-only transaction: one consistent snapshot of the
+    /// module's database, without taking SQLite's write lock (PostgreSQL:
+    /// `READ ONLY`). Publishing from it fails. For queries, reports and
+    /// monitoring that must not queue behind writers.
+    pub async fn read<R, E, F>(&self, f: F) -> std::result::Result<R, E>
+    where
+        for<'r> F: AsyncFnOnce(&'r mut Tx<B>) -> std::result::Result<R, E>
+            + TxFn<&'r mut Tx<B>, std::result::Result<R, E>, Fut: Send>
+            + Send
+            + 'static,
+        R: Send + 'static,
+        E: From<Error> + Send + 'static,
+    {
+        self.run(Mode::Read, f).await
+    }
+
+    /// Runs `f` in a transaction of its own task: commits a write
+    /// transaction on `Ok`, rolls back otherwise (and always for reads).
+    async fn run<R, E, F>(&self, mode: Mode, f: F) -> std::result::Result<R, E>
+    where
+        for<'r> F: AsyncFnOnce(&'r mut Tx<B>) -> std::result::Result<R, E>
+            + TxFn<&'r mut Tx<B>, std::result::Result<R, E>, Fut: Send>
+            + Send
+            + 'static,
+        R: Send + 'static,
+        E: From<Error> + Send + 'static,
+    {
         let core = self.core.clone();
         let task = tokio::spawn(async move {
-            let mut tx = Tx::begin(core, None).await?;
+            let mut tx = Tx::begin(core, None, mode).await?;
             match AssertUnwindSafe(f(&mut tx)).catch_unwind().await {
-                Ok(Ok(value)) => {
+                Ok(Ok(value)) if mode == Mode::Write => {
                     tx.commit().await?;
+                    Ok(value)
+                }
+                Ok(Ok(value)) => {
+                    tx.rollback().await;
                     Ok(value)
                 }
                 Ok(Err(error)) => {

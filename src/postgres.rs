@@ -144,6 +144,10 @@ impl Backend for Postgres {
         AnsiTransactionManager::begin_transaction(conn).await
     }
 
+    async fn begin_read(conn: &mut Self::Connection) -> QueryResult<()> {
+        AnsiTransactionManager::begin_transaction_sql(conn, "BEGIN READ ONLY").await
+    }
+
     async fn commit(conn: &mut Self::Connection) -> QueryResult<()> {
         AnsiTransactionManager::commit_transaction(conn).await
     }

@@ -132,6 +132,11 @@ impl Backend for Sqlite {
             .await
     }
 
+    async fn begin_read(conn: &mut Self::Connection) -> QueryResult<()> {
+        conn.spawn_blocking(|c| AnsiTransactionManager::begin_transaction_sql(c, "BEGIN DEFERRED"))
+            .await
+    }
+
     async fn commit(conn: &mut Self::Connection) -> QueryResult<()> {
         conn.spawn_blocking(AnsiTransactionManager::commit_transaction)
             .await

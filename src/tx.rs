@@ -26,8 +26,20 @@ pub struct Tx<B: Backend> {
     /// The message being handled, when the transaction belongs to a handler;
     /// messages published here are caused by it.
     delivery: Option<Delivery>,
+    /// Whether this transaction may write and publish.
+    mode: Mode,
     /// Messages published so far, written to the outbox just before COMMIT.
     published: Vec<Envelope>,
+}
+
+/// What a transaction may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Change data and publish (SQLite: `BEGIN IMMEDIATE`).
+    Write,
+    /// Only read, from one consistent snapshot, without taking SQLite's
+    /// write lock (PostgreSQL: `READ ONLY`).
+    Read,
 }
 
 /// The delivery a handler's transaction is processing.
@@ -58,6 +70,7 @@ impl<B: Backend> Tx<B> {
     pub(crate) async fn begin(
         module: Arc<ModuleCore<B>>,
         delivery: Option<Delivery>,
+        mode: Mode,
     ) -> Result<Self> {
         let mut conn = B::checkout(&module.pool)
             .await
@@ -65,11 +78,15 @@ impl<B: Backend> Tx<B> {
                 module: module.name.to_string(),
                 reason,
             })?;
-        B::begin(&mut conn).await?;
+        match mode {
+            Mode::Write => B::begin(&mut conn).await?,
+            Mode::Read => B::begin_read(&mut conn).await?,
+        }
         Ok(Tx {
             conn,
             module,
             delivery,
+            mode,
             published: Vec::new(),
         })
     }
@@ -98,6 +115,13 @@ impl<B: Backend> Tx<B> {
     /// Fails at once, before anything is written, when the module did not
     /// declare the topic or the encoded message is over the size limit.
     pub fn publish<M: Message>(&mut self, message: &M) -> Result<Uuid> {
+        if self.mode == Mode::Read {
+            return Err(Error::Config(format!(
+                "module `{}`: cannot publish `{}` from a read-only transaction",
+                self.module.name,
+                M::TOPIC
+            )));
+        }
         if !self.module.publishes.contains(M::TOPIC) {
             return Err(Error::UnknownTopic {
                 module: self.module.name.to_string(),

@@ -38,6 +38,7 @@ macro_rules! suite {
         case!(a_message_published_by_a_handler_exists_only_if_it_commits);
         case!(a_crash_between_handler_commit_and_outbox_mark_redelivers_without_double_effect);
         case!(configuration_mistakes_fail_at_start_with_clear_errors);
+        case!(a_read_only_transaction_reads_without_blocking_and_cannot_publish);
 
         mod faults {
             use super::trace_init;

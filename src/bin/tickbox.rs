@@ -226,6 +226,11 @@ Subcommands:
   discard   Delete a dead letter for good (requires --yes)
 
 Run `tickbox help dead-letters <SUBCOMMAND>` for a subcommand's options.
+
+Examples:
+  tickbox --database-url minishop-data/warehouse.db dead-letters list
+  tickbox --database-url minishop-data/orders.db dead-letters show \\
+      0190c2a4-5b1e-7d3c-9a4f-1e2d3c4b5a69 -
 ";
 
 const LIST_HELP: &str = "\
@@ -596,9 +601,8 @@ fn parse(args: &[String], env_url: Option<String>) -> Result<Parsed, Failure> {
                 return Err(Failure::usage(
                     topic,
                     format!(
-                        "refusing to discard the dead letter of message {} for handler {} \
-                         without --yes: it would never be delivered to that handler; \
-                         add --yes to confirm",
+                        "refusing to discard the dead letter of message {} ({}) without \
+                         --yes: it would never be delivered to that handler; add --yes to confirm",
                         key.message_id,
                         handler_label(&key.handler)
                     ),
@@ -718,12 +722,13 @@ fn handler_arg(text: &str) -> String {
     }
 }
 
-/// A handler for display: `-` when there is none.
+/// A handler for messages: "handler `name`", or "no handler (-)" for the
+/// dead letter of an unknown topic.
 fn handler_label(handler: &str) -> String {
     if handler.is_empty() {
-        "- (none)".to_string()
+        "no handler (-)".to_string()
     } else {
-        format!("`{handler}`")
+        format!("handler `{handler}`")
     }
 }
 
@@ -936,7 +941,7 @@ async fn status<B: Backend>(module: &ModuleHandle<B>, json: bool) -> Result<Stri
             object.insert("backend".into(), B::NAME.into());
             object.insert(
                 "lag_seconds".into(),
-                lag_us.map(|us| us as f64 / 1e6).into(),
+                lag_us.map(|us| (us / 1000) as f64 / 1e3).into(),
             );
         }
         return json_line(&value);
@@ -1062,7 +1067,7 @@ async fn find<B: Backend>(module: &ModuleHandle<B>, key: &Key) -> Result<DeadLet
 /// The "no such dead letter" failure.
 fn not_found(key: &Key) -> Failure {
     Failure::Failed(format!(
-        "no dead letter for message {} and handler {} in this database \
+        "no dead letter for message {} and {} in this database \
          (`tickbox dead-letters list` shows them)",
         key.message_id,
         handler_label(&key.handler)
@@ -1106,11 +1111,10 @@ async fn show<B: Backend>(
     ));
     out.push_str("reason\n");
     out.push_str(&indent(&letter.reason));
-    match serde_json::from_str::<serde_json::Value>(&letter.payload) {
-        Ok(value) => {
+    match serde_json::from_str::<serde::de::IgnoredAny>(&letter.payload) {
+        Ok(_) => {
             out.push_str("payload (JSON)\n");
-            let pretty = serde_json::to_string_pretty(&value).unwrap_or(letter.payload.clone());
-            out.push_str(&indent(&pretty));
+            out.push_str(&indent(&pretty_json(&letter.payload)));
         }
         Err(_) => {
             out.push_str("payload (not valid JSON; as stored)\n");
@@ -1142,17 +1146,22 @@ async fn replay<B: Backend>(
             "requeued": true,
         }));
     }
-    Ok(format!(
-        "requeued message {} (topic {}) for handler {}: it is back in the outbox as pending \
-         and the dead letter is gone.\n\
-         The application's bus delivers it again on its next outbox scan (or when it starts), \
-         to every subscriber of {}; handlers that already processed it skip it in their inbox.\n\
-         `tickbox status` shows it as pending until then.\n",
+    let mut out = format!(
+        "requeued message {} (topic {}, {}):\n\
+         it is back in the outbox as pending, and its dead letter is gone.\n\
+         The application's bus delivers it again on its next outbox scan (or when it\n\
+         starts) to every subscriber of its topic; handlers that already processed it\n\
+         skip it in their inbox. `tickbox status` counts it as pending until then.\n",
         letter.message_id,
         letter.topic,
         handler_label(&letter.handler),
-        letter.topic,
-    ))
+    );
+    if letter.handler.is_empty() {
+        out.push_str(
+            "If still no module on the bus publishes its topic, it becomes a dead letter again.\n",
+        );
+    }
+    Ok(out)
 }
 
 /// `dead-letters discard`.
@@ -1177,8 +1186,8 @@ async fn discard<B: Backend>(
         }));
     }
     Ok(format!(
-        "discarded the dead letter of message {} (topic {}) for handler {}; \
-         it will not be delivered to that handler.\n",
+        "discarded the dead letter of message {} (topic {}, {});\n\
+         it will not be delivered to that handler again.\n",
         letter.message_id,
         letter.topic,
         handler_label(&letter.handler)
@@ -1260,6 +1269,64 @@ fn one_line(text: &str, width: usize) -> String {
         cut.push_str("...");
         cut
     }
+}
+
+/// Re-indents valid JSON text, two spaces a level, keeping its keys in
+/// their stored order and its numbers and strings exactly as written
+/// (parsing it into a `serde_json::Value` would sort the keys).
+fn pretty_json(text: &str) -> String {
+    fn newline(out: &mut String, depth: usize) {
+        out.push('\n');
+        out.extend(std::iter::repeat_n("  ", depth));
+    }
+    let mut out = String::with_capacity(text.len() * 2);
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    let mut chars = text.trim().chars().peekable();
+    while let Some(c) = chars.next() {
+        if in_string {
+            out.push(c);
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match c {
+            '"' => {
+                in_string = true;
+                out.push(c);
+            }
+            '{' | '[' => {
+                let close = if c == '{' { '}' } else { ']' };
+                while chars.next_if(|c| c.is_whitespace()).is_some() {}
+                out.push(c);
+                if chars.next_if_eq(&close).is_some() {
+                    out.push(close);
+                } else {
+                    depth += 1;
+                    newline(&mut out, depth);
+                }
+            }
+            '}' | ']' => {
+                depth = depth.saturating_sub(1);
+                newline(&mut out, depth);
+                out.push(c);
+            }
+            ',' => {
+                out.push(c);
+                newline(&mut out, depth);
+            }
+            ':' => out.push_str(": "),
+            c if c.is_whitespace() => {}
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// Indents every line of `text` by four spaces, ending with a newline.
@@ -1396,6 +1463,21 @@ fn fail(failure: Failure) -> ExitCode {
     }
 }
 
+/// Lets the module actor that `attach` started (and whose handle is gone by
+/// now) run before the runtime shuts down.
+///
+/// An actor first polled while the runtime is being dropped panics in
+/// `Module::started` (`run_interval` needs a running Tokio runtime); tokio
+/// catches that panic but prints it. It happens when every await of a
+/// command completes at once, so that the actor never got a turn - e.g. a
+/// failing `attach` on a loaded machine. A few yields give the actor its
+/// turn: it starts, sees that no handle is left, and stops.
+async fn settle() {
+    for _ in 0..3 {
+        tokio::task::yield_now().await;
+    }
+}
+
 #[actix::main]
 async fn main() -> ExitCode {
     let mut args = Vec::new();
@@ -1414,10 +1496,14 @@ async fn main() -> ExitCode {
     match parse(&args, env_url) {
         Ok(Parsed::Help(topic)) => print(&topic.help()),
         Ok(Parsed::Version) => print(concat!("tickbox ", env!("CARGO_PKG_VERSION"), "\n")),
-        Ok(Parsed::Run(invocation)) => match execute(&invocation).await {
-            Ok(output) => print(&output),
-            Err(failure) => fail(failure),
-        },
+        Ok(Parsed::Run(invocation)) => {
+            let result = execute(&invocation).await;
+            settle().await;
+            match result {
+                Ok(output) => print(&output),
+                Err(failure) => fail(failure),
+            }
+        }
         Err(failure) => fail(failure),
     }
 }
@@ -1627,6 +1713,15 @@ mod tests {
         assert_eq!(handler_arg("''"), "");
         assert_eq!(handler_arg(""), "");
         assert_eq!(handler_arg("warehouse.reserve"), "warehouse.reserve");
+    }
+
+    #[test]
+    fn pretty_prints_json_in_its_own_key_order() {
+        assert_eq!(
+            pretty_json(r#"{"z":1,"a":[1, 2.50,{}],"s":"x,{\"y\":[]}","e":[]}"#),
+            "{\n  \"z\": 1,\n  \"a\": [\n    1,\n    2.50,\n    {}\n  ],\n  \"s\": \"x,{\\\"y\\\":[]}\",\n  \"e\": []\n}"
+        );
+        assert_eq!(pretty_json(" 42 "), "42");
     }
 
     #[test]

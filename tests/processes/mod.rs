@@ -258,7 +258,7 @@ mod postgres {
         let started = Instant::now();
         let orders_exist =
             "SELECT count(*) FROM pg_tables WHERE schemaname = 'minishop_orders' AND tablename = 'orders'";
-        while psql(url, &orders_exist) != "1" {
+        while psql(url, orders_exist) != "1" {
             assert!(
                 started.elapsed() < Duration::from_secs(60),
                 "the example never created its tables"

@@ -472,3 +472,53 @@ impl Borrow for TestDb {
 
 #[allow(dead_code)]
 fn _assert_arc_send<T: Send + Sync>(_: Arc<T>) {}
+
+pub async fn a_read_only_transaction_reads_without_blocking_and_cannot_publish<B: TestBackend>(
+    db: TestDb,
+) {
+    let handler = Record::new(Then::Succeed);
+    let (orders, _warehouse) = pair::<B>(&db, &handler).await;
+    publish(&orders, 1).await;
+
+    // A writer holds its transaction open; a reader does not wait for it.
+    let (entered, holding) = tokio::sync::oneshot::channel();
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let writer = orders.clone();
+    let writing = tokio::spawn(async move {
+        writer
+            .transaction(async move |tx| {
+                tx.publish(&Ping { n: 2 })?;
+                let _ = entered.send(());
+                let _ = released.await;
+                Ok::<_, Error>(())
+            })
+            .await
+    });
+    holding.await.expect("the writer is inside its transaction");
+    let seen = tokio::time::timeout(
+        WAIT,
+        orders.read(async move |tx| {
+            Ok::<_, Error>(
+                B::count(tx.conn(), "SELECT count(*) AS n FROM tickbox_outbox".into()).await?,
+            )
+        }),
+    )
+    .await
+    .expect("the reader did not wait for the writer")
+    .expect("read");
+    assert_eq!(seen, 1, "the reader sees only committed messages");
+    release.send(()).expect("release");
+    writing.await.expect("joined").expect("the writer commits");
+
+    let refused: Result<_, Error> = orders
+        .read(async move |tx| tx.publish(&Ping { n: 3 }))
+        .await;
+    assert!(refused
+        .expect_err("read-only")
+        .to_string()
+        .contains("read-only"));
+    assert_eq!(
+        count(&orders, "SELECT count(*) AS n FROM tickbox_outbox").await,
+        2
+    );
+}

@@ -102,7 +102,7 @@ impl TestBackend for tickbox::Postgres {
 pub async fn count<B: TestBackend>(module: &ModuleHandle<B>, sql: impl Into<String>) -> i64 {
     let sql = sql.into();
     module
-        .transaction(async move |tx| Ok::<_, tickbox::Error>(B::count(tx.conn(), sql).await?))
+        .read(async move |tx| Ok::<_, tickbox::Error>(B::count(tx.conn(), sql).await?))
         .await
         .expect("count query")
 }
