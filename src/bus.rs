@@ -390,6 +390,37 @@ impl<B: Backend> BusHandle<B> {
         }
     }
 
+    /// Waits until the bus has nothing left to do — no message in memory,
+    /// none announced and not taken, none pending in any outbox — or until
+    /// `timeout`; true if it became idle. Dead letters do not count as work.
+    ///
+    /// The outboxes are read one after another; the answer is trusted only
+    /// if nothing was delivered or held in memory while they were read.
+    pub async fn wait_idle(&self, timeout: Duration) -> Result<bool> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let (busy, delivered) = self.activity();
+            if busy == 0 && self.pending().await? == 0 && self.activity() == (0, delivered) {
+                return Ok(true);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Messages held in memory or waiting to be taken, and the delivered
+    /// count.
+    fn activity(&self) -> (usize, u64) {
+        let busy = self
+            .modules
+            .iter()
+            .map(|m| m.core.busy.load(Relaxed) + m.core.announced_waiting())
+            .sum();
+        (busy, self.core.delivered.load(Relaxed))
+    }
+
     /// Undelivered messages summed over every module's outbox.
     pub async fn pending(&self) -> Result<i64> {
         let mut total = 0;

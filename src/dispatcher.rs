@@ -173,6 +173,7 @@ impl<B: Backend> Dispatcher<B> {
         }
         state.mark().await;
         state.release_claims().await;
+        source.core.busy.store(0, Relaxed);
         retention.abort();
         tracing::debug!(module = %source.name(), "dispatcher stopped");
     }
@@ -192,6 +193,7 @@ impl<B: Backend> State<B> {
         if !self.in_flight.insert(envelope.id) {
             return;
         }
+        self.source.core.busy.fetch_add(1, Relaxed);
         actix::spawn(deliver_message(
             self.bus.clone(),
             self.source.clone(),
@@ -228,6 +230,7 @@ impl<B: Backend> State<B> {
                 self.source.core.outbox.delivered(marked);
                 for id in self.to_mark.drain(..) {
                     self.in_flight.remove(&id);
+                    self.source.core.busy.fetch_sub(1, Relaxed);
                     self.recent.insert(id);
                 }
             }

@@ -247,6 +247,7 @@ impl<B: Backend> ModuleBuilder<B> {
             announcements: Mutex::new(Some(receiver)),
             overflowed: AtomicBool::new(false),
             wake: Notify::new(),
+            busy: std::sync::atomic::AtomicUsize::new(0),
         });
         tracing::info!(module = %core.name, backend = B::NAME, handlers = core.handlers.len(), "module started");
         let addr = Module {
@@ -280,6 +281,9 @@ pub(crate) struct ModuleCore<B: Backend> {
     pub(crate) overflowed: AtomicBool,
     /// Wakes the bus after an overflow.
     pub(crate) wake: Notify,
+    /// Messages of this outbox the bus holds in memory (in delivery or
+    /// waiting for a retry).
+    pub(crate) busy: std::sync::atomic::AtomicUsize,
 }
 
 impl<B: Backend> ModuleCore<B> {
@@ -295,6 +299,11 @@ impl<B: Backend> ModuleCore<B> {
             self.overflowed.store(true, Relaxed);
             self.wake.notify_one();
         }
+    }
+
+    /// Committed messages announced to the bus and not yet taken by it.
+    pub(crate) fn announced_waiting(&self) -> usize {
+        self.announced.max_capacity() - self.announced.capacity()
     }
 
     /// Takes the stream of committed messages; a module joins one bus.

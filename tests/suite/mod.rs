@@ -59,10 +59,9 @@ pub(crate) async fn publish<B: TestBackend>(orders: &ModuleHandle<B>, n: u64) ->
 }
 
 pub(crate) async fn drained<B: TestBackend>(bus: &BusHandle<B>) {
-    eventually("every outbox is drained", WAIT, || async {
-        bus.pending().await.expect("pending") == 0
-    })
-    .await;
+    let idle = bus.wait_idle(WAIT).await.expect("wait_idle");
+    assert!(idle, "the bus still had work after {WAIT:?}");
+    assert_eq!(bus.pending().await.expect("pending"), 0);
 }
 
 pub async fn rolled_back_publish_is_never_delivered_and_committed_one_is<B: TestBackend>(
