@@ -56,6 +56,12 @@ pub trait Backend: Sized + Send + Sync + 'static {
     /// Pool size used when a module does not set one.
     const DEFAULT_POOL_SIZE: usize;
 
+    /// The database takes one writer at a time (SQLite): writers of one
+    /// process then queue in memory, first come first served, instead of
+    /// polling the database's lock.
+    #[doc(hidden)]
+    const ONE_WRITER: bool;
+
     /// Runs the embedded migrations (if `settings.migrate`) and opens the
     /// module's pool.
     #[doc(hidden)]

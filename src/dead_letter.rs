@@ -109,7 +109,7 @@ impl<B: Backend> ModuleHandle<B> {
             reason: reason.to_string(),
             dead_at_us: now_us(),
         };
-        let mut conn = self.connection().await?;
+        let mut conn = self.write_connection().await?;
         B::insert_dead_letter(&mut conn, row).await?;
         if let Some(entry) = self.core.handlers.iter().find(|h| &*h.name == handler) {
             entry.counters.dead_lettered();
@@ -192,7 +192,7 @@ impl<B: Backend> ModuleHandle<B> {
 
     /// Deletes a dead letter without delivering it; false if there was none.
     pub async fn discard_dead_letter(&self, message_id: Uuid, handler: &str) -> Result<bool> {
-        let mut conn = self.connection().await?;
+        let mut conn = self.write_connection().await?;
         Ok(B::delete_dead_letter(&mut conn, message_id, handler.to_string()).await? > 0)
     }
 }

@@ -17,6 +17,14 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{sleep, sleep_until, Instant};
 use uuid::Uuid;
 
+/// Messages marked delivered in one statement at most.
+const MARK_BATCH: usize = 512;
+
+/// How long a finished message may wait for its mark, so that marks go out
+/// in batches: one write per batch instead of one per message. Nothing waits
+/// on the mark but the outbox's pending count.
+const MARK_LINGER: Duration = Duration::from_millis(10);
+
 /// Delivers the outbox of one module.
 pub(crate) struct Dispatcher<B: Backend> {
     bus: Arc<BusCore<B>>,
@@ -75,6 +83,8 @@ struct State<B: Backend> {
     recent: RecentIds,
     /// Done with by every subscriber, waiting for the mark.
     to_mark: Vec<Uuid>,
+    /// When the waiting marks are due.
+    mark_due: Option<Instant>,
     /// Given up on while stopping: their claims are released.
     abandoned: Vec<Uuid>,
     /// A scan of the outbox is under way.
@@ -109,6 +119,7 @@ impl<B: Backend> Dispatcher<B> {
             in_flight: HashSet::new(),
             recent: RecentIds::new(capacity + announcements.max_capacity()),
             to_mark: Vec::new(),
+            mark_due: None,
             abandoned: Vec::new(),
             scanning: true,
             finished,
@@ -121,7 +132,10 @@ impl<B: Backend> Dispatcher<B> {
         tracing::debug!(module = %source.name(), bus = %bus.id, "dispatcher started");
 
         while !bus.is_stopping() {
-            state.mark().await;
+            let now = Instant::now();
+            if state.to_mark.len() >= MARK_BATCH || state.mark_due.is_some_and(|due| due <= now) {
+                state.mark().await;
+            }
             if state.scanning {
                 state.scan_page().await;
             }
@@ -157,6 +171,7 @@ impl<B: Backend> Dispatcher<B> {
                     next_scan = Instant::now() + bus.config.sweep_interval;
                     state.scanning = true;
                 }
+                _ = sleep_until(state.mark_due.unwrap_or(next_scan)), if state.mark_due.is_some() => {}
             }
         }
 
@@ -171,7 +186,7 @@ impl<B: Backend> Dispatcher<B> {
                 }
             }
         }
-        state.mark().await;
+        while !state.to_mark.is_empty() && state.mark().await {}
         state.release_claims().await;
         source.core.busy.store(0, Relaxed);
         retention.abort();
@@ -204,20 +219,26 @@ impl<B: Backend> State<B> {
 
     fn finish(&mut self, done: Finished) {
         match done {
-            Finished::Delivered(id) => self.to_mark.push(id),
+            Finished::Delivered(id) => {
+                self.to_mark.push(id);
+                self.mark_due
+                    .get_or_insert_with(|| Instant::now() + MARK_LINGER);
+            }
             Finished::Abandoned(id) => self.abandoned.push(id),
         }
     }
 
-    /// Marks finished messages delivered in one statement. On failure they
-    /// stay in flight (so nothing starts them again) and the mark is tried
-    /// again on the next turn.
-    async fn mark(&mut self) {
+    /// Marks finished messages delivered, up to a batch in one statement.
+    /// On failure they stay in flight (so nothing starts them again) and the
+    /// mark is tried again a little later; false then.
+    async fn mark(&mut self) -> bool {
         if self.to_mark.is_empty() {
-            return;
+            self.mark_due = None;
+            return true;
         }
-        let ids = self.to_mark.clone();
-        let marked = match self.source.connection().await {
+        let ids: Vec<Uuid> = self.to_mark.iter().take(MARK_BATCH).copied().collect();
+        let count = ids.len();
+        let marked = match self.source.write_connection().await {
             Ok(mut conn) => B::mark_delivered(&mut conn, ids, now_us())
                 .await
                 .map_err(|e| e.to_string()),
@@ -225,18 +246,20 @@ impl<B: Backend> State<B> {
         };
         match marked {
             Ok(_) => {
-                let marked = self.to_mark.len() as u64;
-                self.bus.delivered.fetch_add(marked, Relaxed);
-                self.source.core.outbox.delivered(marked);
-                for id in self.to_mark.drain(..) {
+                self.bus.delivered.fetch_add(count as u64, Relaxed);
+                self.source.core.outbox.delivered(count as u64);
+                for id in self.to_mark.drain(..count) {
                     self.in_flight.remove(&id);
                     self.source.core.busy.fetch_sub(1, Relaxed);
                     self.recent.insert(id);
                 }
+                self.mark_due = (!self.to_mark.is_empty()).then(Instant::now);
+                true
             }
             Err(error) => {
                 tracing::warn!(module = %self.source.name(), %error, "marking messages delivered failed; will retry");
-                sleep(Duration::from_millis(100)).await;
+                self.mark_due = Some(Instant::now() + Duration::from_millis(100));
+                false
             }
         }
     }
@@ -260,7 +283,7 @@ impl<B: Backend> State<B> {
             created_before_us: self.bus.started_us.max(now - lease),
             limit: room.min(self.bus.config.sweep_page),
         };
-        let rows = match self.source.connection().await {
+        let rows = match self.source.write_connection().await {
             Ok(mut conn) => B::claim(&mut conn, claim).await.map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         };
@@ -288,7 +311,7 @@ impl<B: Backend> State<B> {
         let ids = self.in_flight.iter().copied().collect();
         let now = now_us();
         let until = now + self.bus.config.claim_lease.as_micros() as i64;
-        let renewed = match self.source.connection().await {
+        let renewed = match self.source.write_connection().await {
             Ok(mut conn) => B::renew_claims(&mut conn, ids, self.bus.id, now, until)
                 .await
                 .map_err(|e| e.to_string()),
@@ -311,7 +334,7 @@ impl<B: Backend> State<B> {
         if ids.is_empty() {
             return;
         }
-        if let Ok(mut conn) = self.source.connection().await {
+        if let Ok(mut conn) = self.source.write_connection().await {
             if let Err(error) = B::release_claims(&mut conn, ids, self.bus.id).await {
                 tracing::warn!(module = %self.source.name(), %error, "releasing claims failed; they expire by themselves");
             }

@@ -248,6 +248,7 @@ impl<B: Backend> ModuleBuilder<B> {
             overflowed: AtomicBool::new(false),
             wake: Notify::new(),
             busy: std::sync::atomic::AtomicUsize::new(0),
+            write_gate: B::ONE_WRITER.then(|| Arc::new(tokio::sync::Semaphore::new(1))),
         });
         tracing::info!(module = %core.name, backend = B::NAME, handlers = core.handlers.len(), "module started");
         let addr = Module {
@@ -284,6 +285,10 @@ pub(crate) struct ModuleCore<B: Backend> {
     /// Messages of this outbox the bus holds in memory (in delivery or
     /// waiting for a retry).
     pub(crate) busy: std::sync::atomic::AtomicUsize,
+    /// One permit per writer the database takes at once, when it takes one
+    /// (SQLite): this process's writers queue here, fairly, rather than
+    /// sleep in the database's busy handler.
+    write_gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl<B: Backend> ModuleCore<B> {
@@ -299,6 +304,32 @@ impl<B: Backend> ModuleCore<B> {
             self.overflowed.store(true, Relaxed);
             self.wake.notify_one();
         }
+    }
+
+    /// Waits for this process's turn to write, where the database takes one
+    /// writer at a time.
+    pub(crate) async fn write_turn(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        match &self.write_gate {
+            Some(gate) => gate.clone().acquire_owned().await.ok(),
+            None => None,
+        }
+    }
+
+    /// A connection from the pool, outside any transaction.
+    pub(crate) async fn connection(&self) -> Result<B::Pooled> {
+        B::checkout(&self.pool).await.map_err(|reason| Error::Pool {
+            module: self.name.to_string(),
+            reason,
+        })
+    }
+
+    /// A connection for statements that write, taken in this process's turn.
+    pub(crate) async fn write_connection(&self) -> Result<WriteConnection<B>> {
+        let turn = self.write_turn().await;
+        Ok(WriteConnection {
+            conn: self.connection().await?,
+            _turn: turn,
+        })
     }
 
     /// Committed messages announced to the bus and not yet taken by it.
@@ -393,6 +424,25 @@ impl<B: Backend> actix::Handler<Deliver> for Module<B> {
             core.mailbox.finished();
             result.unwrap_or_else(|e| Err(DeliveryError::stopped(e.to_string())))
         })
+    }
+}
+
+/// A pooled connection holding this process's turn to write.
+pub(crate) struct WriteConnection<B: Backend> {
+    conn: B::Pooled,
+    _turn: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl<B: Backend> std::ops::Deref for WriteConnection<B> {
+    type Target = B::Connection;
+    fn deref(&self) -> &B::Connection {
+        &self.conn
+    }
+}
+
+impl<B: Backend> std::ops::DerefMut for WriteConnection<B> {
+    fn deref_mut(&mut self) -> &mut B::Connection {
+        &mut self.conn
     }
 }
 
@@ -565,12 +615,12 @@ impl<B: Backend> ModuleHandle<B> {
 
     /// A connection from the module's pool, outside any transaction.
     pub(crate) async fn connection(&self) -> Result<B::Pooled> {
-        B::checkout(&self.core.pool)
-            .await
-            .map_err(|reason| Error::Pool {
-                module: self.core.name.to_string(),
-                reason,
-            })
+        self.core.connection().await
+    }
+
+    /// A connection for statements that write, taken in this process's turn.
+    pub(crate) async fn write_connection(&self) -> Result<WriteConnection<B>> {
+        self.core.write_connection().await
     }
 
     /// A snapshot of the module's mailbox and handler counters.

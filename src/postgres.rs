@@ -68,6 +68,7 @@ impl Backend for Postgres {
 
     const NAME: &'static str = "postgres";
     const DEFAULT_POOL_SIZE: usize = 8;
+    const ONE_WRITER: bool = false;
 
     async fn open(settings: &StoreSettings) -> crate::Result<Self::Pool> {
         check_url(settings)?;

@@ -123,7 +123,7 @@ impl<B: Backend> ModuleHandle<B> {
         let mut total = 0;
         loop {
             let deleted = {
-                let mut conn = self.connection().await?;
+                let mut conn = self.write_connection().await?;
                 batch(&mut conn).await?
             };
             total += deleted as u64;

@@ -71,6 +71,7 @@ impl Backend for Sqlite {
 
     const NAME: &'static str = "sqlite";
     const DEFAULT_POOL_SIZE: usize = 4;
+    const ONE_WRITER: bool = true;
 
     async fn open(settings: &StoreSettings) -> crate::Result<Self::Pool> {
         let path = database_path(settings)?;

@@ -20,6 +20,9 @@ use uuid::Uuid;
 pub struct Tx<B: Backend> {
     /// The pooled connection the whole transaction runs on.
     conn: B::Pooled,
+    /// This process's turn to write, held to the end of a write
+    /// transaction where the database takes one writer at a time.
+    _turn: Option<tokio::sync::OwnedSemaphorePermit>,
     /// The module whose database this is: its name, what it may publish,
     /// where committed messages are announced.
     module: Arc<ModuleCore<B>>,
@@ -72,18 +75,18 @@ impl<B: Backend> Tx<B> {
         delivery: Option<Delivery>,
         mode: Mode,
     ) -> Result<Self> {
-        let mut conn = B::checkout(&module.pool)
-            .await
-            .map_err(|reason| Error::Pool {
-                module: module.name.to_string(),
-                reason,
-            })?;
+        let turn = match mode {
+            Mode::Write => module.write_turn().await,
+            Mode::Read => None,
+        };
+        let mut conn = module.connection().await?;
         match mode {
             Mode::Write => B::begin(&mut conn).await?,
             Mode::Read => B::begin_read(&mut conn).await?,
         }
         Ok(Tx {
             conn,
+            _turn: turn,
             module,
             delivery,
             mode,

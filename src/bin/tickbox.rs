@@ -432,6 +432,20 @@ enum Command {
     Sweep(Retention),
 }
 
+impl Command {
+    /// The command's help page.
+    fn topic(&self) -> Topic {
+        match self {
+            Command::Status => Topic::Status,
+            Command::List { .. } => Topic::List,
+            Command::Show(_) => Topic::Show,
+            Command::Replay(_) => Topic::Replay,
+            Command::Discard(_) => Topic::Discard,
+            Command::Sweep(_) => Topic::Sweep,
+        }
+    }
+}
+
 /// Options as collected from the command line, before they are checked
 /// against the command.
 #[derive(Default)]
@@ -652,15 +666,13 @@ fn once(slot: &mut Option<String>, name: &str, value: String, topic: Topic) -> R
 /// The help page for the command words seen so far (for `--help` and for
 /// usage errors).
 fn topic_of(words: &[String]) -> Topic {
-    let first = words.first().map(String::as_str);
-    let second = words.get(1).map(String::as_str);
-    match (first, second) {
-        (Some("help"), _) => Topic::from_words(&words[1..]).unwrap_or(Topic::Help),
-        (Some("dead-letters"), _) => {
+    match words.first().map(String::as_str) {
+        Some("help") => Topic::from_words(&words[1..]).unwrap_or(Topic::Help),
+        Some("dead-letters") => {
             Topic::from_words(&words[..words.len().min(2)]).unwrap_or(Topic::DeadLetters)
         }
-        (Some(_), _) => Topic::from_words(&words[..1]).unwrap_or(Topic::Main),
-        (None, _) => Topic::Main,
+        Some(_) => Topic::from_words(&words[..1]).unwrap_or(Topic::Main),
+        None => Topic::Main,
     }
 }
 
@@ -917,7 +929,12 @@ async fn run<B: Backend>(invocation: &Invocation) -> Result<String, Failure> {
     if let Command::Sweep(retention) = &invocation.command {
         builder = builder.retention(retention.clone());
     }
-    let module = builder.attach().await?;
+    // The only configuration `attach` can refuse is what the command line
+    // gave it (a malformed schema name): a usage error.
+    let module = builder.attach().await.map_err(|error| match error {
+        tickbox::Error::Config(reason) => Failure::usage(invocation.command.topic(), reason),
+        other => other.into(),
+    })?;
     let json = invocation.json;
     match &invocation.command {
         Command::Status => status(&module, json).await,
