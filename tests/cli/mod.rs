@@ -1,0 +1,1043 @@
+//! Tests of the `tickbox` operator's tool (src/bin/tickbox.rs): every
+//! command, run as a separate process against a module database that a test
+//! module created and filled, on SQLite and, with the `postgres` feature, on
+//! PostgreSQL (`TICKBOX_PG_URL`, e.g. postgres://postgres@127.0.0.1:5432/test;
+//! without it the PostgreSQL tests fail rather than pass silently).
+
+use diesel_async::SimpleAsyncConnection;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::future::Future;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tickbox::{Backend, Bus, Handler, HandlerError, Message, ModuleBuilder, ModuleHandle, Tx};
+use uuid::Uuid;
+
+/// 2026-01-01T00:00:00Z in microseconds since the Unix epoch.
+const NEW_YEAR_US: i64 = 1_767_225_600_000_000;
+
+/// How long a test waits for a condition before failing.
+const WAIT: Duration = Duration::from_secs(20);
+
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+/// The message the test module publishes and handles.
+#[derive(Debug, Serialize, Deserialize)]
+struct CliPing {
+    n: u64,
+}
+
+impl Message for CliPing {
+    const TOPIC: &'static str = "cli.ping";
+}
+
+/// A handler that only succeeds: its inbox row shows it ran.
+struct Accept;
+
+impl<B: Backend> Handler<B> for Accept {
+    type Message = CliPing;
+
+    async fn handle(&self, _tx: &mut Tx<B>, _message: CliPing) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+/// Where one test keeps its module database.
+struct Db {
+    /// SQLite: the directory of the database file, removed on drop.
+    dir: tempfile::TempDir,
+    /// PostgreSQL: the server URL.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pg_url: Option<String>,
+    /// PostgreSQL: a schema no other test uses.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    schema: String,
+}
+
+impl Db {
+    fn new() -> Self {
+        Db {
+            dir: tempfile::tempdir().expect("a temporary directory"),
+            pg_url: None,
+            schema: format!("cli_{:08x}", fastrand::u32(..)),
+        }
+    }
+
+    /// The PostgreSQL tests need `TICKBOX_PG_URL`; without it they fail.
+    #[cfg(feature = "postgres")]
+    fn postgres() -> Self {
+        let url = std::env::var("TICKBOX_PG_URL").expect(
+            "the PostgreSQL tests need TICKBOX_PG_URL, e.g. postgres://postgres@127.0.0.1:5432/test",
+        );
+        Db {
+            pg_url: Some(url),
+            ..Db::new()
+        }
+    }
+}
+
+/// A backend the tool is tested on.
+trait CliBackend: Backend {
+    /// A builder for the test's module, `orders`.
+    fn module(db: &Db) -> ModuleBuilder<Self>;
+
+    /// The database URL to give the tool.
+    fn url(db: &Db) -> String;
+
+    /// Options to give the tool besides the URL (the schema).
+    fn extra_args(db: &Db) -> Vec<String>;
+
+    /// A UUID as an SQL literal.
+    fn uuid_literal(id: Uuid) -> String;
+}
+
+#[cfg(feature = "sqlite")]
+impl CliBackend for tickbox::Sqlite {
+    fn module(db: &Db) -> ModuleBuilder<Self> {
+        tickbox::Module::builder("orders", Self::url(db))
+    }
+
+    fn url(db: &Db) -> String {
+        let path = db.dir.path().join("orders.db");
+        path.to_str().expect("a UTF-8 path").to_string()
+    }
+
+    fn extra_args(_db: &Db) -> Vec<String> {
+        Vec::new()
+    }
+
+    fn uuid_literal(id: Uuid) -> String {
+        format!("x'{}'", id.simple())
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl CliBackend for tickbox::Postgres {
+    fn module(db: &Db) -> ModuleBuilder<Self> {
+        tickbox::Module::builder("orders", Self::url(db)).schema(db.schema.clone())
+    }
+
+    fn url(db: &Db) -> String {
+        db.pg_url.clone().expect("Db::postgres()")
+    }
+
+    fn extra_args(db: &Db) -> Vec<String> {
+        vec!["--schema".into(), db.schema.clone()]
+    }
+
+    fn uuid_literal(id: Uuid) -> String {
+        format!("'{id}'")
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Helpers
+
+/// What one run of the tool printed and how it exited.
+#[derive(Debug)]
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    /// Asserts success and returns stdout.
+    #[track_caller]
+    fn ok(&self) -> &str {
+        assert_eq!(self.code, 0, "expected success: {self:#?}");
+        assert!(self.stderr.is_empty(), "nothing on stderr: {self:#?}");
+        &self.stdout
+    }
+
+    /// Asserts success and parses stdout as one JSON document.
+    #[track_caller]
+    fn json(&self) -> Value {
+        let out = self.ok();
+        assert_eq!(out.lines().count(), 1, "one line of JSON: {self:#?}");
+        serde_json::from_str(out).unwrap_or_else(|e| panic!("JSON ({e}): {self:#?}"))
+    }
+
+    /// Asserts the exit code, one `error: ` message on stderr containing
+    /// `needle`, nothing on stdout and no panic.
+    #[track_caller]
+    fn fails(&self, code: i32, needle: &str) {
+        assert_eq!(self.code, code, "exit code {code}: {self:#?}");
+        assert!(self.stdout.is_empty(), "nothing on stdout: {self:#?}");
+        assert!(self.stderr.starts_with("error: "), "{self:#?}");
+        assert!(self.stderr.contains(needle), "`{needle}` in: {self:#?}");
+        assert!(!self.stderr.contains("panicked"), "{self:#?}");
+        assert!(!self.stderr.contains("{ "), "no Debug dump: {self:#?}");
+    }
+}
+
+/// Runs the tool with `args` and without `TICKBOX_DATABASE_URL`.
+async fn run_cli(args: Vec<String>) -> Run {
+    run_cli_with_env(args, None).await
+}
+
+/// Runs the tool with `args` and `TICKBOX_DATABASE_URL` set to `env_url`
+/// (or unset).
+async fn run_cli_with_env(args: Vec<String>, env_url: Option<String>) -> Run {
+    let output = tokio::task::spawn_blocking(move || {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_tickbox"));
+        command.args(&args).env_remove("TICKBOX_DATABASE_URL");
+        if let Some(url) = env_url {
+            command.env("TICKBOX_DATABASE_URL", url);
+        }
+        command.output().expect("the tickbox binary runs")
+    })
+    .await
+    .expect("the blocking task");
+    Run {
+        code: output.status.code().expect("exited, not killed"),
+        stdout: String::from_utf8(output.stdout).expect("UTF-8 stdout"),
+        stderr: String::from_utf8(output.stderr).expect("UTF-8 stderr"),
+    }
+}
+
+/// Runs the tool on the test's database: `--database-url URL [--schema S]`
+/// followed by `args`.
+async fn on<B: CliBackend>(db: &Db, args: &[&str]) -> Run {
+    let mut all = vec!["--database-url".to_string(), B::url(db)];
+    all.extend(B::extra_args(db));
+    all.extend(args.iter().map(|a| a.to_string()));
+    run_cli(all).await
+}
+
+/// `--json status`.
+async fn status<B: CliBackend>(db: &Db) -> Value {
+    on::<B>(db, &["--json", "status"]).await.json()
+}
+
+/// Runs SQL on the module's database in a transaction.
+async fn execute<B: CliBackend>(module: &ModuleHandle<B>, sql: String) {
+    module
+        .transaction(async move |tx| {
+            tx.conn().batch_execute(&sql).await?;
+            Ok::<_, tickbox::Error>(())
+        })
+        .await
+        .expect("SQL runs");
+}
+
+/// Writes an outbox row by hand; delivered at `delivered_at_us` if given.
+async fn insert_outbox<B: CliBackend>(
+    module: &ModuleHandle<B>,
+    id: Uuid,
+    created_at_us: i64,
+    delivered_at_us: Option<i64>,
+) {
+    let delivered = delivered_at_us.map_or("NULL".to_string(), |us| us.to_string());
+    let id = B::uuid_literal(id);
+    execute(
+        module,
+        format!(
+            "INSERT INTO tickbox_outbox (id, topic, payload, correlation_id, created_at_us, delivered_at_us) \
+             VALUES ({id}, 'cli.ping', '{{\"n\":1}}', {id}, {created_at_us}, {delivered})"
+        ),
+    )
+    .await;
+}
+
+/// Writes an inbox row by hand.
+async fn insert_inbox<B: CliBackend>(
+    module: &ModuleHandle<B>,
+    message_id: Uuid,
+    handler: &str,
+    processed_at_us: i64,
+) {
+    execute(
+        module,
+        format!(
+            "INSERT INTO tickbox_inbox (message_id, handler, processed_at_us) VALUES ({}, '{handler}', {processed_at_us})",
+            B::uuid_literal(message_id)
+        ),
+    )
+    .await;
+}
+
+/// A dead letter to write by hand.
+struct Dead<'a> {
+    id: Uuid,
+    handler: &'a str,
+    topic: &'a str,
+    payload: &'a str,
+    reason: &'a str,
+    attempts: i32,
+    created_at_us: i64,
+    dead_at_us: i64,
+}
+
+impl Dead<'_> {
+    /// A dead letter of a `cli.ping` message for `orders.ping`.
+    fn ping(id: Uuid) -> Dead<'static> {
+        Dead {
+            id,
+            handler: "orders.ping",
+            topic: "cli.ping",
+            payload: "{\"n\":7}",
+            reason: "handler failed: stock service unavailable",
+            attempts: 10,
+            created_at_us: micros_ago(Duration::from_secs(60)),
+            dead_at_us: micros_ago(Duration::from_secs(30)),
+        }
+    }
+}
+
+/// Writes a dead letter by hand, as the bus would have.
+async fn insert_dead<B: CliBackend>(module: &ModuleHandle<B>, dead: &Dead<'_>) {
+    let id = B::uuid_literal(dead.id);
+    execute(
+        module,
+        format!(
+            "INSERT INTO tickbox_dead_letters (message_id, handler, topic, payload, correlation_id, \
+             causation_id, created_at_us, attempts, reason, dead_at_us) \
+             VALUES ({id}, '{}', '{}', '{}', {id}, NULL, {}, {}, '{}', {})",
+            dead.handler,
+            dead.topic,
+            dead.payload,
+            dead.created_at_us,
+            dead.attempts,
+            dead.reason,
+            dead.dead_at_us
+        ),
+    )
+    .await;
+}
+
+/// A UUIDv7 of `ago` in the past.
+fn uuid_ago(ago: Duration) -> Uuid {
+    let since = (SystemTime::now() - ago)
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970");
+    Uuid::new_v7(uuid::Timestamp::from_unix(
+        uuid::NoContext,
+        since.as_secs(),
+        since.subsec_nanos(),
+    ))
+}
+
+/// Microseconds since the Unix epoch, `ago` in the past.
+fn micros_ago(ago: Duration) -> i64 {
+    (SystemTime::now() - ago)
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_micros() as i64
+}
+
+/// Waits until `condition` holds, checking every 20 ms, for at most
+/// [`WAIT`]; panics with `what` if it never does.
+async fn eventually<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !condition().await {
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out after {WAIT:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The test's module, started (which creates its tables).
+async fn orders<B: CliBackend>(db: &Db) -> ModuleHandle<B> {
+    B::module(db)
+        .publishes::<CliPing>()
+        .handler("orders.ping", Accept)
+        .start()
+        .await
+        .expect("the orders module starts")
+}
+
+// ---------------------------------------------------------------------------
+// The tests, generic over the backend
+
+async fn status_counts_what_the_tables_hold<B: CliBackend>(db: Db) {
+    let module = orders::<B>(&db).await;
+
+    let empty = status::<B>(&db).await;
+    assert_eq!(empty["backend"], B::NAME);
+    assert_eq!(empty["outbox_pending"], 0);
+    assert_eq!(empty["oldest_pending_us"], Value::Null);
+    assert_eq!(empty["lag_seconds"], Value::Null);
+    assert_eq!(empty["inbox_rows"], 0);
+    assert_eq!(empty["dead_letters"], 0);
+    let text = on::<B>(&db, &["status"]).await;
+    assert!(text.ok().contains("nothing pending"), "{text:#?}");
+
+    // Two pending messages, the oldest 90 s old; one delivered.
+    let oldest_us = micros_ago(Duration::from_secs(90));
+    insert_outbox(&module, uuid_ago(Duration::from_secs(90)), oldest_us, None).await;
+    insert_outbox(&module, Uuid::now_v7(), micros_ago(Duration::ZERO), None).await;
+    insert_outbox(
+        &module,
+        Uuid::now_v7(),
+        micros_ago(Duration::ZERO),
+        Some(micros_ago(Duration::ZERO)),
+    )
+    .await;
+    for handler in ["orders.ping", "orders.audit", "orders.mail"] {
+        insert_inbox(&module, Uuid::now_v7(), handler, micros_ago(Duration::ZERO)).await;
+    }
+    insert_dead(&module, &Dead::ping(Uuid::now_v7())).await;
+    insert_dead(&module, &Dead::ping(Uuid::now_v7())).await;
+
+    let stats = status::<B>(&db).await;
+    assert_eq!(stats["outbox_pending"], 2, "{stats}");
+    assert_eq!(stats["oldest_pending_us"], oldest_us, "{stats}");
+    let lag = stats["lag_seconds"].as_f64().expect("a lag");
+    assert!((90.0..3600.0).contains(&lag), "lag {lag}");
+    assert_eq!(stats["inbox_rows"], 3, "{stats}");
+    assert_eq!(stats["dead_letters"], 2, "{stats}");
+
+    let text = on::<B>(&db, &["status"]).await;
+    let out = text.ok();
+    assert!(out.contains("outbox pending   2 messages"), "{out}");
+    assert!(out.contains("outbox lag       1m "), "{out}");
+    assert!(out.contains("inbox rows       3"), "{out}");
+    assert!(out.contains("dead letters     2"), "{out}");
+
+    // The URL can come from the environment instead of the flag.
+    let mut args = B::extra_args(&db);
+    args.extend(["--json".to_string(), "status".to_string()]);
+    let from_env = run_cli_with_env(args, Some(B::url(&db))).await.json();
+    assert_eq!(from_env["outbox_pending"], 2, "{from_env}");
+}
+
+async fn dead_letters_are_listed_and_shown<B: CliBackend>(db: Db) {
+    let module = orders::<B>(&db).await;
+    let empty = on::<B>(&db, &["dead-letters", "list"]).await;
+    assert_eq!(empty.ok(), "no dead letters\n");
+    assert_eq!(
+        on::<B>(&db, &["--json", "dead-letters", "list"])
+            .await
+            .json(),
+        serde_json::json!([])
+    );
+
+    let long_reason = format!(
+        "handler failed: {}\nsecond line END-OF-REASON",
+        "the warehouse refused the reservation ".repeat(3)
+    );
+    let first = Dead {
+        payload: "{\"n\":1,\"note\":\"fragile\"}",
+        reason: &long_reason,
+        attempts: 10,
+        dead_at_us: NEW_YEAR_US,
+        ..Dead::ping(uuid_ago(DAY))
+    };
+    let unknown = Dead {
+        handler: "",
+        topic: "cli.unknown",
+        payload: "{\"n\":2}",
+        reason: "no module on the bus declares topic cli.unknown",
+        attempts: 1,
+        dead_at_us: NEW_YEAR_US + 1_000_000,
+        ..Dead::ping(uuid_ago(DAY))
+    };
+    let garbled = Dead {
+        payload: "not json at all",
+        reason: "cannot decode payload",
+        attempts: 1,
+        dead_at_us: NEW_YEAR_US + 2_000_000,
+        ..Dead::ping(uuid_ago(DAY))
+    };
+    for dead in [&first, &unknown, &garbled] {
+        insert_dead(&module, dead).await;
+    }
+    let (first_id, unknown_id, garbled_id) = (
+        first.id.to_string(),
+        unknown.id.to_string(),
+        garbled.id.to_string(),
+    );
+
+    // The table.
+    let list = on::<B>(&db, &["dead-letters", "list"]).await;
+    let out = list.ok();
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("MESSAGE ID"), "{out}");
+    for header in ["HANDLER", "TOPIC", "ATTEMPTS", "DEAD AT (UTC)", "REASON"] {
+        assert!(lines[0].contains(header), "{out}");
+    }
+    assert!(lines[1].starts_with(&first_id), "oldest first: {out}");
+    assert!(lines[1].contains("orders.ping"), "{out}");
+    assert!(lines[1].contains("2026-01-01T00:00:00Z"), "{out}");
+    assert!(lines[1].contains(" 10 "), "{out}");
+    assert!(lines[1].contains("handler failed: the warehouse"), "{out}");
+    assert!(lines[1].ends_with("..."), "a long reason is cut: {out}");
+    assert!(!out.contains("END-OF-REASON"), "{out}");
+    assert!(lines[2].starts_with(&unknown_id), "{out}");
+    assert!(lines[2].contains(" - "), "no handler shows as -: {out}");
+    assert!(lines[2].contains("cli.unknown"), "{out}");
+    assert!(lines[2].contains("2026-01-01T00:00:01Z"), "{out}");
+    assert!(lines[3].starts_with(&garbled_id), "{out}");
+    assert!(out.ends_with("\n3 dead letters\n"), "{out}");
+
+    let json = on::<B>(&db, &["--json", "dead-letters", "list"])
+        .await
+        .json();
+    let all = json.as_array().expect("an array");
+    assert_eq!(all.len(), 3);
+    assert_eq!(all[0]["message_id"], first_id.as_str());
+    assert_eq!(all[0]["handler"], "orders.ping");
+    assert_eq!(all[0]["reason"], long_reason.as_str());
+    assert_eq!(all[0]["dead_at_us"], NEW_YEAR_US);
+    assert_eq!(all[1]["handler"], "");
+    assert_eq!(all[2]["payload"], "not json at all");
+
+    // Paging.
+    let page = on::<B>(
+        &db,
+        &[
+            "--json",
+            "dead-letters",
+            "list",
+            "--offset",
+            "1",
+            "--limit",
+            "1",
+        ],
+    )
+    .await
+    .json();
+    assert_eq!(page.as_array().map(Vec::len), Some(1), "{page}");
+    assert_eq!(page[0]["message_id"], unknown_id.as_str());
+    let page = on::<B>(&db, &["dead-letters", "list", "--offset=1", "--limit=1"]).await;
+    let out = page.ok();
+    assert!(out.contains(&unknown_id), "{out}");
+    assert!(
+        !out.contains(&first_id) && !out.contains(&garbled_id),
+        "{out}"
+    );
+    assert!(
+        out.contains("dead letters 2-2 of 3; next page: --offset 2 --limit 1"),
+        "{out}"
+    );
+    let past = on::<B>(&db, &["dead-letters", "list", "--offset", "9"]).await;
+    assert!(past.ok().contains("there are 3"), "{past:#?}");
+
+    // One in full: the payload pretty-printed, the whole reason.
+    let show = on::<B>(&db, &["dead-letters", "show", &first_id, "orders.ping"]).await;
+    let out = show.ok();
+    assert!(
+        out.contains(&format!("message id       {first_id}")),
+        "{out}"
+    );
+    assert!(out.contains("handler          orders.ping"), "{out}");
+    assert!(out.contains("topic            cli.ping"), "{out}");
+    assert!(out.contains("attempts         10"), "{out}");
+    assert!(
+        out.contains("dead at          2026-01-01T00:00:00.000000Z"),
+        "{out}"
+    );
+    assert!(out.contains("END-OF-REASON"), "{out}");
+    assert!(out.contains("payload (JSON)"), "{out}");
+    assert!(
+        out.contains(
+            "payload (JSON)\n    {\n      \"n\": 1,\n      \"note\": \"fragile\"\n    }\n"
+        ),
+        "pretty, in the stored key order: {out}"
+    );
+
+    // The dead letter without a handler, written as -, '' or an empty
+    // argument (what the shell makes of '').
+    for handler in ["-", "''", ""] {
+        let show = on::<B>(&db, &["dead-letters", "show", &unknown_id, handler]).await;
+        let out = show.ok();
+        assert!(out.contains("topic            cli.unknown"), "{out}");
+        assert!(out.contains("handler          - (none"), "{out}");
+    }
+    let json = on::<B>(&db, &["--json", "dead-letters", "show", &unknown_id, "-"])
+        .await
+        .json();
+    assert_eq!(json["message_id"], unknown_id.as_str());
+    assert_eq!(json["topic"], "cli.unknown");
+    assert_eq!(json["payload"], "{\"n\":2}");
+    assert_eq!(json["attempts"], 1);
+
+    let show = on::<B>(&db, &["dead-letters", "show", &garbled_id, "orders.ping"]).await;
+    let out = show.ok();
+    assert!(out.contains("not valid JSON"), "{out}");
+    assert!(out.contains("    not json at all\n"), "{out}");
+
+    // Not there: the wrong handler, an unknown id.
+    on::<B>(&db, &["dead-letters", "show", &first_id, "orders.other"])
+        .await
+        .fails(1, "no dead letter for message");
+    let missing = Uuid::now_v7().to_string();
+    on::<B>(&db, &["dead-letters", "show", &missing, "-"])
+        .await
+        .fails(1, &missing);
+    on::<B>(&db, &["dead-letters", "show", "not-a-uuid", "-"])
+        .await
+        .fails(2, "not a message id");
+}
+
+async fn replay_requeues_and_the_bus_redelivers<B: CliBackend>(db: Db) {
+    let module = orders::<B>(&db).await;
+    let failed = Dead::ping(uuid_ago(Duration::from_secs(60)));
+    // A message whose topic nobody declared when it was published; the
+    // module declares it now.
+    let unknown = Dead {
+        handler: "",
+        reason: "no module on the bus declares topic cli.ping",
+        ..Dead::ping(uuid_ago(Duration::from_secs(60)))
+    };
+    insert_dead(&module, &failed).await;
+    insert_dead(&module, &unknown).await;
+    let before = status::<B>(&db).await;
+    assert_eq!(before["outbox_pending"], 0, "{before}");
+    assert_eq!(before["dead_letters"], 2, "{before}");
+
+    let failed_id = failed.id.to_string();
+    let replay = on::<B>(&db, &["dead-letters", "replay", &failed_id, "orders.ping"]).await;
+    let out = replay.ok();
+    assert!(
+        out.contains(&format!("requeued message {failed_id}")),
+        "{out}"
+    );
+    assert!(out.contains("back in the outbox as pending"), "{out}");
+    assert!(out.contains("next outbox scan"), "{out}");
+    let after = status::<B>(&db).await;
+    assert_eq!(after["outbox_pending"], 1, "pending +1: {after}");
+    assert_eq!(after["dead_letters"], 1, "dead letters -1: {after}");
+    assert!(
+        after["lag_seconds"].as_f64().expect("a lag") >= 60.0,
+        "{after}"
+    );
+
+    let unknown_id = unknown.id.to_string();
+    let json = on::<B>(&db, &["--json", "dead-letters", "replay", &unknown_id, "-"])
+        .await
+        .json();
+    assert_eq!(json["requeued"], true, "{json}");
+    assert_eq!(json["message_id"], unknown_id.as_str());
+    assert_eq!(json["handler"], "");
+    assert_eq!(json["topic"], "cli.ping");
+    let after = status::<B>(&db).await;
+    assert_eq!(after["outbox_pending"], 2, "{after}");
+    assert_eq!(after["dead_letters"], 0, "{after}");
+
+    // Replayed once; a second replay finds nothing.
+    on::<B>(&db, &["dead-letters", "replay", &failed_id, "orders.ping"])
+        .await
+        .fails(1, "no dead letter for message");
+
+    // The application's bus delivers both on its scan.
+    let bus = Bus::builder().module(&module).start().expect("bus starts");
+    eventually("the requeued messages are handled", || async {
+        let stats = module.store_stats().await.expect("stats");
+        stats.outbox_pending == 0 && stats.inbox_rows == 2
+    })
+    .await;
+    bus.stop().await;
+    let done = status::<B>(&db).await;
+    assert_eq!(done["outbox_pending"], 0, "{done}");
+    assert_eq!(done["inbox_rows"], 2, "{done}");
+    assert_eq!(done["dead_letters"], 0, "{done}");
+}
+
+async fn discard_requires_yes<B: CliBackend>(db: Db) {
+    let module = orders::<B>(&db).await;
+    let dead = Dead::ping(Uuid::now_v7());
+    let unknown = Dead {
+        handler: "",
+        ..Dead::ping(Uuid::now_v7())
+    };
+    insert_dead(&module, &dead).await;
+    insert_dead(&module, &unknown).await;
+    let id = dead.id.to_string();
+
+    on::<B>(&db, &["dead-letters", "discard", &id, "orders.ping"])
+        .await
+        .fails(2, "--yes");
+    assert_eq!(status::<B>(&db).await["dead_letters"], 2, "nothing deleted");
+
+    let discard = on::<B>(
+        &db,
+        &["dead-letters", "discard", &id, "orders.ping", "--yes"],
+    )
+    .await;
+    let out = discard.ok();
+    assert!(
+        out.contains(&format!("discarded the dead letter of message {id}")),
+        "{out}"
+    );
+    let after = status::<B>(&db).await;
+    assert_eq!(after["dead_letters"], 1, "{after}");
+    assert_eq!(after["outbox_pending"], 0, "not requeued: {after}");
+
+    on::<B>(&db, &["dead-letters", "discard", &id, "orders.ping", "-y"])
+        .await
+        .fails(1, "no dead letter for message");
+
+    let unknown_id = unknown.id.to_string();
+    let json = on::<B>(
+        &db,
+        &[
+            "--json",
+            "dead-letters",
+            "discard",
+            "--yes",
+            &unknown_id,
+            "''",
+        ],
+    )
+    .await
+    .json();
+    assert_eq!(json["discarded"], true, "{json}");
+    assert_eq!(json["handler"], "");
+    assert_eq!(status::<B>(&db).await["dead_letters"], 0);
+}
+
+async fn sweep_deletes_old_rows_and_keeps_recent_ones<B: CliBackend>(db: Db) {
+    let module = orders::<B>(&db).await;
+    let old_us = micros_ago(2 * 7 * DAY);
+    let now_us = micros_ago(Duration::ZERO);
+    // Two weeks old: two inbox rows, a delivered and a pending outbox row.
+    insert_inbox(&module, uuid_ago(2 * 7 * DAY), "orders.ping", old_us).await;
+    insert_inbox(&module, uuid_ago(2 * 7 * DAY), "orders.audit", old_us).await;
+    insert_outbox(&module, uuid_ago(2 * 7 * DAY), old_us, Some(old_us)).await;
+    insert_outbox(&module, uuid_ago(2 * 7 * DAY), old_us, None).await;
+    // Recent: an inbox row and a delivered outbox row.
+    insert_inbox(&module, Uuid::now_v7(), "orders.ping", now_us).await;
+    insert_outbox(&module, Uuid::now_v7(), now_us, Some(now_us)).await;
+    // Dead letters are never swept.
+    insert_dead(
+        &module,
+        &Dead {
+            dead_at_us: old_us,
+            ..Dead::ping(uuid_ago(2 * 7 * DAY))
+        },
+    )
+    .await;
+
+    let kept = on::<B>(
+        &db,
+        &[
+            "--json",
+            "sweep",
+            "--inbox-retention",
+            "never",
+            "--outbox-retention",
+            "never",
+        ],
+    )
+    .await
+    .json();
+    assert_eq!(
+        kept,
+        serde_json::json!({
+            "inbox_rows": 0,
+            "outbox_rows": 0,
+            "inbox_retention_seconds": null,
+            "outbox_retention_seconds": null,
+        })
+    );
+    assert_eq!(status::<B>(&db).await["inbox_rows"], 3);
+
+    // The default retention, seven days.
+    let sweep = on::<B>(&db, &["sweep"]).await;
+    let out = sweep.ok();
+    assert!(
+        out.contains("inbox   deleted 2 rows processed more than 7d ago"),
+        "{out}"
+    );
+    assert!(
+        out.contains("outbox  deleted 1 row delivered more than 7d ago"),
+        "{out}"
+    );
+    let after = status::<B>(&db).await;
+    assert_eq!(after["inbox_rows"], 1, "the recent row stays: {after}");
+    assert_eq!(after["outbox_pending"], 1, "the pending row stays: {after}");
+    assert_eq!(after["dead_letters"], 1, "{after}");
+    let stats = module.store_stats().await.expect("stats");
+    assert_eq!(stats.inbox_rows, 1);
+
+    let again = on::<B>(
+        &db,
+        &[
+            "sweep",
+            "--json",
+            "--inbox-retention=30d",
+            "--outbox-retention",
+            "1h30m",
+        ],
+    )
+    .await
+    .json();
+    assert_eq!(
+        again,
+        serde_json::json!({
+            "inbox_rows": 0,
+            "outbox_rows": 0,
+            "inbox_retention_seconds": 30 * 24 * 3600,
+            "outbox_retention_seconds": 5400,
+        })
+    );
+    on::<B>(&db, &["sweep", "--inbox-retention", "7"])
+        .await
+        .fails(2, "missing unit");
+}
+
+/// Instantiates the generic tests for one backend.
+macro_rules! cli_tests {
+    ($backend:ty, $db:expr) => {
+        macro_rules! case {
+            ($name:ident) => {
+                #[actix::test]
+                async fn $name() {
+                    super::$name::<$backend>($db).await;
+                }
+            };
+        }
+
+        case!(status_counts_what_the_tables_hold);
+        case!(dead_letters_are_listed_and_shown);
+        case!(replay_requeues_and_the_bus_redelivers);
+        case!(discard_requires_yes);
+        case!(sweep_deletes_old_rows_and_keeps_recent_ones);
+    };
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    cli_tests!(tickbox::Sqlite, super::Db::new());
+
+    /// A missing file and a file without tickbox tables.
+    #[actix::test]
+    async fn bad_databases_fail_with_clear_errors() {
+        let db = super::Db::new();
+        let missing = db.dir.path().join("missing.db");
+        let missing = missing.to_str().expect("UTF-8").to_string();
+        let run = super::run_cli(vec![
+            "--database-url".into(),
+            missing.clone(),
+            "status".into(),
+        ])
+        .await;
+        run.fails(1, "cannot open the database");
+        assert!(run.stderr.contains(&missing), "{run:#?}");
+        assert!(run.stderr.contains("no database file there"), "{run:#?}");
+        assert!(!std::path::Path::new(&missing).exists(), "not created");
+
+        let empty = db.dir.path().join("empty.db");
+        std::fs::write(&empty, b"").expect("an empty file");
+        let empty = format!("sqlite://{}", empty.to_str().expect("UTF-8"));
+        for command in [&["status"][..], &["dead-letters", "list"], &["sweep"]] {
+            let mut args = vec!["--database-url".to_string(), empty.clone()];
+            args.extend(command.iter().map(|c| c.to_string()));
+            super::run_cli(args).await.fails(1, "has no tickbox tables");
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    cli_tests!(tickbox::Postgres, super::Db::postgres());
+
+    /// An unreachable server, and schemas without tickbox tables.
+    #[actix::test]
+    async fn bad_databases_fail_with_clear_errors() {
+        let db = super::Db::postgres();
+        let run = super::run_cli(vec![
+            "--database-url".into(),
+            "postgres://tickbox:hunter2@127.0.0.1:1/nowhere".into(),
+            "status".into(),
+        ])
+        .await;
+        run.fails(1, "cannot open the database");
+        assert!(run.stderr.contains("127.0.0.1:1"), "{run:#?}");
+        assert!(!run.stderr.contains("hunter2"), "password shown: {run:#?}");
+
+        // A schema that does not exist, and one that exists but is empty.
+        let url = db.pg_url.clone().expect("a URL");
+        let other = super::orders::<tickbox::Postgres>(&db).await;
+        let empty = format!("{}_empty", db.schema);
+        super::execute(&other, format!("CREATE SCHEMA {empty}")).await;
+        for schema in [format!("{}_never", db.schema), empty] {
+            let run = super::run_cli(vec![
+                "--database-url".into(),
+                url.clone(),
+                "--schema".into(),
+                schema.clone(),
+                "dead-letters".into(),
+                "list".into(),
+            ])
+            .await;
+            run.fails(1, "has no tickbox tables");
+            assert!(run.stderr.contains(&schema), "{run:#?}");
+        }
+
+        // A schema name PostgreSQL would need quoted is a usage error.
+        let run = super::run_cli(vec![
+            "--database-url".into(),
+            url,
+            "--schema".into(),
+            "Orders-Module".into(),
+            "status".into(),
+        ])
+        .await;
+        run.fails(2, "schema name `Orders-Module`");
+        assert!(
+            run.stderr.contains("Usage: tickbox [OPTIONS] status"),
+            "{run:#?}"
+        );
+    }
+}
+
+/// A PostgreSQL URL given to a binary built without PostgreSQL support.
+#[cfg(not(feature = "postgres"))]
+#[actix::test]
+async fn a_postgres_url_needs_the_postgres_feature() {
+    run_cli(vec![
+        "--database-url".into(),
+        "postgres://postgres@127.0.0.1:5432/test".into(),
+        "status".into(),
+    ])
+    .await
+    .fails(1, "--features postgres");
+}
+
+/// Help pages, the version, and usage errors (exit 2) that never touch a
+/// database.
+#[actix::test]
+async fn help_and_usage_errors() {
+    let args = |line: &str| {
+        line.split_whitespace()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+
+    for line in ["--help", "-h", "help"] {
+        let help = run_cli(args(line)).await;
+        let out = help.ok();
+        assert!(out.starts_with("tickbox "), "{out}");
+        for part in [
+            "Usage: tickbox [OPTIONS] <COMMAND>",
+            "Commands:",
+            "status",
+            "dead-letters list",
+            "dead-letters show",
+            "dead-letters replay",
+            "dead-letters discard",
+            "sweep",
+            "--database-url URL",
+            "[env: TICKBOX_DATABASE_URL]",
+            "--schema NAME",
+            "--json",
+            "Examples:",
+            "Exit status:",
+        ] {
+            assert!(out.contains(part), "`{part}` in {out}");
+        }
+    }
+    for (line, usage) in [
+        ("help status", "Usage: tickbox [OPTIONS] status"),
+        ("status --help", "Usage: tickbox [OPTIONS] status"),
+        (
+            "help dead-letters",
+            "dead-letters <list|show|replay|discard>",
+        ),
+        ("dead-letters list -h", "[--offset N] [--limit N]"),
+        ("help dead-letters show", "show MESSAGE_ID HANDLER"),
+        ("dead-letters replay --help", "replay MESSAGE_ID HANDLER"),
+        (
+            "help dead-letters discard",
+            "discard MESSAGE_ID HANDLER --yes",
+        ),
+        ("sweep --help", "[--inbox-retention DURATION]"),
+    ] {
+        let help = run_cli(args(line)).await;
+        let out = help.ok();
+        assert!(out.starts_with("Usage: "), "{line}: {out}");
+        assert!(out.contains(usage), "{line}: `{usage}` in {out}");
+        assert!(out.contains("Examples:"), "{line}: {out}");
+        assert!(out.contains("Exit status:"), "{line}: {out}");
+    }
+    let discard = run_cli(args("help dead-letters discard")).await;
+    assert!(discard.ok().contains("--yes"));
+    let show = run_cli(args("help dead-letters show")).await;
+    assert!(
+        show.ok().contains("- or ''"),
+        "the empty handler is documented"
+    );
+    let sweep = run_cli(args("help sweep")).await;
+    assert!(sweep.ok().contains("[default: 7d]"));
+
+    let version = run_cli(args("--version")).await;
+    assert_eq!(
+        version.ok(),
+        format!("tickbox {}\n", env!("CARGO_PKG_VERSION"))
+    );
+
+    let id = Uuid::now_v7().to_string();
+    for (line, needle) in [
+        ("", "no command given"),
+        (
+            "--database-url x.db frobnicate",
+            "unknown command `frobnicate`",
+        ),
+        (
+            "--database-url x.db status --verbose",
+            "unknown option `--verbose`",
+        ),
+        ("status", "TICKBOX_DATABASE_URL"),
+        ("--database-url", "--database-url needs a value"),
+        (
+            "--database-url x.db status extra",
+            "unexpected argument `extra`",
+        ),
+        (
+            "--database-url x.db status --yes",
+            "--yes does not apply to `status`",
+        ),
+        ("--database-url x.db dead-letters", "needs a subcommand"),
+        (
+            "--database-url x.db dead-letters purge",
+            "unknown subcommand",
+        ),
+        (
+            "--database-url x.db dead-letters show",
+            "MESSAGE_ID and HANDLER",
+        ),
+        (
+            "--database-url x.db dead-letters show 42 h",
+            "not a message id",
+        ),
+        (
+            "--database-url x.db dead-letters list --limit many",
+            "--limit",
+        ),
+        (
+            "--database-url x.db sweep --inbox-retention 0s",
+            "above zero",
+        ),
+        (
+            "--database-url x.db sweep --outbox-retention 3y",
+            "unknown unit",
+        ),
+        ("--database-url x.db --schema s status", "PostgreSQL only"),
+        (
+            "--database-url mysql://h/db status",
+            "neither an SQLite path",
+        ),
+        ("help frobnicate", "no help for `frobnicate`"),
+    ] {
+        let run = run_cli(args(line)).await;
+        run.fails(2, needle);
+        assert!(run.stderr.contains("\nUsage: tickbox"), "{line}: {run:#?}");
+        assert!(run.stderr.contains("Run `tickbox help"), "{line}: {run:#?}");
+    }
+    let discard = run_cli(args(&format!(
+        "--database-url x.db dead-letters discard {id} orders.ping"
+    )))
+    .await;
+    discard.fails(2, "without --yes");
+    assert!(
+        !std::path::Path::new("x.db").exists(),
+        "no database was touched"
+    );
+}
