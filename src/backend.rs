@@ -190,6 +190,11 @@ pub trait Backend: Sized + Send + Sync + 'static {
         batch: i64,
     ) -> impl Future<Output = QueryResult<usize>> + Send;
 
+    /// Whether the database (PostgreSQL: the current schema) holds
+    /// tickbox's tables.
+    #[doc(hidden)]
+    fn has_tables(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<bool>> + Send;
+
     /// Counts the dead letters (a small table).
     #[doc(hidden)]
     fn count_dead_letters(
@@ -566,3 +571,21 @@ macro_rules! sweep_with {
     };
 }
 pub(crate) use sweep_with;
+
+/// Expands to `Backend::has_tables` running `$sql`, a count of tickbox's
+/// tables in the dialect's catalog.
+macro_rules! has_tables_with {
+    ($sql:expr) => {
+        async fn has_tables(conn: &mut Self::Connection) -> diesel::QueryResult<bool> {
+            use diesel_async::RunQueryDsl;
+            #[derive(diesel::QueryableByName)]
+            struct Tables {
+                #[diesel(sql_type = diesel::sql_types::BigInt)]
+                n: i64,
+            }
+            let found: Tables = diesel::sql_query($sql).get_result(conn).await?;
+            Ok(found.n == 3)
+        }
+    };
+}
+pub(crate) use has_tables_with;

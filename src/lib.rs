@@ -66,7 +66,7 @@
 //!   tokio-postgres (no libpq).
 //! - `prometheus`: `install_prometheus`, an HTTP endpoint serving the
 //!   metrics in Prometheus's text format. Without it, metrics still go
-//!   through the [`metrics`] facade to any recorder the application installs.
+//!   through the [`metrics`](::metrics) facade to any recorder the application installs.
 //!
 //! # Layout
 //!

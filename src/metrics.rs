@@ -39,10 +39,16 @@ pub(crate) const LATENCY_BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-/// Registers descriptions (the `# HELP` lines) once per process.
+/// Registers descriptions (the `# HELP` lines) with the recorder, once per
+/// process.
 fn describe() {
     static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
+    ONCE.call_once(describe_to_recorder);
+}
+
+/// Registers descriptions (the `# HELP` lines) with the current recorder.
+pub(crate) fn describe_to_recorder() {
+    {
         use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
         describe_counter!(
             "tickbox_inbox_handled_total",
@@ -99,7 +105,7 @@ fn describe() {
             "tickbox_dead_letters",
             "Dead letters waiting for an operator."
         );
-    });
+    }
 }
 
 /// A latency histogram with fixed buckets, kept in atomics.

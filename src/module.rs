@@ -9,7 +9,7 @@ use crate::metrics::{HandlerCounters, Mailbox, ModuleMetrics, OutboxGauges};
 use crate::retention::Retention;
 use crate::retry::RetryPolicy;
 use crate::tx::{Mode, Tx, TxFn};
-use actix::{Actor, Addr, AsyncContext, Context, ResponseFuture};
+use actix::{Actor, Addr, Context, ResponseFuture};
 use futures_util::FutureExt;
 use std::collections::HashSet;
 use std::panic::AssertUnwindSafe;
@@ -172,22 +172,7 @@ impl<B: Backend> ModuleBuilder<B> {
     /// tickbox tables.
     pub async fn attach(mut self) -> Result<ModuleHandle<B>> {
         self.settings.migrate = false;
-        let url = crate::error::redact_url(&self.settings.url);
-        let module = self.open().await?;
-        if let Err(error) = module.store_stats().await {
-            let text = error.to_string();
-            return Err(
-                if text.contains("no such table") || text.contains("does not exist") {
-                    Error::NotATickboxDatabase {
-                        module: module.name().to_string(),
-                        url,
-                    }
-                } else {
-                    error
-                },
-            );
-        }
-        Ok(module)
+        self.open().await
     }
 
     async fn open(self) -> Result<ModuleHandle<B>> {
@@ -233,6 +218,18 @@ impl<B: Backend> ModuleBuilder<B> {
             }
         }
         let pool = B::open(&self.settings).await?;
+        if !self.settings.migrate {
+            let mut conn = B::checkout(&pool).await.map_err(|reason| Error::Pool {
+                module: name.to_string(),
+                reason,
+            })?;
+            if !B::has_tables(&mut conn).await? {
+                return Err(Error::NotATickboxDatabase {
+                    module: name.to_string(),
+                    url: crate::error::redact_url(&self.settings.url),
+                });
+            }
+        }
         let (sender, receiver) = mpsc::channel(ANNOUNCE_CAPACITY);
         let core = Arc::new(ModuleCore {
             name: Arc::from(name),
@@ -251,11 +248,11 @@ impl<B: Backend> ModuleBuilder<B> {
             write_gate: B::ONE_WRITER.then(|| Arc::new(tokio::sync::Semaphore::new(1))),
         });
         tracing::info!(module = %core.name, backend = B::NAME, handlers = core.handlers.len(), "module started");
-        let addr = Module {
-            core: core.clone(),
-            metrics_interval: self.metrics_interval,
-        }
-        .start();
+        actix::spawn(sample_outbox_periodically(
+            Arc::downgrade(&core),
+            self.metrics_interval,
+        ));
+        let addr = Module { core: core.clone() }.start();
         Ok(ModuleHandle { core, addr })
     }
 }
@@ -352,8 +349,6 @@ impl<B: Backend> ModuleCore<B> {
 /// handler never holds up the mailbox.
 pub struct Module<B: Backend> {
     core: Arc<ModuleCore<B>>,
-    /// How often the outbox gauges are read.
-    metrics_interval: Duration,
 }
 
 impl<B: Backend> Module<B> {
@@ -365,15 +360,17 @@ impl<B: Backend> Module<B> {
 
 impl<B: Backend> Actor for Module<B> {
     type Context = Context<Self>;
+}
 
-    /// Reads the outbox gauges now and every metrics interval while the
-    /// actor lives, whether or not a bus runs (a stopped bus shows as lag).
-    fn started(&mut self, ctx: &mut Context<Self>) {
-        let sample = |module: &mut Self, _: &mut Context<Self>| {
-            actix::spawn(sample_outbox(module.core.clone()));
-        };
-        sample(self, ctx);
-        ctx.run_interval(self.metrics_interval, sample);
+/// Reads the outbox gauges now and every `interval` for as long as the
+/// module exists, whether or not a bus runs (a stopped bus shows as lag).
+async fn sample_outbox_periodically<B: Backend>(
+    core: std::sync::Weak<ModuleCore<B>>,
+    interval: Duration,
+) {
+    while let Some(core) = core.upgrade() {
+        sample_outbox(core).await;
+        tokio::time::sleep(interval).await;
     }
 }
 

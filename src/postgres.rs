@@ -2,7 +2,8 @@
 //! with a pool; a module owns a database or a schema.
 
 use crate::backend::{
-    build_pool, checkout, claim_with, shared_queries, sweep_with, Backend, StoreSettings,
+    build_pool, checkout, claim_with, has_tables_with, shared_queries, sweep_with, Backend,
+    StoreSettings,
 };
 use crate::error::{redact_url, Error};
 use crate::schema::{tickbox_outbox, OutboxRow};
@@ -188,6 +189,12 @@ impl Backend for Postgres {
         outbox: "DELETE FROM tickbox_outbox WHERE id IN \
             (SELECT id FROM tickbox_outbox \
              WHERE id < $1 AND delivered_at_us < $2 LIMIT $3)",
+    );
+
+    has_tables_with!(
+        "SELECT count(*) AS n FROM information_schema.tables \
+         WHERE table_schema = current_schema() \
+         AND table_name IN ('tickbox_outbox', 'tickbox_inbox', 'tickbox_dead_letters')"
     );
 
     shared_queries!();

@@ -53,6 +53,7 @@ pub fn install_prometheus(addr: SocketAddr) -> Result<PrometheusExporter> {
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder)
         .map_err(|_| bad(&"another metrics recorder is already installed"))?;
+    crate::metrics::describe_to_recorder();
     tokio::spawn(async move {
         if let Err(error) = exporter.await {
             tracing::error!(?error, "the Prometheus endpoint stopped");

@@ -2,7 +2,8 @@
 //! diesel-async's `SyncConnectionWrapper`.
 
 use crate::backend::{
-    build_pool, checkout, claim_with, shared_queries, sweep_with, Backend, StoreSettings,
+    build_pool, checkout, claim_with, has_tables_with, shared_queries, sweep_with, Backend,
+    StoreSettings,
 };
 use crate::error::Error;
 use crate::schema::{tickbox_outbox, OutboxRow};
@@ -181,6 +182,11 @@ impl Backend for Sqlite {
         outbox: "DELETE FROM tickbox_outbox WHERE id IN \
             (SELECT id FROM tickbox_outbox \
              WHERE id < ? AND delivered_at_us < ? LIMIT ?)",
+    );
+
+    has_tables_with!(
+        "SELECT count(*) AS n FROM sqlite_master WHERE type = 'table' \
+         AND name IN ('tickbox_outbox', 'tickbox_inbox', 'tickbox_dead_letters')"
     );
 
     shared_queries!();

@@ -7,6 +7,7 @@
 //! TICKBOX_PG_URL=postgres://postgres@127.0.0.1:5432/test cargo test --all-features
 //! ```
 
+mod cli;
 #[cfg(feature = "prometheus")]
 mod exposition;
 mod processes;

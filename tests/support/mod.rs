@@ -54,7 +54,9 @@ pub struct TestDb {
     /// SQLite: the directory of the module files, removed on drop.
     dir: tempfile::TempDir,
     /// PostgreSQL: the server URL and a prefix making schemas unique.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pg_url: Option<String>,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     prefix: String,
 }
 
