@@ -1092,6 +1092,28 @@ struct Pair<B: Backend> {
     shop: ModuleHandle<B>,
     ledger: ModuleHandle<B>,
     clock: Arc<RwLock<Arc<Clock>>>,
+    /// A module joins one bus for good: started by the first run on the
+    /// pair, kept for the next ones.
+    bus: Mutex<Option<Arc<tickbox::BusHandle<B>>>>,
+}
+
+impl<B: BenchBackend> Pair<B> {
+    fn bus(&self, args: &Args) -> Res<Arc<tickbox::BusHandle<B>>> {
+        let mut bus = lock(&self.bus);
+        if let Some(bus) = &*bus {
+            return Ok(bus.clone());
+        }
+        let started = Arc::new(bus_builder(args, self).start()?);
+        *bus = Some(started.clone());
+        Ok(started)
+    }
+
+    async fn stop(&self) {
+        let bus = lock(&self.bus).take();
+        if let Some(bus) = bus {
+            bus.stop().await;
+        }
+    }
 }
 
 async fn pair<B: BenchBackend>(place: &Place, args: &Args) -> Res<Pair<B>> {
@@ -1128,6 +1150,7 @@ async fn pair<B: BenchBackend>(place: &Place, args: &Args) -> Res<Pair<B>> {
         shop,
         ledger,
         clock,
+        bus: Mutex::new(None),
     })
 }
 
@@ -1159,7 +1182,7 @@ async fn run_tickbox_on<B: BenchBackend>(
     rate: Option<f64>,
     what: &str,
 ) -> Res<RunResult> {
-    let bus = Arc::new(bus_builder(args, pair).start()?);
+    let bus = pair.bus(args)?;
     let before = handled(&pair.ledger);
     let clock = Clock::new(offset, args.messages, true);
     *pair.clock.write().unwrap_or_else(|p| p.into_inner()) = clock.clone();
@@ -1206,7 +1229,6 @@ async fn run_tickbox_on<B: BenchBackend>(
     if let Some(t) = timeline {
         t.abort();
     }
-    bus.stop().await;
     set_current(None);
     let committed = clock.latencies(&clock.committed);
     Ok(RunResult {
@@ -1223,6 +1245,7 @@ async fn run_tickbox_on<B: BenchBackend>(
 /// Checks that the run did what it claims: one business row and one inbox
 /// row per message, nothing left pending.
 async fn verify<B: BenchBackend>(pair: &Pair<B>, expected: u64) -> Res<()> {
+    pair.stop().await;
     let effects = count(&pair.ledger, "SELECT count(*) AS n FROM bench_effects").await?;
     let pending = pair.shop.outbox_backlog().await?.0;
     let failed = pair.ledger.metrics().total(|h| h.failed);
@@ -1515,7 +1538,11 @@ async fn prefill<B: BenchBackend>(
 async fn after_prefill<B: BenchBackend>(place: &Place, module: &ModuleHandle<B>) -> Res<()> {
     let pool = B::raw_pool(place, module.name(), 1)?;
     let mut conn = B::raw_get(&pool).await?;
-    B::batch(&mut *conn, B::AFTER_PREFILL).await?;
+    // One statement at a time: PostgreSQL runs a multi-statement string as
+    // one transaction, where VACUUM is refused.
+    for statement in B::AFTER_PREFILL.split(';').filter(|s| !s.trim().is_empty()) {
+        B::batch(&mut *conn, statement).await?;
+    }
     Ok(())
 }
 
@@ -1535,7 +1562,7 @@ async fn backlog<B: BenchBackend>(place: &Place, args: &Args) -> Res<Json> {
     let clock = Clock::new(0, args.messages, false);
     *pair.clock.write().unwrap_or_else(|p| p.into_inner()) = clock.clone();
     let started = Instant::now();
-    let bus = bus_builder(args, &pair).start()?;
+    let bus = pair.bus(args)?;
     let mut samples: Vec<(f64, u64, f64)> = Vec::new(); // (seconds, handled, rss)
     let mut last_progress = (0, Instant::now());
     loop {

@@ -117,6 +117,15 @@ async function main() {
     `CREATE TABLE ${schema}.effects (n bigint PRIMARY KEY, message_id uuid NOT NULL)`,
   ].join(';\n');
   await admin.query(ddl);
+  try {
+    await measure(args, schema, admin, logger);
+  } finally {
+    await admin.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+    await admin.end();
+  }
+}
+
+async function measure(args, schema, admin, logger) {
 
   const commitAt = new Float64Array(args.messages);
   const handlerEndAt = new Float64Array(args.messages);
@@ -217,7 +226,9 @@ async function main() {
     }
     if (handlerEnds !== lastProgress[0]) lastProgress = [handlerEnds, performance.now()];
     else if (performance.now() - lastProgress[1] > 60000) {
-      throw new Error(`stalled at ${handlerEnds} of ${args.messages}`);
+      await Promise.all(shutdowns.map((s) => s()));
+      await producerPool.end();
+      throw new Error(`stalled: ${handlerEnds} of ${args.messages} handled, none for 60 s`);
     }
     await sleep(1);
   }
@@ -226,8 +237,6 @@ async function main() {
   await Promise.all(shutdowns.map((s) => s()));
   await producerPool.end();
   const { rows } = await admin.query(`SELECT count(*)::int AS n FROM ${schema}.effects`);
-  await admin.query(`DROP SCHEMA ${schema} CASCADE`);
-  await admin.end();
   if (rows[0].n !== args.messages) throw new Error(`${rows[0].n} effects, expected ${args.messages}`);
 
   const latencies = [];
