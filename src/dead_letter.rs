@@ -132,20 +132,25 @@ impl<B: Backend> ModuleHandle<B> {
         Ok(row.map(DeadLetter::from))
     }
 
+    /// The dead letter for this message and handler, or
+    /// [`Error::NoSuchDeadLetter`].
+    async fn existing_dead_letter(&self, message_id: Uuid, handler: &str) -> Result<DeadLetter> {
+        self.dead_letter(message_id, handler)
+            .await?
+            .ok_or_else(|| Error::NoSuchDeadLetter {
+                module: self.name().to_string(),
+                message_id,
+                handler: handler.to_string(),
+            })
+    }
+
     /// Delivers a dead letter again, through the inbox guard (so a message
     /// the handler did process is skipped, not processed twice), and removes
     /// it once delivered. A message without a handler is put back in this
     /// module's outbox instead. If the delivery fails again the dead letter
     /// stays, with the new reason.
     pub async fn replay_dead_letter(&self, message_id: Uuid, handler: &str) -> Result<Replayed> {
-        let dead = self
-            .dead_letter(message_id, handler)
-            .await?
-            .ok_or_else(|| Error::NoSuchDeadLetter {
-                module: self.name().to_string(),
-                message_id,
-                handler: handler.to_string(),
-            })?;
+        let dead = self.existing_dead_letter(message_id, handler).await?;
         if dead.handler.is_empty() {
             self.requeue_dead_letter(message_id, handler).await?;
             return Ok(Replayed::Requeued);
@@ -172,14 +177,7 @@ impl<B: Backend> ModuleHandle<B> {
     /// [`ModuleHandle::replay_dead_letter`] this needs no handler code, so an
     /// operator's tool can do it while the application runs elsewhere.
     pub async fn requeue_dead_letter(&self, message_id: Uuid, handler: &str) -> Result<()> {
-        let dead = self
-            .dead_letter(message_id, handler)
-            .await?
-            .ok_or_else(|| Error::NoSuchDeadLetter {
-                module: self.name().to_string(),
-                message_id,
-                handler: handler.to_string(),
-            })?;
+        let dead = self.existing_dead_letter(message_id, handler).await?;
         let envelope = dead.envelope();
         let handler = handler.to_string();
         self.transaction(async move |tx| {

@@ -188,8 +188,13 @@ pub(crate) fn is_transient_db(error: &diesel::result::Error) -> bool {
     }
 }
 
-/// Removes the password from a database URL before it is shown anywhere.
-pub(crate) fn redact_url(url: &str) -> String {
+/// A database URL with its password replaced by `***`, for logs and
+/// messages. tickbox's own errors never show a password.
+///
+/// ```
+/// assert_eq!(tickbox::redact_url("postgres://app:secret@db/shop"), "postgres://app:***@db/shop");
+/// ```
+pub fn redact_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         return url.to_string();
     };

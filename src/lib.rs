@@ -121,7 +121,7 @@ mod sqlite;
 pub use backend::Backend;
 pub use bus::{Bus, BusBuilder, BusHandle, Stop};
 pub use dead_letter::{DeadLetter, Replayed};
-pub use error::{Error, Result};
+pub use error::{redact_url, Error, Result};
 pub use handler::{Handler, HandlerError};
 pub use inbox::{DeliveryError, FailureKind, Outcome};
 pub use message::{Envelope, Message};

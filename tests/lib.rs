@@ -14,18 +14,23 @@ mod processes;
 mod suite;
 mod support;
 
-/// Instantiates every suite test for one backend.
+/// Instantiates every suite test for one backend: `case!(area::test)` runs
+/// `crate::suite::area::test::<Backend>` as an actix test.
 macro_rules! suite {
     ($backend:ty, $db:expr, $bad_url:expr) => {
-        use crate::suite;
-        use crate::support::trace_init;
-
         macro_rules! case {
             ($name:ident) => {
                 #[actix::test]
                 async fn $name() {
-                    trace_init();
-                    suite::$name::<$backend>($db).await;
+                    crate::support::trace_init();
+                    crate::suite::$name::<$backend>($db).await;
+                }
+            };
+            ($area:ident :: $name:ident) => {
+                #[actix::test]
+                async fn $name() {
+                    crate::support::trace_init();
+                    crate::suite::$area::$name::<$backend>($db).await;
                 }
             };
         }
@@ -41,52 +46,22 @@ macro_rules! suite {
         case!(configuration_mistakes_fail_at_start_with_clear_errors);
         case!(a_read_only_transaction_reads_without_blocking_and_cannot_publish);
 
-        mod faults {
-            use super::trace_init;
-            use crate::suite::faults;
+        case!(faults::a_poison_message_is_dead_lettered_while_others_flow_and_replayed_once);
+        case!(faults::a_permanent_error_dead_letters_at_once_and_can_be_discarded);
+        case!(faults::bad_rows_become_dead_letters_and_nothing_else_is_lost);
+        case!(faults::retention_sweeps_old_rows_and_keeps_recent_duplicates_out);
+        case!(faults::stopping_with_deliveries_in_flight_loses_and_doubles_nothing);
+        case!(faults::a_dead_process_claims_are_taken_over_when_they_expire);
+        case!(faults::two_buses_on_one_set_of_databases_handle_each_message_once);
 
-            macro_rules! fault {
-                ($name:ident) => {
-                    #[actix::test]
-                    async fn $name() {
-                        trace_init();
-                        faults::$name::<$backend>($db).await;
-                    }
-                };
-            }
-
-            fault!(a_poison_message_is_dead_lettered_while_others_flow_and_replayed_once);
-            fault!(a_permanent_error_dead_letters_at_once_and_can_be_discarded);
-            fault!(bad_rows_become_dead_letters_and_nothing_else_is_lost);
-            fault!(retention_sweeps_old_rows_and_keeps_recent_duplicates_out);
-            fault!(stopping_with_deliveries_in_flight_loses_and_doubles_nothing);
-            fault!(a_dead_process_claims_are_taken_over_when_they_expire);
-            fault!(two_buses_on_one_set_of_databases_handle_each_message_once);
-        }
-
-        mod observability {
-            use crate::suite::observability;
-            use crate::support::trace_init;
-
-            macro_rules! observe {
-                ($name:ident) => {
-                    #[actix::test]
-                    async fn $name() {
-                        trace_init();
-                        observability::$name::<$backend>($db).await;
-                    }
-                };
-            }
-
-            observe!(counters_move_exactly_as_deliveries_happen);
-            observe!(lag_rises_while_the_bus_is_stopped_and_returns_to_zero);
-            observe!(mailbox_depth_rises_under_a_slow_handler_and_falls_back);
-        }
+        case!(observability::counters_move_exactly_as_deliveries_happen);
+        case!(observability::lag_rises_while_the_bus_is_stopped_and_returns_to_zero);
+        case!(observability::mailbox_depth_rises_under_a_slow_handler_and_falls_back);
 
         #[actix::test]
         async fn a_bad_database_url_fails_at_start() {
-            trace_init();
-            suite::a_bad_database_url_fails_at_start::<$backend>($bad_url).await;
+            crate::support::trace_init();
+            crate::suite::a_bad_database_url_fails_at_start::<$backend>($bad_url).await;
         }
     };
 }

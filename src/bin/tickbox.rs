@@ -817,7 +817,7 @@ fn target(topic: Topic, url: String, schema: Option<String>) -> Result<Target, F
             topic,
             format!(
                 "`{}` is neither an SQLite path (or sqlite://PATH) nor a postgres:// URL",
-                redact(trimmed)
+                tickbox::redact_url(trimmed)
             ),
         ));
     }
@@ -853,27 +853,6 @@ fn target(topic: Topic, url: String, schema: Option<String>) -> Result<Target, F
         kind,
         module,
     })
-}
-
-/// A URL with its password replaced by `***`, for messages.
-fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        return url.to_string();
-    };
-    let rest = &url[scheme_end + 3..];
-    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
-    match authority.rfind('@') {
-        Some(at) => match authority[..at].find(':') {
-            Some(colon) => format!(
-                "{}://{}:***{}",
-                &url[..scheme_end],
-                &rest[..colon],
-                &rest[at..]
-            ),
-            None => url.to_string(),
-        },
-        None => url.to_string(),
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -913,7 +892,7 @@ async fn run_postgres(invocation: &Invocation) -> Result<String, Failure> {
         "`{}` is a PostgreSQL URL, but this tickbox binary was built without PostgreSQL \
          support; rebuild it with `--features postgres` \
          (cargo build --release --features postgres --bin tickbox)",
-        redact(&invocation.target.url)
+        tickbox::redact_url(&invocation.target.url)
     )))
 }
 
@@ -1745,7 +1724,10 @@ mod tests {
     fn shortens_reasons_and_redacts_passwords() {
         assert_eq!(one_line("a\n  b", 10), "a b");
         assert_eq!(one_line("abcdefghijk", 8), "abcde...");
-        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
+        assert_eq!(
+            tickbox::redact_url("postgres://u:secret@h/db"),
+            "postgres://u:***@h/db"
+        );
         assert_eq!(human_duration(90_000_000), "1m 30s");
         assert_eq!(human_duration(500_000), "500ms");
     }
