@@ -105,9 +105,10 @@ pub trait Backend: Sized + Send + Sync + 'static {
         now_us: i64,
     ) -> impl Future<Output = QueryResult<bool>> + Send;
 
-    /// Claims up to `claim.limit` undelivered outbox rows, oldest first, that
-    /// were created before `claim.created_before_us` and that no live claim
-    /// holds: another process's rows are skipped, never waited for.
+    /// Claims up to `claim.limit` undelivered outbox rows with ids above
+    /// `claim.after`, oldest first, that are unclaimed, claimed by this bus,
+    /// or whose claim expired: another process's rows are skipped, never
+    /// waited for.
     #[doc(hidden)]
     fn claim(
         conn: &mut Self::Connection,
@@ -232,9 +233,8 @@ pub struct Claim {
     pub(crate) now_us: i64,
     /// The claim holds until then unless renewed.
     pub(crate) until_us: i64,
-    /// Only rows created before this are claimed: younger ones are still on
-    /// their publisher's fast path.
-    pub(crate) created_before_us: i64,
+    /// Only rows with ids above this are read (a scan's cursor).
+    pub(crate) after: Uuid,
     pub(crate) limit: i64,
 }
 
@@ -504,7 +504,7 @@ where
 }
 
 /// Expands to `Backend::claim` running `$sql`, the dialect's claim statement,
-/// whose binds are: bus, claimed-until, created-before, now, limit.
+/// whose binds are: bus, claimed-until, after (the cursor), now, limit.
 macro_rules! claim_with {
     ($sql:expr) => {
         async fn claim(
@@ -516,7 +516,7 @@ macro_rules! claim_with {
             let mut rows: Vec<$crate::schema::OutboxRow> = diesel::sql_query($sql)
                 .bind::<$crate::schema::DbUuid, _>($crate::schema::Id(claim.bus))
                 .bind::<BigInt, _>(claim.until_us)
-                .bind::<BigInt, _>(claim.created_before_us)
+                .bind::<$crate::schema::DbUuid, _>($crate::schema::Id(claim.after))
                 .bind::<BigInt, _>(claim.now_us)
                 .bind::<BigInt, _>(claim.limit)
                 .load(conn)

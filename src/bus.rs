@@ -220,7 +220,6 @@ impl<B: Backend> BusBuilder<B> {
         let (stop, stopped) = watch::channel(false);
         let core = Arc::new(BusCore {
             id: uuid::Uuid::now_v7(),
-            started_us: crate::message::now_us(),
             known_topics: published.iter().map(|t| t.to_string()).collect(),
             routes: routes
                 .into_iter()
@@ -233,6 +232,10 @@ impl<B: Backend> BusBuilder<B> {
             delivered: AtomicU64::new(0),
             duplicates_injected: AtomicU64::new(0),
         });
+        for module in &self.modules {
+            // A module joins one bus (take_announcements made sure).
+            let _ = module.core.claimant.set((core.id, core.config.claim_lease));
+        }
         let dispatchers = self
             .modules
             .iter()
@@ -279,9 +282,6 @@ impl<B: Backend> Route<B> {
 pub(crate) struct BusCore<B: Backend> {
     /// This bus instance, as written in the claims it takes.
     pub(crate) id: uuid::Uuid,
-    /// When it started: older outbox rows are claimed at once, younger ones
-    /// only once they are past their publisher's fast path.
-    pub(crate) started_us: i64,
     /// Topics some module on the bus declares; a message of any other topic
     /// is dead-lettered.
     pub(crate) known_topics: HashSet<String>,

@@ -7,6 +7,7 @@ use crate::backend::{Backend, Claim};
 use crate::bus::{BusCore, Route};
 use crate::message::{now_us, Envelope};
 use crate::module::ModuleHandle;
+use crate::schema::OutboxRow;
 use futures_util::future::join_all;
 use std::collections::{HashSet, VecDeque};
 use std::future::Future;
@@ -14,6 +15,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, Instant};
 use uuid::Uuid;
 
@@ -87,8 +89,11 @@ struct State<B: Backend> {
     mark_due: Option<Instant>,
     /// Given up on while stopping: their claims are released.
     abandoned: Vec<Uuid>,
-    /// A scan of the outbox is under way.
-    scanning: bool,
+    /// While a scan of the outbox is under way: the last id it read (nil
+    /// to start from the beginning).
+    scan: Option<Uuid>,
+    /// The claims of the messages in flight are due for renewal.
+    renew_due: bool,
     finished: mpsc::UnboundedSender<Finished>,
 }
 
@@ -121,7 +126,8 @@ impl<B: Backend> Dispatcher<B> {
             to_mark: Vec::new(),
             mark_due: None,
             abandoned: Vec::new(),
-            scanning: true,
+            scan: Some(Uuid::nil()),
+            renew_due: false,
             finished,
         };
         let retention = actix::spawn(sweep_retention_periodically(bus.clone(), source.clone()));
@@ -129,20 +135,26 @@ impl<B: Backend> Dispatcher<B> {
         let renew_every = bus.config.claim_lease / 3;
         let mut next_scan = Instant::now() + bus.config.sweep_interval;
         let mut next_renewal = Instant::now() + renew_every;
+        // One database statement at a time runs beside the loop, so marking,
+        // scanning and renewing never hold up starting deliveries.
+        let mut statement: Option<JoinHandle<Done>> = None;
         tracing::debug!(module = %source.name(), bus = %bus.id, "dispatcher started");
 
         while !bus.is_stopping() {
-            let now = Instant::now();
-            if state.to_mark.len() >= MARK_BATCH || state.mark_due.is_some_and(|due| due <= now) {
-                state.mark().await;
-            }
-            if state.scanning {
-                state.scan_page().await;
+            if statement.is_none() {
+                statement = state.next_statement();
             }
             let room = state.in_flight.len() < capacity;
             tokio::select! {
                 biased;
                 _ = stopped.changed() => {}
+                done = async { statement.as_mut().expect("guarded").await }, if statement.is_some() => {
+                    statement = None;
+                    match done {
+                        Ok(done) => state.apply(done),
+                        Err(error) => tracing::error!(module = %source.name(), %error, "a dispatcher statement panicked"),
+                    }
+                }
                 Some(done) = finished_rx.recv() => {
                     state.finish(done);
                     while let Ok(done) = finished_rx.try_recv() {
@@ -160,22 +172,28 @@ impl<B: Backend> Dispatcher<B> {
                 }
                 _ = source.core.wake.notified() => {
                     if source.core.overflowed.swap(false, Relaxed) {
-                        state.scanning = true;
+                        state.scan.get_or_insert(Uuid::nil());
                     }
                 }
                 _ = sleep_until(next_renewal) => {
                     next_renewal = Instant::now() + renew_every;
-                    state.renew_claims().await;
+                    state.renew_due = true;
                 }
                 _ = sleep_until(next_scan) => {
                     next_scan = Instant::now() + bus.config.sweep_interval;
-                    state.scanning = true;
+                    state.scan.get_or_insert(Uuid::nil());
                 }
-                _ = sleep_until(state.mark_due.unwrap_or(next_scan)), if state.mark_due.is_some() => {}
+                _ = sleep_until(state.mark_due.unwrap_or(next_scan)), if state.mark_due.is_some() && statement.is_none() => {}
             }
         }
 
-        // Stopping: running deliveries may finish, within the timeout.
+        // Stopping: the running statement and running deliveries may
+        // finish, within the timeout.
+        if let Some(running) = statement.take() {
+            if let Ok(done) = running.await {
+                state.apply(done);
+            }
+        }
         let deadline = Instant::now() + bus.config.stop_timeout;
         while state.to_mark.len() + state.abandoned.len() < state.in_flight.len() {
             tokio::select! {
@@ -186,7 +204,15 @@ impl<B: Backend> Dispatcher<B> {
                 }
             }
         }
-        while !state.to_mark.is_empty() && state.mark().await {}
+        while !state.to_mark.is_empty() {
+            let ids: Vec<Uuid> = state.to_mark.iter().take(MARK_BATCH).copied().collect();
+            let done = mark(state.source.clone(), ids).await;
+            let failed = matches!(done, Done::Marked(Err(_)));
+            state.apply(done);
+            if failed {
+                break;
+            }
+        }
         state.release_claims().await;
         source.core.busy.store(0, Relaxed);
         retention.abort();
@@ -194,7 +220,137 @@ impl<B: Backend> Dispatcher<B> {
     }
 }
 
+/// What a dispatcher statement did.
+enum Done {
+    /// These ids were marked delivered, or not (with the error).
+    Marked(Result<Vec<Uuid>, (Vec<Uuid>, String)>),
+    /// Rows claimed by a scan page that asked for `limit` of them.
+    Claimed {
+        rows: Result<Vec<OutboxRow>, String>,
+        limit: i64,
+    },
+    /// Claims renewed.
+    Renewed(Result<usize, String>),
+}
+
+/// Marks messages delivered in one statement.
+async fn mark<B: Backend>(source: ModuleHandle<B>, ids: Vec<Uuid>) -> Done {
+    let result = async {
+        let mut conn = source.write_connection().await?;
+        B::mark_delivered(&mut conn, ids.clone(), now_us()).await?;
+        Ok::<_, crate::Error>(())
+    }
+    .await;
+    Done::Marked(match result {
+        Ok(()) => Ok(ids),
+        Err(error) => Err((ids, error.to_string())),
+    })
+}
+
 impl<B: Backend> State<B> {
+    /// The statement to run next, if one is due: a mark first, then a scan
+    /// page while there is room in memory, then a renewal.
+    fn next_statement(&mut self) -> Option<JoinHandle<Done>> {
+        let source = self.source.clone();
+        let full_batch = self.to_mark.len() >= MARK_BATCH;
+        if full_batch || self.mark_due.is_some_and(|due| due <= Instant::now()) {
+            // The ids stay in `to_mark` (and in flight) until the mark
+            // returns, so nothing starts them again meanwhile.
+            let ids: Vec<Uuid> = self.to_mark.iter().take(MARK_BATCH).copied().collect();
+            self.mark_due = None;
+            return Some(tokio::spawn(mark(source, ids)));
+        }
+        let room = self
+            .bus
+            .config
+            .max_messages_in_memory
+            .saturating_sub(self.in_flight.len()) as i64;
+        if let Some(after) = self.scan.filter(|_| room > 0) {
+            let now = now_us();
+            let claim = Claim {
+                bus: self.bus.id,
+                now_us: now,
+                until_us: now + self.bus.config.claim_lease.as_micros() as i64,
+                after,
+                limit: room.min(self.bus.config.sweep_page),
+            };
+            return Some(tokio::spawn(async move {
+                let rows = async {
+                    let mut conn = source.write_connection().await?;
+                    Ok::<_, crate::Error>(B::claim(&mut conn, claim).await?)
+                }
+                .await
+                .map_err(|e| e.to_string());
+                Done::Claimed {
+                    rows,
+                    limit: claim.limit,
+                }
+            }));
+        }
+        if std::mem::take(&mut self.renew_due) && !self.in_flight.is_empty() {
+            let ids: Vec<Uuid> = self.in_flight.iter().copied().collect();
+            let (bus, lease) = (self.bus.id, self.bus.config.claim_lease);
+            return Some(tokio::spawn(async move {
+                let renewed = async {
+                    let mut conn = source.write_connection().await?;
+                    let now = now_us();
+                    let until = now + lease.as_micros() as i64;
+                    Ok::<_, crate::Error>(B::renew_claims(&mut conn, ids, bus, now, until).await?)
+                }
+                .await;
+                Done::Renewed(renewed.map_err(|e| e.to_string()))
+            }));
+        }
+        None
+    }
+
+    /// Takes in what a statement did.
+    fn apply(&mut self, done: Done) {
+        let module = self.source.name().to_string();
+        match done {
+            Done::Marked(Ok(ids)) => {
+                let count = ids.len();
+                self.bus.delivered.fetch_add(count as u64, Relaxed);
+                self.source.core.outbox.delivered(count as u64);
+                self.to_mark.drain(..count);
+                for id in ids {
+                    self.in_flight.remove(&id);
+                    self.source.core.busy.fetch_sub(1, Relaxed);
+                    self.recent.insert(id);
+                }
+                if !self.to_mark.is_empty() {
+                    self.mark_due = Some(Instant::now());
+                }
+            }
+            Done::Marked(Err((_, error))) => {
+                tracing::warn!(%module, %error, "marking messages delivered failed; will retry");
+                self.mark_due = Some(Instant::now() + Duration::from_millis(100));
+            }
+            Done::Claimed {
+                rows: Ok(rows),
+                limit,
+            } => {
+                self.scan = match rows.last() {
+                    Some(last) if rows.len() as i64 == limit => Some(last.id.0),
+                    _ => None,
+                };
+                for row in rows {
+                    self.start(Arc::new(row.into()));
+                }
+            }
+            Done::Claimed {
+                rows: Err(error), ..
+            } => {
+                tracing::warn!(%module, %error, "scanning the outbox failed; will retry");
+                self.scan = None;
+            }
+            Done::Renewed(Ok(_)) => {}
+            Done::Renewed(Err(error)) => {
+                tracing::warn!(%module, %error, "renewing claims failed; will retry");
+            }
+        }
+    }
+
     /// Starts delivering an announced message unless it is already in
     /// flight or was delivered lately (a scan may have claimed it first).
     fn start_announced(&mut self, envelope: Arc<Envelope>) {
@@ -225,100 +381,6 @@ impl<B: Backend> State<B> {
                     .get_or_insert_with(|| Instant::now() + MARK_LINGER);
             }
             Finished::Abandoned(id) => self.abandoned.push(id),
-        }
-    }
-
-    /// Marks finished messages delivered, up to a batch in one statement.
-    /// On failure they stay in flight (so nothing starts them again) and the
-    /// mark is tried again a little later; false then.
-    async fn mark(&mut self) -> bool {
-        if self.to_mark.is_empty() {
-            self.mark_due = None;
-            return true;
-        }
-        let ids: Vec<Uuid> = self.to_mark.iter().take(MARK_BATCH).copied().collect();
-        let count = ids.len();
-        let marked = match self.source.write_connection().await {
-            Ok(mut conn) => B::mark_delivered(&mut conn, ids, now_us())
-                .await
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        match marked {
-            Ok(_) => {
-                self.bus.delivered.fetch_add(count as u64, Relaxed);
-                self.source.core.outbox.delivered(count as u64);
-                for id in self.to_mark.drain(..count) {
-                    self.in_flight.remove(&id);
-                    self.source.core.busy.fetch_sub(1, Relaxed);
-                    self.recent.insert(id);
-                }
-                self.mark_due = (!self.to_mark.is_empty()).then(Instant::now);
-                true
-            }
-            Err(error) => {
-                tracing::warn!(module = %self.source.name(), %error, "marking messages delivered failed; will retry");
-                self.mark_due = Some(Instant::now() + Duration::from_millis(100));
-                false
-            }
-        }
-    }
-
-    /// Claims the next page of the outbox scan, if there is room in memory,
-    /// and starts what it finds. Rows are claimed only once they are older
-    /// than a lease (or than the bus), so a message still on its
-    /// publisher's fast path is left to it.
-    async fn scan_page(&mut self) {
-        let capacity = self.bus.config.max_messages_in_memory;
-        let room = capacity.saturating_sub(self.in_flight.len()) as i64;
-        if room == 0 {
-            return;
-        }
-        let now = now_us();
-        let lease = self.bus.config.claim_lease.as_micros() as i64;
-        let claim = Claim {
-            bus: self.bus.id,
-            now_us: now,
-            until_us: now + lease,
-            created_before_us: self.bus.started_us.max(now - lease),
-            limit: room.min(self.bus.config.sweep_page),
-        };
-        let rows = match self.source.write_connection().await {
-            Ok(mut conn) => B::claim(&mut conn, claim).await.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        match rows {
-            Ok(rows) => {
-                self.scanning = rows.len() as i64 == claim.limit;
-                for row in rows {
-                    self.start(Arc::new(row.into()));
-                }
-            }
-            Err(error) => {
-                tracing::warn!(module = %self.source.name(), %error, "scanning the outbox failed; will retry");
-                self.scanning = false;
-            }
-        }
-    }
-
-    /// Keeps this bus's claims on its running deliveries alive (and claims
-    /// the ones that came by the fast path), so no other process's bus takes
-    /// them over.
-    async fn renew_claims(&mut self) {
-        if self.in_flight.is_empty() {
-            return;
-        }
-        let ids = self.in_flight.iter().copied().collect();
-        let now = now_us();
-        let until = now + self.bus.config.claim_lease.as_micros() as i64;
-        let renewed = match self.source.write_connection().await {
-            Ok(mut conn) => B::renew_claims(&mut conn, ids, self.bus.id, now, until)
-                .await
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        if let Err(error) = renewed {
-            tracing::warn!(module = %self.source.name(), %error, "renewing claims failed; will retry");
         }
     }
 

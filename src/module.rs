@@ -245,6 +245,7 @@ impl<B: Backend> ModuleBuilder<B> {
             overflowed: AtomicBool::new(false),
             wake: Notify::new(),
             busy: std::sync::atomic::AtomicUsize::new(0),
+            claimant: std::sync::OnceLock::new(),
             write_gate: B::ONE_WRITER.then(|| Arc::new(tokio::sync::Semaphore::new(1))),
         });
         tracing::info!(module = %core.name, backend = B::NAME, handlers = core.handlers.len(), "module started");
@@ -282,6 +283,10 @@ pub(crate) struct ModuleCore<B: Backend> {
     /// Messages of this outbox the bus holds in memory (in delivery or
     /// waiting for a retry).
     pub(crate) busy: std::sync::atomic::AtomicUsize,
+    /// The bus this module joined and its claim lease: messages are written
+    /// already claimed by it, so no other process's bus delivers them while
+    /// this one does.
+    pub(crate) claimant: std::sync::OnceLock<(uuid::Uuid, Duration)>,
     /// One permit per writer the database takes at once, when it takes one
     /// (SQLite): this process's writers queue here, fairly, rather than
     /// sleep in the database's busy handler.

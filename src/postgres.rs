@@ -175,10 +175,11 @@ impl Backend for Postgres {
     claim_with!(
         "UPDATE tickbox_outbox SET claimed_by = $1, claimed_until_us = $2 \
          WHERE id IN (SELECT id FROM tickbox_outbox \
-             WHERE delivered_at_us IS NULL AND created_at_us < $3 \
-             AND (claimed_until_us IS NULL OR claimed_until_us < $4) \
+             WHERE delivered_at_us IS NULL AND id > $3 \
+             AND (claimed_until_us IS NULL OR claimed_until_us < $4 OR claimed_by = $1) \
              ORDER BY id LIMIT $5 FOR UPDATE SKIP LOCKED) \
-         RETURNING id, topic, payload, correlation_id, causation_id, created_at_us"
+         RETURNING id, topic, payload, correlation_id, causation_id, created_at_us, \
+             claimed_by, claimed_until_us"
     );
 
     sweep_with!(

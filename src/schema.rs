@@ -119,6 +119,10 @@ pub struct OutboxRow {
     pub(crate) correlation_id: Id,
     pub(crate) causation_id: Option<Id>,
     pub(crate) created_at_us: i64,
+    /// The bus delivering the message, from the moment it is written when a
+    /// bus runs over the publishing module.
+    pub(crate) claimed_by: Option<Id>,
+    pub(crate) claimed_until_us: Option<i64>,
 }
 
 impl From<OutboxRow> for crate::Envelope {
@@ -143,6 +147,8 @@ impl From<&crate::Envelope> for OutboxRow {
             correlation_id: Id(e.correlation_id),
             causation_id: e.causation_id.map(Id),
             created_at_us: e.created_at_us,
+            claimed_by: None,
+            claimed_until_us: None,
         }
     }
 }

@@ -5,7 +5,7 @@ use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::message::{now_us, Envelope, Message};
 use crate::module::ModuleCore;
-use crate::schema::OutboxRow;
+use crate::schema::{Id, OutboxRow};
 use std::future::Future;
 use std::sync::Arc;
 use uuid::Uuid;
@@ -168,7 +168,19 @@ impl<B: Backend> Tx<B> {
         for envelope in &mut published {
             envelope.created_at_us = committing_us;
         }
-        let rows = published.iter().map(OutboxRow::from).collect();
+        let claim = self
+            .module
+            .claimant
+            .get()
+            .map(|(bus, lease)| (Id(*bus), committing_us + lease.as_micros() as i64));
+        let rows = published
+            .iter()
+            .map(|envelope| OutboxRow {
+                claimed_by: claim.map(|(bus, _)| bus),
+                claimed_until_us: claim.map(|(_, until)| until),
+                ..OutboxRow::from(envelope)
+            })
+            .collect();
         if let Err(e) = B::insert_outbox(&mut self.conn, rows).await {
             self.rollback().await;
             return Err(e.into());

@@ -53,6 +53,7 @@ macro_rules! suite {
         case!(faults::stopping_with_deliveries_in_flight_loses_and_doubles_nothing);
         case!(faults::a_dead_process_claims_are_taken_over_when_they_expire);
         case!(faults::two_buses_on_one_set_of_databases_handle_each_message_once);
+        case!(faults::messages_beyond_the_announcement_queue_are_delivered_without_waiting_for_a_lease);
 
         case!(observability::counters_move_exactly_as_deliveries_happen);
         case!(observability::lag_rises_while_the_bus_is_stopped_and_returns_to_zero);

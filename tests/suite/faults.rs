@@ -473,3 +473,42 @@ pub async fn two_buses_on_one_set_of_databases_handle_each_message_once<B: TestB
     drop(orders_b);
     bus_b.stop().await;
 }
+
+pub async fn messages_beyond_the_announcement_queue_are_delivered_without_waiting_for_a_lease<
+    B: TestBackend,
+>(
+    db: TestDb,
+) {
+    let handler = Record::new(Then::Succeed);
+    let (orders, warehouse) = pair::<B>(&db, &handler).await;
+    // Few messages in memory and a long lease: the 4,096-message queue of
+    // announcements overflows, and rows claimed for this bus at commit must
+    // be found by its own scan, not after the lease.
+    let bus = Bus::builder()
+        .module(&orders)
+        .module(&warehouse)
+        .max_messages_in_memory(16)
+        .claim_lease(Duration::from_secs(120))
+        .sweep_interval(Duration::from_millis(200))
+        .start()
+        .expect("bus starts");
+    for batch in 0..45u64 {
+        orders
+            .transaction(async move |tx| {
+                for n in 0..100 {
+                    tx.publish(&Ping { n: batch * 100 + n })?;
+                }
+                Ok::<_, Error>(())
+            })
+            .await
+            .expect("publish");
+    }
+    let idle = bus
+        .wait_idle(Duration::from_secs(60))
+        .await
+        .expect("wait_idle");
+    assert!(idle, "4,500 messages were not all delivered");
+    assert_eq!(effects(&warehouse, "warehouse.record").await, 4500);
+    assert_eq!(handler.calls.load(SeqCst), 4500, "each once");
+    bus.stop().await;
+}
