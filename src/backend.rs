@@ -67,6 +67,10 @@ pub trait Backend: Sized + Send + Sync + 'static {
     #[doc(hidden)]
     fn open(settings: &StoreSettings) -> impl Future<Output = crate::Result<Self::Pool>> + Send;
 
+    /// Closes the pool: idle connections now, the others when returned.
+    #[doc(hidden)]
+    fn close(pool: &Self::Pool);
+
     /// Takes a connection from the pool.
     #[doc(hidden)]
     fn checkout(pool: &Self::Pool) -> impl Future<Output = Result<Self::Pooled, String>> + Send;

@@ -625,6 +625,14 @@ impl<B: Backend> ModuleHandle<B> {
         self.core.write_connection().await
     }
 
+    /// Closes the module's connection pool: idle connections close now,
+    /// connections in use when they are returned, and later transactions
+    /// fail with [`Error::Pool`]. Stop the bus first. Dropping every handle
+    /// (and the bus) closes the pool too; this does it at a known moment.
+    pub fn close(&self) {
+        B::close(&self.core.pool);
+    }
+
     /// A snapshot of the module's mailbox and handler counters.
     pub fn metrics(&self) -> ModuleMetrics {
         let (mailbox_queued, mailbox_in_flight) = self.core.mailbox.depth();

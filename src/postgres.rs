@@ -138,6 +138,10 @@ impl Backend for Postgres {
         )
     }
 
+    fn close(pool: &Self::Pool) {
+        pool.close();
+    }
+
     async fn checkout(pool: &Self::Pool) -> Result<Self::Pooled, String> {
         checkout(pool).await
     }

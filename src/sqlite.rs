@@ -125,6 +125,10 @@ impl Backend for Sqlite {
         )
     }
 
+    fn close(pool: &Self::Pool) {
+        pool.close();
+    }
+
     async fn checkout(pool: &Self::Pool) -> Result<Self::Pooled, String> {
         checkout(pool).await
     }

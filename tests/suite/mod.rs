@@ -96,6 +96,11 @@ pub async fn rolled_back_publish_is_never_delivered_and_committed_one_is<B: Test
         "the rolled-back message never reached the handler"
     );
     bus.stop().await;
+
+    // Closed, the module refuses new transactions with a clear error.
+    orders.close();
+    let closed: Result<(), Error> = orders.transaction(async move |_| Ok(())).await;
+    assert!(matches!(closed, Err(Error::Pool { .. })), "{closed:?}");
 }
 
 pub async fn a_redelivered_message_is_skipped_and_counted<B: TestBackend>(db: TestDb) {
