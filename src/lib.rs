@@ -66,7 +66,8 @@
 //!   tokio-postgres (no libpq).
 //! - `prometheus`: `install_prometheus`, an HTTP endpoint serving the
 //!   metrics in Prometheus's text format. Without it, metrics still go
-//!   through the [`metrics`](::metrics) facade to any recorder the application installs.
+//!   through the [`metrics`](::metrics) facade to any recorder the
+//!   application installs.
 //!
 //! # Layout
 //!
@@ -87,6 +88,8 @@
 //! - `backend`, `schema`, `sqlite`, `postgres` — storage, one file per
 //!   backend for what differs.
 //! - `error` — [`Error`], the one error type.
+//! - `bin/tickbox.rs` — the operator's command-line tool (status, dead
+//!   letters, retention sweep), built on [`ModuleBuilder::attach`].
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
