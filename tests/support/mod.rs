@@ -95,7 +95,10 @@ impl TestBackend for tickbox::Sqlite {
 impl TestBackend for tickbox::Postgres {
     fn module(db: &TestDb, name: &str) -> ModuleBuilder<Self> {
         let url = db.pg_url.clone().expect("TestDb::postgres()");
-        tickbox::Module::builder(name, url).schema(format!("{}_{name}", db.prefix))
+        // Small pools: the suite runs tests side by side on one server.
+        tickbox::Module::builder(name, url)
+            .schema(format!("{}_{name}", db.prefix))
+            .pool_size(4)
     }
     count_impl!();
 }
