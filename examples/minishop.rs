@@ -25,7 +25,7 @@
 //! Run it with:
 //!
 //! ```text
-//! cargo run --release --example minishop -- [--orders N] [--data-dir DIR | --database-url postgres://…] [--resume] [--duplicate-rate P] [--fail-rate P] [--json]
+//! cargo run --release --example minishop -- [--orders N] [--data-dir DIR | --database-url postgres://…] [--resume] [--duplicate-rate P] [--fail-rate P] [--metrics-addr HOST:PORT] [--json]
 //! ```
 //!
 //! SQLite (the default) keeps one file per module under `./minishop-data`.
@@ -34,18 +34,44 @@
 //! and puts each module in its own schema: `minishop_orders`,
 //! `minishop_warehouse`, `minishop_notifications`. `RUST_LOG` sets the log
 //! filter (default `warn,minishop=info`); logs go to stderr, the summary to
-//! stdout, and with `--json` the last line of stdout is one JSON object. The
-//! exit code is 0 when the check passes, 1 when it fails, 2 for bad arguments.
+//! stdout, and with `--json` the last line of stdout is one JSON object
+//! (its `metrics` key holds the bus's final metrics snapshot, `BusMetrics`).
+//!
+//! `--metrics-addr HOST:PORT` serves the metrics in Prometheus's text format
+//! at `http://HOST:PORT/metrics` for as long as the run lasts (the endpoint
+//! closes when the process exits); it needs the `prometheus` feature
+//! (`cargo run --release --features prometheus --example minishop -- --metrics-addr 127.0.0.1:9898`).
+//!
+//! While it runs it shows its progress on stderr: a progress bar redrawn in
+//! place when stderr is a terminal, otherwise a log line every 2 s. At the end
+//! it prints a table of the bus's metrics: per handler the deliveries handled,
+//! duplicates skipped, failed attempts, retries and dead letters, and the
+//! p50/p99 (upper bounds of histogram buckets) and mean of the handler
+//! transaction's time and of the end-to-end time from publishing to handling;
+//! per module the outbox messages delivered and still pending.
+//!
+//! Ctrl-C (SIGINT) stops cleanly: no further orders are placed, the bus stops
+//! (deliveries already running finish; everything else stays pending in the
+//! outboxes), the summary reports the run as interrupted and the exit code is
+//! 130; `--resume` then finishes the work (it places no new orders). A second
+//! Ctrl-C quits at once, which is as safe as a crash.
+//!
+//! The exit code is 0 when the check passes, 1 when it fails, 2 for bad
+//! arguments (or `--metrics-addr` in a build without the `prometheus`
+//! feature), 130 when interrupted.
 
 use diesel_async::SimpleAsyncConnection;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
+use std::io::{IsTerminal, Write};
+use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tickbox::{
-    Backend, Bus, BusHandle, Handler, HandlerError, Message, ModuleBuilder, ModuleHandle,
-    RetryPolicy, Tx,
+    Backend, Bus, BusHandle, BusMetrics, Handler, HandlerError, LatencyMetrics, Message,
+    ModuleBuilder, ModuleHandle, RetryPolicy, StoreStats, Tx,
 };
 
 // ---------------------------------------------------------------------------
@@ -470,6 +496,11 @@ fn now_us() -> i64 {
 // ---------------------------------------------------------------------------
 // Handlers
 
+/// Handler names: part of each inbox row's key, so stable across releases.
+const CONFIRM_ORDER: &str = "orders.confirm_order";
+const RESERVE_STOCK: &str = "warehouse.reserve_stock";
+const SEND_CONFIRMATION: &str = "notifications.send_confirmation";
+
 /// orders: `StockReserved` → confirm the order, publish `OrderConfirmed`.
 struct ConfirmOrder;
 
@@ -590,7 +621,7 @@ fn flaky<H>(inner: H, fail_rate: f64) -> Flaky<H> {
 
 const USAGE: &str = "\
 usage: minishop [--orders N] [--data-dir DIR | --database-url postgres://...] [--resume]
-                [--duplicate-rate P] [--fail-rate P] [--json]
+                [--duplicate-rate P] [--fail-rate P] [--metrics-addr HOST:PORT] [--json]
 
   --orders N            place N new orders, then run until every outbox is drained (default 100)
   --data-dir DIR        SQLite: one database file per module in DIR (default ./minishop-data)
@@ -599,12 +630,21 @@ usage: minishop [--orders N] [--data-dir DIR | --database-url postgres://...] [-
   --resume              place no orders; only finish pending work (after a crash)
   --duplicate-rate P    deliver each message a second time with probability P (0..=1)
   --fail-rate P         make each handler invocation fail before COMMIT with probability P (0..=1)
-  --json                end with one line holding the result as a JSON object
+  --metrics-addr HOST:PORT
+                        serve the metrics for Prometheus at http://HOST:PORT/metrics while the
+                        run lasts (needs the `prometheus` feature)
+  --json                end with one line holding the result as a JSON object, with the final
+                        metrics snapshot under `metrics`
   -h, --help            show this text
+
+Progress goes to stderr (a progress bar on a terminal, a line every 2 s otherwise); the
+summary, with a table of the final metrics, to stdout. Ctrl-C stops cleanly: no more
+orders, running deliveries finish, the rest stays pending for --resume (exit code 130);
+a second Ctrl-C quits at once.
 
 exit code: 0 when every order has exactly one reservation, one confirmation and one
 e-mail, no message is pending and there are no dead letters; 1 otherwise; 2 for bad
-arguments";
+arguments (or --metrics-addr without the `prometheus` feature); 130 when interrupted";
 
 #[derive(Debug)]
 enum Store {
@@ -620,6 +660,8 @@ struct Options {
     resume: bool,
     duplicate_rate: f64,
     fail_rate: f64,
+    /// Where to serve the Prometheus endpoint.
+    metrics_addr: Option<SocketAddr>,
     json: bool,
 }
 
@@ -636,6 +678,7 @@ fn parse_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Pars
     let mut resume = false;
     let mut duplicate_rate = None;
     let mut fail_rate = None;
+    let mut metrics_addr = None;
     let mut json = false;
 
     fn set<T>(slot: &mut Option<T>, flag: &str, value: T) -> Result<(), String> {
@@ -663,7 +706,12 @@ fn parse_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Pars
         };
         let takes_value = matches!(
             flag.as_str(),
-            "--orders" | "--data-dir" | "--database-url" | "--duplicate-rate" | "--fail-rate"
+            "--orders"
+                | "--data-dir"
+                | "--database-url"
+                | "--duplicate-rate"
+                | "--fail-rate"
+                | "--metrics-addr"
         );
         if !takes_value && inline.is_some() {
             return Err(format!("{flag} takes no value"));
@@ -710,6 +758,18 @@ fn parse_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Pars
                 let p = rate("--fail-rate", &value)?;
                 set(&mut fail_rate, "--fail-rate", p)?;
             }
+            "--metrics-addr" => {
+                use std::net::ToSocketAddrs;
+                let bad = |why: String| {
+                    format!("--metrics-addr takes HOST:PORT (e.g. 127.0.0.1:9898), not `{value}`: {why}")
+                };
+                let addr = value
+                    .to_socket_addrs()
+                    .map_err(|e| bad(e.to_string()))?
+                    .next()
+                    .ok_or_else(|| bad("the host has no address".into()))?;
+                set(&mut metrics_addr, "--metrics-addr", addr)?;
+            }
             "--resume" => resume = true,
             "--json" => json = true,
             "-h" | "--help" => return Ok(Parsed::Help),
@@ -733,8 +793,216 @@ fn parse_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Pars
         resume,
         duplicate_rate: duplicate_rate.unwrap_or(0.0),
         fail_rate: fail_rate.unwrap_or(0.0),
+        metrics_addr,
         json,
     }))
+}
+
+// ---------------------------------------------------------------------------
+// Ctrl-C and progress
+
+/// Set once by the first Ctrl-C: place no more orders, stop waiting, stop
+/// the bus.
+#[derive(Clone)]
+struct Interrupt(Arc<tokio::sync::watch::Sender<bool>>);
+
+impl Interrupt {
+    fn new() -> Self {
+        Interrupt(Arc::new(tokio::sync::watch::Sender::new(false)))
+    }
+
+    fn is_set(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    fn set(&self) {
+        self.0.send_replace(true);
+    }
+
+    /// Returns once the interrupt is set.
+    async fn wait(&self) {
+        let mut receiver = self.0.subscribe();
+        let _ = receiver.wait_for(|set| *set).await;
+    }
+}
+
+/// Listens for Ctrl-C (SIGINT): the first sets `interrupt`, which the run
+/// polls between orders and between progress checks; the second quits at
+/// once, which is as safe as a crash (the next `--resume` finishes the work).
+async fn on_ctrl_c(interrupt: Interrupt) {
+    if tokio::signal::ctrl_c().await.is_err() {
+        return;
+    }
+    interrupt.set();
+    say(
+        "minishop: interrupted — placing no more orders and stopping the bus \
+         (running deliveries finish, the rest stays pending); Ctrl-C again quits at once",
+    );
+    if tokio::signal::ctrl_c().await.is_ok() {
+        say("minishop: interrupted again — quitting now; run again with --resume to finish the pending work");
+        std::process::exit(130);
+    }
+}
+
+/// The progress bar currently on the terminal's last line (empty when none):
+/// log lines and messages are written above it, and it is drawn again.
+static STATUS_LINE: Mutex<String> = Mutex::new(String::new());
+
+/// Writes `bytes` to stderr above the progress bar, if one is drawn.
+fn write_above_status(bytes: &[u8]) {
+    let status = STATUS_LINE.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut stderr = std::io::stderr().lock();
+    let _ = if status.is_empty() {
+        stderr.write_all(bytes)
+    } else {
+        // Carriage return, erase the line, the text, then the bar again.
+        stderr
+            .write_all(b"\r\x1b[2K")
+            .and_then(|()| stderr.write_all(bytes))
+            .and_then(|()| stderr.write_all(status.as_bytes()))
+    };
+    let _ = stderr.flush();
+}
+
+/// One line on stderr, above the progress bar.
+fn say(text: &str) {
+    write_above_status(format!("{text}\n").as_bytes());
+}
+
+/// The log's writer: one formatted event per writer, written out at once
+/// above the progress bar when it is dropped.
+#[derive(Default)]
+struct LogWriter(Vec<u8>);
+
+impl Write for LogWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for LogWriter {
+    fn drop(&mut self) {
+        if !self.0.is_empty() {
+            write_above_status(&self.0);
+        }
+    }
+}
+
+/// Progress of placing and of draining, on stderr: a bar redrawn in place
+/// (`\r`) when stderr is a terminal, otherwise a log line every 2 s. It is
+/// drawn from numbers at hand (a counter, the bus's in-memory metrics, the
+/// counts the drain loop reads anyway), never from a query of its own.
+struct Progress {
+    tty: bool,
+    /// When it was last drawn.
+    last: Instant,
+    drawn: bool,
+}
+
+impl Progress {
+    const BAR: usize = 20;
+
+    fn new() -> Self {
+        Progress {
+            tty: std::io::stderr().is_terminal(),
+            last: Instant::now(),
+            drawn: false,
+        }
+    }
+
+    /// Whether it is time to draw again.
+    fn due(&self) -> bool {
+        if self.tty {
+            !self.drawn || self.last.elapsed() >= Duration::from_millis(100)
+        } else {
+            self.last.elapsed() >= Duration::from_secs(2)
+        }
+    }
+
+    /// Placing: orders placed so far by this run, and what the bus reports
+    /// it has done with them, from its in-memory counters since it started.
+    /// Pending is estimated from them too: the messages this run published
+    /// (one per order placed, one per reservation and per confirmation
+    /// handled) less those delivered. The modules' sampled outbox gauges
+    /// would cost nothing either, but they lag behind under load.
+    fn placing(&mut self, placed: u64, total: u64, metrics: &BusMetrics) {
+        let handled = |name: &str| -> u64 {
+            metrics
+                .modules
+                .iter()
+                .flat_map(|m| &m.handlers)
+                .filter(|h| h.handler == name)
+                .map(|h| h.handled)
+                .sum()
+        };
+        let published = placed + handled(RESERVE_STOCK) + handled(CONFIRM_ORDER);
+        let pending = published.saturating_sub(metrics.delivered);
+        self.show(
+            "placing ",
+            ratio(placed, total),
+            &format!(
+                "{placed}/{total} orders  confirmed {}  e-mails {}  pending {pending}",
+                handled(CONFIRM_ORDER),
+                handled(SEND_CONFIRMATION)
+            ),
+        );
+    }
+
+    /// Draining: the counts read from the databases.
+    fn draining(&mut self, orders: i64, confirmed: i64, emails: i64, pending: i64) {
+        let done = confirmed.min(orders) + emails.min(orders);
+        self.show(
+            "draining",
+            ratio(done.max(0) as u64, 2 * orders.max(0) as u64),
+            &format!("{confirmed}/{orders} confirmed  e-mails {emails}  pending {pending}"),
+        );
+    }
+
+    fn show(&mut self, phase: &str, fraction: f64, text: &str) {
+        self.last = Instant::now();
+        self.drawn = true;
+        if !self.tty {
+            tracing::info!("{}: {}", phase.trim_end(), text.replace("  ", ", "));
+            return;
+        }
+        let filled = (fraction.clamp(0.0, 1.0) * Self::BAR as f64).floor() as usize;
+        let line = format!(
+            "{phase} [{}{}] {text}",
+            "#".repeat(filled),
+            ".".repeat(Self::BAR - filled)
+        );
+        let mut status = STATUS_LINE.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut stderr = std::io::stderr().lock();
+        let _ = write!(stderr, "\r\x1b[2K{line}");
+        let _ = stderr.flush();
+        *status = line;
+    }
+
+    /// Leaves the last bar drawn on its own line; what follows goes below.
+    fn end(&mut self) {
+        let mut status = STATUS_LINE.lock().unwrap_or_else(PoisonError::into_inner);
+        if !status.is_empty() {
+            let mut stderr = std::io::stderr().lock();
+            let _ = stderr.write_all(b"\n");
+            let _ = stderr.flush();
+            status.clear();
+        }
+        self.drawn = false;
+    }
+}
+
+/// `done / total`, 1 when there is nothing to do.
+fn ratio(done: u64, total: u64) -> f64 {
+    if total == 0 {
+        1.0
+    } else {
+        done as f64 / total as f64
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -750,16 +1018,20 @@ struct Modules<B: Backend> {
 #[derive(Debug)]
 struct Report {
     backend: &'static str,
+    /// New orders this run placed, and was asked to place.
     placed: u64,
+    to_place: u64,
     orders: usize,
     reservations: usize,
     confirmations: i64,
     emails: usize,
     pending: i64,
     dead_letters: i64,
-    problems: Vec<String>,
+    problems: Vec<Problem>,
     drained: bool,
-    metrics: tickbox::BusMetrics,
+    /// Ctrl-C cut the run short.
+    interrupted: bool,
+    metrics: BusMetrics,
     place_seconds: f64,
     drain_seconds: f64,
     total_seconds: f64,
@@ -767,8 +1039,37 @@ struct Report {
 
 impl Report {
     fn ok(&self) -> bool {
-        self.drained && self.pending == 0 && self.dead_letters == 0 && self.problems.is_empty()
+        !self.interrupted
+            && self.drained
+            && self.pending == 0
+            && self.dead_letters == 0
+            && self.problems.is_empty()
     }
+
+    /// Problems that are not just work left to do: something done twice,
+    /// or done without its cause.
+    fn broken(&self) -> impl Iterator<Item = &Problem> {
+        self.problems.iter().filter(|p| !p.unfinished)
+    }
+
+    fn exit_code(&self) -> ExitCode {
+        if self.ok() {
+            ExitCode::SUCCESS
+        } else if self.interrupted && self.broken().next().is_none() {
+            ExitCode::from(130)
+        } else {
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// One kind of problem the final check found.
+#[derive(Debug)]
+struct Problem {
+    text: String,
+    /// Work not done yet (which `--resume` finishes), rather than work done
+    /// wrongly.
+    unfinished: bool,
 }
 
 /// Runs `op` again while it fails with a transient database error (a lost
@@ -822,22 +1123,23 @@ async fn execute<B: Backend>(module: &ModuleHandle<B>, sql: String) -> tickbox::
 
 async fn start_modules<B: Shop>(options: &Options, location: &str) -> tickbox::Result<Modules<B>> {
     let fail = options.fail_rate;
-    let orders = B::module(location, "orders")
+    // The outbox gauges (pending, lag, dead letters) are read from each
+    // database every second, for the progress display and the Prometheus
+    // endpoint: two indexed queries per module, never one per message.
+    let module = |name| B::module(location, name).metrics_interval(Duration::from_secs(1));
+    let orders = module("orders")
         .publishes::<OrderPlaced>()
         .publishes::<OrderConfirmed>()
-        .handler("orders.confirm_order", flaky(ConfirmOrder, fail))
+        .handler(CONFIRM_ORDER, flaky(ConfirmOrder, fail))
         .start()
         .await?;
-    let warehouse = B::module(location, "warehouse")
+    let warehouse = module("warehouse")
         .publishes::<StockReserved>()
-        .handler("warehouse.reserve_stock", flaky(ReserveStock, fail))
+        .handler(RESERVE_STOCK, flaky(ReserveStock, fail))
         .start()
         .await?;
-    let notifications = B::module(location, "notifications")
-        .handler(
-            "notifications.send_confirmation",
-            flaky(SendConfirmation, fail),
-        )
+    let notifications = module("notifications")
+        .handler(SEND_CONFIRMATION, flaky(SendConfirmation, fail))
         .start()
         .await?;
 
@@ -864,10 +1166,18 @@ async fn start_modules<B: Shop>(options: &Options, location: &str) -> tickbox::R
     })
 }
 
-/// Places `n` orders, each in its own transaction publishing `OrderPlaced`.
-async fn place_orders<B: Shop>(orders: &ModuleHandle<B>, n: u64) -> tickbox::Result<()> {
-    let step = (n / 10).max(1);
-    for i in 1..=n {
+/// Places `n` orders, each in its own transaction publishing `OrderPlaced`,
+/// until done or interrupted; returns how many it placed.
+async fn place_orders<B: Shop>(
+    orders: &ModuleHandle<B>,
+    bus: &BusHandle<B>,
+    n: u64,
+    interrupt: &Interrupt,
+    progress: &mut Progress,
+) -> tickbox::Result<u64> {
+    let started = Instant::now();
+    let mut done = 0;
+    while done < n && !interrupt.is_set() {
         let order = NewOrder {
             id: uuid::Uuid::now_v7().to_string(),
             customer: format!("customer{}@example.com", fastrand::u32(1..=500)),
@@ -904,15 +1214,27 @@ async fn place_orders<B: Shop>(orders: &ModuleHandle<B>, n: u64) -> tickbox::Res
             })
         });
         placing.await?;
-        if i % step == 0 || i == n {
-            tracing::info!("placed {i}/{n} orders");
+        done += 1;
+        if progress.due() {
+            progress.placing(done, n, &bus.metrics());
         }
     }
-    Ok(())
+    if n > 0 {
+        if progress.tty {
+            progress.placing(done, n, &bus.metrics());
+            progress.end();
+        } else {
+            tracing::info!(
+                "placed {done}/{n} orders in {:.2} s",
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+    Ok(done)
 }
 
 /// (orders, confirmed orders, e-mails) — cheap counts for waiting.
-async fn progress<B: Shop>(shop: &Modules<B>) -> tickbox::Result<(i64, i64, i64)> {
+async fn progress_counts<B: Shop>(shop: &Modules<B>) -> tickbox::Result<(i64, i64, i64)> {
     let (orders, confirmed) = retrying("reading progress", nothing_else, || {
         shop.orders
             .read(async move |tx| Ok::<_, tickbox::Error>(B::order_progress(tx.conn()).await?))
@@ -926,17 +1248,57 @@ async fn progress<B: Shop>(shop: &Modules<B>) -> tickbox::Result<(i64, i64, i64)
     Ok((orders, confirmed, emails))
 }
 
-/// Dead letters over every module: deliveries the bus gave up on.
-async fn dead_letters<B: Backend>(bus: &BusHandle<B>) -> tickbox::Result<i64> {
-    let mut total = 0;
+/// Each module's tickbox tables: pending outbox messages, dead letters.
+async fn store_stats<B: Backend>(bus: &BusHandle<B>) -> tickbox::Result<Vec<(String, StoreStats)>> {
+    let mut stats = Vec::new();
     for module in bus.modules() {
-        total += retrying("counting dead letters", nothing_else, || {
+        let module_stats = retrying("reading the outbox and dead letters", nothing_else, || {
             module.store_stats()
         })
-        .await?
-        .dead_letters;
+        .await?;
+        stats.push((module.name().to_string(), module_stats));
     }
-    Ok(total)
+    Ok(stats)
+}
+
+/// Dead letters over every module: deliveries the bus gave up on.
+async fn dead_letters<B: Backend>(bus: &BusHandle<B>) -> tickbox::Result<i64> {
+    Ok(store_stats(bus)
+        .await?
+        .iter()
+        .map(|(_, s)| s.dead_letters)
+        .sum())
+}
+
+/// The bus's metrics snapshot, its outbox gauges brought up to date.
+///
+/// The gauges (pending, lag, dead letters) are what each module last
+/// sampled from its database, up to a sampling interval old; the final
+/// report has just read the same values after the bus stopped, so those
+/// stand in for the sample, as if it had been taken then.
+fn final_metrics<B: Backend>(bus: &BusHandle<B>, stores: &[(String, StoreStats)]) -> BusMetrics {
+    let mut metrics = bus.metrics();
+    let now = now_us();
+    for module in &mut metrics.modules {
+        if let Some((_, stats)) = stores.iter().find(|(name, _)| *name == module.module) {
+            module.outbox.pending = stats.outbox_pending;
+            module.outbox.dead_letters = stats.dead_letters;
+            module.outbox.lag_seconds = stats
+                .oldest_pending_us
+                .map_or(0.0, |oldest| (now - oldest).max(0) as f64 / 1e6);
+            module.outbox.sampled_at_us = now;
+        }
+    }
+    metrics
+}
+
+/// How waiting for the work to finish ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Drain {
+    /// Done, or nothing left but what dead letters hold up.
+    Finished,
+    TimedOut,
+    Interrupted,
 }
 
 /// Waits until the work is finished, polling with a deadline: every order
@@ -950,21 +1312,30 @@ async fn dead_letters<B: Backend>(bus: &BusHandle<B>) -> tickbox::Result<i64> {
 /// confirmation and e-mail, no new message is published, and a later count of
 /// zero pending messages is final. Without that (dead letters), nothing
 /// pending must hold for several polls in a row.
+///
+/// Ctrl-C ends the wait at the next poll. Progress is drawn from the counts
+/// read for the polls.
 async fn wait_until_drained<B: Shop>(
     shop: &Modules<B>,
     bus: &BusHandle<B>,
-) -> tickbox::Result<bool> {
-    let (orders, _, _) = progress(shop).await?;
+    interrupt: &Interrupt,
+    progress: &mut Progress,
+) -> tickbox::Result<Drain> {
+    let (orders, _, _) = progress_counts(shop).await?;
     let timeout = Duration::from_secs(60) + Duration::from_millis(20) * orders as u32;
     let started = Instant::now();
-    let mut last_log = Instant::now();
     let mut idle_polls = 0;
-    loop {
-        let (orders, confirmed, emails) = progress(shop).await?;
+    let mut last = (orders, 0, 0, 0);
+    let drain = loop {
+        if interrupt.is_set() {
+            break Drain::Interrupted;
+        }
+        let (orders, confirmed, emails) = progress_counts(shop).await?;
         let complete = confirmed == orders && emails >= orders;
         let pending = retrying("counting pending messages", nothing_else, || bus.pending()).await?;
+        last = (orders, confirmed, emails, pending);
         if complete && pending == 0 {
-            return Ok(true);
+            break Drain::Finished;
         }
         idle_polls = if pending == 0 { idle_polls + 1 } else { 0 };
         if idle_polls >= 5 && dead_letters(bus).await? > 0 {
@@ -972,22 +1343,28 @@ async fn wait_until_drained<B: Shop>(
                 "stopped waiting: nothing is pending, but dead letters hold up {} orders",
                 orders - confirmed.min(emails)
             );
-            return Ok(true);
+            break Drain::Finished;
         }
         if started.elapsed() >= timeout {
             tracing::error!(
                 "timed out after {timeout:?}: {confirmed}/{orders} orders confirmed, {emails} e-mails, {pending} messages pending"
             );
-            return Ok(false);
+            break Drain::TimedOut;
         }
-        if last_log.elapsed() >= Duration::from_secs(2) {
-            last_log = Instant::now();
-            tracing::info!(
-                "waiting: {confirmed}/{orders} orders confirmed, {emails} e-mails, {pending} messages pending"
-            );
+        if progress.due() {
+            progress.draining(orders, confirmed, emails, pending);
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(50)) => {}
+            () = interrupt.wait() => {}
+        }
+    };
+    if progress.tty && progress.drawn {
+        let (orders, confirmed, emails, pending) = last;
+        progress.draining(orders, confirmed, emails, pending);
+        progress.end();
     }
+    Ok(drain)
 }
 
 async fn snapshot<B: Shop>(shop: &Modules<B>) -> tickbox::Result<Snapshot> {
@@ -1017,8 +1394,9 @@ async fn snapshot<B: Shop>(shop: &Modules<B>) -> tickbox::Result<Snapshot> {
     })
 }
 
-/// Checks the databases; returns what is wrong, one line per kind of problem.
-fn verify(snapshot: &Snapshot) -> Vec<String> {
+/// Checks the databases; returns what is wrong, one entry per kind of
+/// problem.
+fn verify(snapshot: &Snapshot) -> Vec<Problem> {
     let mut problems: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
     let mut problem = |what: &'static str, id: &str| {
         problems.entry(what).or_default().push(id.to_string());
@@ -1072,17 +1450,30 @@ fn verify(snapshot: &Snapshot) -> Vec<String> {
             );
         }
     }
+    /// Work left to do, which --resume finishes.
+    const UNFINISHED: [&str; 3] = [
+        "orders without a reservation",
+        "orders never confirmed",
+        "orders without a confirmation e-mail",
+    ];
     problems
         .into_iter()
         .map(|(what, ids)| {
             let examples = ids[..ids.len().min(3)].join(", ");
             let more = if ids.len() > 3 { ", …" } else { "" };
-            format!("{} {what} (e.g. {examples}{more})", ids.len())
+            Problem {
+                text: format!("{} {what} (e.g. {examples}{more})", ids.len()),
+                unfinished: UNFINISHED.contains(&what),
+            }
         })
         .collect()
 }
 
-async fn run<B: Shop>(options: &Options, location: &str) -> tickbox::Result<Report> {
+async fn run<B: Shop>(
+    options: &Options,
+    location: &str,
+    interrupt: &Interrupt,
+) -> tickbox::Result<Report> {
     let started = Instant::now();
     let shop = start_modules::<B>(options, location).await?;
     let bus = Bus::builder()
@@ -1105,37 +1496,54 @@ async fn run<B: Shop>(options: &Options, location: &str) -> tickbox::Result<Repo
         .start()?;
 
     // Stop the bus whatever happens from here on.
+    let mut progress = Progress::new();
     let outcome = async {
         if options.resume {
             tracing::info!("resuming: placing no orders, finishing pending work");
         }
         let placing = Instant::now();
-        place_orders(&shop.orders, options.orders).await?;
+        let placed =
+            place_orders(&shop.orders, &bus, options.orders, interrupt, &mut progress).await?;
         let place_seconds = placing.elapsed().as_secs_f64();
         let draining = Instant::now();
-        let drained = wait_until_drained(&shop, &bus).await?;
-        Ok::<_, tickbox::Error>((place_seconds, draining.elapsed().as_secs_f64(), drained))
+        let drain = if placed < options.orders {
+            Drain::Interrupted
+        } else {
+            wait_until_drained(&shop, &bus, interrupt, &mut progress).await?
+        };
+        Ok::<_, tickbox::Error>((
+            placed,
+            place_seconds,
+            draining.elapsed().as_secs_f64(),
+            drain,
+        ))
     }
     .await;
+    progress.end();
+    if matches!(outcome, Ok((_, _, _, Drain::Interrupted))) {
+        tracing::info!("stopping the bus: running deliveries finish, the rest stays pending");
+    }
     bus.stop().await;
-    let (place_seconds, drain_seconds, drained) = outcome?;
+    let (placed, place_seconds, drain_seconds, drain) = outcome?;
 
     // Everything below is read from the databases, after the bus stopped.
     let snapshot = snapshot(&shop).await?;
-    let pending = retrying("counting pending messages", nothing_else, || bus.pending()).await?;
-    let dead_letters = dead_letters(&bus).await?;
+    let stores = store_stats(&bus).await?;
+    let metrics = final_metrics(&bus, &stores);
     Ok(Report {
         backend: B::NAME,
-        placed: options.orders,
+        placed,
+        to_place: options.orders,
         orders: snapshot.orders.len(),
         reservations: snapshot.reservations.len(),
         confirmations: snapshot.orders.iter().map(|(_, _, c)| i64::from(*c)).sum(),
         emails: snapshot.emails.len(),
-        pending,
-        dead_letters,
+        pending: stores.iter().map(|(_, s)| s.outbox_pending).sum(),
+        dead_letters: stores.iter().map(|(_, s)| s.dead_letters).sum(),
         problems: verify(&snapshot),
-        drained,
-        metrics: bus.metrics(),
+        drained: drain == Drain::Finished,
+        interrupted: drain == Drain::Interrupted,
+        metrics,
         place_seconds,
         drain_seconds,
         total_seconds: started.elapsed().as_secs_f64(),
@@ -1145,14 +1553,34 @@ async fn run<B: Shop>(options: &Options, location: &str) -> tickbox::Result<Repo
 fn print_report(report: &Report, options: &Options) {
     let m = &report.metrics;
     let ok = report.ok();
-    println!(
-        "MiniShop on {}: placed {} new orders in {:.2} s, drained in {:.2} s ({:.2} s in all)",
-        report.backend,
-        report.placed,
-        report.place_seconds,
-        report.drain_seconds,
-        report.total_seconds
-    );
+    if report.interrupted && report.placed < report.to_place {
+        println!(
+            "MiniShop on {}: INTERRUPTED while placing orders — placed {} of {} new orders in {:.2} s ({:.2} s in all)",
+            report.backend,
+            report.placed,
+            report.to_place,
+            report.place_seconds,
+            report.total_seconds
+        );
+    } else if report.interrupted {
+        println!(
+            "MiniShop on {}: INTERRUPTED while draining — placed {} new orders in {:.2} s, drained for {:.2} s ({:.2} s in all)",
+            report.backend,
+            report.placed,
+            report.place_seconds,
+            report.drain_seconds,
+            report.total_seconds
+        );
+    } else {
+        println!(
+            "MiniShop on {}: placed {} new orders in {:.2} s, drained in {:.2} s ({:.2} s in all)",
+            report.backend,
+            report.placed,
+            report.place_seconds,
+            report.drain_seconds,
+            report.total_seconds
+        );
+    }
     println!(
         "  databases: {} orders, {} reservations, {} confirmations, {} e-mails, {} messages pending, {} dead letters",
         report.orders,
@@ -1172,7 +1600,34 @@ fn print_report(report: &Report, options: &Options) {
         m.total(|h| h.dead_lettered),
         m.delivered
     );
-    if ok {
+    print_metrics(report);
+    if report.interrupted {
+        println!(
+            "  check:     skipped, the work is unfinished — run again with --resume to finish it \
+             (it places no new orders)"
+        );
+        if report.placed < report.to_place {
+            println!(
+                "    - {} of the {} new orders were never placed",
+                report.to_place - report.placed,
+                report.to_place
+            );
+        }
+        if report.pending != 0 {
+            println!("    - {} outbox messages pending", report.pending);
+        }
+        for problem in report.problems.iter().filter(|p| p.unfinished) {
+            println!("    - {}", problem.text);
+        }
+        if report.broken().next().is_none() {
+            println!("    so far nothing was done twice or without its cause");
+        } else {
+            println!("  FAILED even so:");
+            for problem in report.broken() {
+                println!("    - {}", problem.text);
+            }
+        }
+    } else if ok {
         println!("  check:     OK — every order has exactly one reservation, one confirmation and one e-mail; no message pending");
     } else {
         println!("  check:     FAILED");
@@ -1190,10 +1645,13 @@ fn print_report(report: &Report, options: &Options) {
             );
         }
         for problem in &report.problems {
-            println!("    - {problem}");
+            println!("    - {}", problem.text);
         }
     }
     if options.json {
+        let metrics = serde_json::to_value(m).unwrap_or_else(
+            |e| serde_json::json!({ "error": format!("the metrics did not serialize: {e}") }),
+        );
         let line = serde_json::json!({
             "backend": report.backend,
             "placed": report.placed,
@@ -1210,14 +1668,113 @@ fn print_report(report: &Report, options: &Options) {
             "pending": report.pending,
             "dead_letters": report.dead_letters,
             "drained": report.drained,
-            "problems": report.problems,
+            "interrupted": report.interrupted,
+            "problems": report.problems.iter().map(|p| &p.text).collect::<Vec<_>>(),
             "place_seconds": report.place_seconds,
             "drain_seconds": report.drain_seconds,
             "total_seconds": report.total_seconds,
+            "metrics": metrics,
             "ok": ok,
         });
         println!("{line}");
     }
+}
+
+/// The final metrics as tables: per handler its counters and latencies,
+/// per module its outbox.
+fn print_metrics(report: &Report) {
+    let handlers: Vec<_> = report
+        .metrics
+        .modules
+        .iter()
+        .flat_map(|m| &m.handlers)
+        .collect();
+    let width = handlers
+        .iter()
+        .map(|h| h.handler.chars().count())
+        .chain(report.metrics.modules.iter().map(|m| m.module.len()))
+        .max()
+        .unwrap_or(0)
+        .max("handler".len());
+    println!();
+    println!(
+        "  {:<width$}  {:>8}  {:>10}  {:>7}  {:>7}  {:>13}",
+        "handler", "handled", "duplicates", "failed", "retried", "dead-lettered"
+    );
+    for h in &handlers {
+        println!(
+            "  {:<width$}  {:>8}  {:>10}  {:>7}  {:>7}  {:>13}",
+            h.handler, h.handled, h.duplicates_skipped, h.failed, h.retried, h.dead_lettered
+        );
+    }
+    println!();
+    println!(
+        "  {:<width$}  {:>30}  {:>30}",
+        "handler", "transaction p50 / p99 / mean", "end to end p50 / p99 / mean"
+    );
+    for h in &handlers {
+        println!(
+            "  {:<width$}  {:>30}  {:>30}",
+            h.handler,
+            latency(&h.latency),
+            latency(&h.end_to_end)
+        );
+    }
+    println!("  (p50 and p99 are upper bounds: the histogram bucket each falls in)");
+    println!();
+    println!(
+        "  {:<width$}  {:>9}  {:>7}  {:>12}",
+        "outbox", "delivered", "pending", "dead letters"
+    );
+    for module in &report.metrics.modules {
+        let outbox = &module.outbox;
+        println!(
+            "  {:<width$}  {:>9}  {:>7}  {:>12}",
+            module.module, outbox.delivered, outbox.pending, outbox.dead_letters
+        );
+    }
+    println!();
+}
+
+/// `≤p50 / ≤p99 / mean` of a latency histogram, or `-` without observations.
+fn latency(l: &LatencyMetrics) -> String {
+    if l.count == 0 {
+        return "-".into();
+    }
+    let bound = |q: f64| {
+        let b = l.quantile_upper_bound(q);
+        if b.is_finite() {
+            format!("≤{}", seconds(b))
+        } else {
+            let last = l.buckets.last().map_or(0.0, |(le, _)| *le);
+            format!(">{}", seconds(last))
+        }
+    };
+    format!(
+        "{} / {} / {}",
+        bound(0.5),
+        bound(0.99),
+        seconds(l.mean_seconds())
+    )
+}
+
+/// A duration in seconds, in ms below a second, three significant digits.
+fn seconds(s: f64) -> String {
+    let (value, unit) = if s < 1.0 { (s * 1e3, "ms") } else { (s, "s") };
+    let digits = if value >= 100.0 {
+        0
+    } else if value >= 10.0 {
+        1
+    } else {
+        2
+    };
+    let text = format!("{value:.digits$}");
+    let text = if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.')
+    } else {
+        &text
+    };
+    format!("{text} {unit}")
 }
 
 /// A run that could not produce a report still ends with a JSON line.
@@ -1233,10 +1790,37 @@ fn print_error(error: &str, options: &Options) {
             "retries": null,
             "pending": null,
             "dead_letters": null,
+            "metrics": null,
             "error": error,
             "ok": false,
         });
         println!("{line}");
+    }
+}
+
+/// Serves the Prometheus endpoint, before any module starts (modules
+/// register their metrics when they start); on failure the message and the
+/// exit code.
+fn serve_metrics(addr: SocketAddr) -> Result<(), (String, u8)> {
+    #[cfg(feature = "prometheus")]
+    {
+        let exporter = tickbox::install_prometheus(addr)
+            .map_err(|e| (format!("cannot serve the metrics: {e}"), 1))?;
+        tracing::info!(
+            "serving Prometheus metrics at http://{}/metrics",
+            exporter.addr()
+        );
+        Ok(())
+    }
+    #[cfg(not(feature = "prometheus"))]
+    {
+        Err((
+            format!(
+                "--metrics-addr {addr} needs the Prometheus endpoint, which this build leaves out; \
+                 add `--features prometheus`: cargo run --release --features prometheus --example minishop -- --metrics-addr {addr}"
+            ),
+            2,
+        ))
     }
 }
 
@@ -1258,16 +1842,27 @@ async fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "warn,minishop=info,tickbox=warn".into()),
         )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(LogWriter::default)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
+
+    // From here on Ctrl-C no longer kills the process at once: it asks the
+    // run to stop (a second one quits).
+    let interrupt = Interrupt::new();
+    actix::spawn(on_ctrl_c(interrupt.clone()));
+    if let Some(addr) = options.metrics_addr {
+        if let Err((error, code)) = serve_metrics(addr) {
+            print_error(&error, &options);
+            return ExitCode::from(code);
+        }
+    }
 
     let result = match &options.store {
         Store::Sqlite(dir) => {
             #[cfg(feature = "sqlite")]
             {
                 match std::fs::create_dir_all(dir) {
-                    Ok(()) => run::<tickbox::Sqlite>(&options, dir)
+                    Ok(()) => run::<tickbox::Sqlite>(&options, dir, &interrupt)
                         .await
                         .map_err(|e| e.to_string()),
                     Err(e) => Err(format!("cannot create the data directory {dir}: {e}")),
@@ -1284,7 +1879,7 @@ async fn main() -> ExitCode {
         Store::Postgres(url) => {
             #[cfg(feature = "postgres")]
             {
-                run::<tickbox::Postgres>(&options, url)
+                run::<tickbox::Postgres>(&options, url, &interrupt)
                     .await
                     .map_err(|e| e.to_string())
             }
@@ -1301,11 +1896,7 @@ async fn main() -> ExitCode {
     match result {
         Ok(report) => {
             print_report(&report, &options);
-            if report.ok() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            }
+            report.exit_code()
         }
         Err(error) => {
             print_error(&error, &options);
