@@ -20,6 +20,7 @@
 //! | `tickbox_mailbox_in_flight` | gauge | module |
 //! | `tickbox_outbox_pending` | gauge | module |
 //! | `tickbox_outbox_lag_seconds` | gauge | module |
+//! | `tickbox_outbox_published_total` | counter | module |
 //! | `tickbox_outbox_delivered_total` | counter | module |
 //! | `tickbox_dead_letters` | gauge | module |
 //!
@@ -96,6 +97,10 @@ pub(crate) fn describe_to_recorder() {
             "tickbox_outbox_lag_seconds",
             Unit::Seconds,
             "Age of the oldest pending outbox message."
+        );
+        describe_counter!(
+            "tickbox_outbox_published_total",
+            "Messages committed to the outbox by this process."
         );
         describe_counter!(
             "tickbox_outbox_delivered_total",
@@ -335,10 +340,12 @@ pub(crate) struct OutboxGauges {
     dead_letters: AtomicI64,
     /// When the values above were read; 0 before the first read.
     sampled_at_us: AtomicI64,
+    published: AtomicU64,
     delivered: AtomicU64,
     pending_gauge: metrics::Gauge,
     lag_gauge: metrics::Gauge,
     dead_letters_gauge: metrics::Gauge,
+    published_counter: metrics::Counter,
     delivered_counter: metrics::Counter,
 }
 
@@ -351,12 +358,19 @@ impl OutboxGauges {
             oldest_pending_us: AtomicI64::new(0),
             dead_letters: AtomicI64::new(0),
             sampled_at_us: AtomicI64::new(0),
+            published: AtomicU64::new(0),
             delivered: AtomicU64::new(0),
             pending_gauge: metrics::gauge!("tickbox_outbox_pending", &labels),
             lag_gauge: metrics::gauge!("tickbox_outbox_lag_seconds", &labels),
             dead_letters_gauge: metrics::gauge!("tickbox_dead_letters", &labels),
+            published_counter: metrics::counter!("tickbox_outbox_published_total", &labels),
             delivered_counter: metrics::counter!("tickbox_outbox_delivered_total", &labels),
         }
+    }
+
+    pub(crate) fn published(&self, n: u64) {
+        self.published.fetch_add(n, Relaxed);
+        self.published_counter.increment(n);
     }
 
     pub(crate) fn delivered(&self, n: u64) {
@@ -388,6 +402,7 @@ impl OutboxGauges {
             pending: self.pending.load(Relaxed),
             lag_seconds: lag_seconds(self.oldest_pending_us.load(Relaxed), sampled_at_us),
             dead_letters: self.dead_letters.load(Relaxed),
+            published: self.published.load(Relaxed),
             delivered: self.delivered.load(Relaxed),
             sampled_at_us,
         }
@@ -436,6 +451,9 @@ pub struct OutboxMetrics {
     pub lag_seconds: f64,
     /// Dead letters held by the module.
     pub dead_letters: i64,
+    /// Messages committed to the outbox by this process since the module
+    /// started.
+    pub published: u64,
     /// Messages delivered and marked since the module started.
     pub delivered: u64,
     /// When the database values were read (µs since the Unix epoch; 0 if

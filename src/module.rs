@@ -296,6 +296,7 @@ pub(crate) struct ModuleCore<B: Backend> {
 impl<B: Backend> ModuleCore<B> {
     /// Hands messages that just committed to the bus.
     pub(crate) fn announce(&self, published: Vec<Envelope>) {
+        self.outbox.published(published.len() as u64);
         let mut overflowed = false;
         for envelope in published {
             if self.announced.try_send(Arc::new(envelope)).is_err() {

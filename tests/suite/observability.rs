@@ -60,6 +60,7 @@ pub async fn counters_move_exactly_as_deliveries_happen<B: TestBackend>(db: Test
     assert_eq!(totals.delivered, 5);
     assert_eq!(totals.duplicates_injected, 4);
     assert_eq!(totals.modules[0].outbox.delivered, 5, "orders' outbox");
+    assert_eq!(totals.modules[0].outbox.published, 5, "orders' outbox");
     bus.stop().await;
 }
 
