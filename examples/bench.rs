@@ -1249,6 +1249,10 @@ async fn verify<B: BenchBackend>(pair: &Pair<B>, expected: u64) -> Res<()> {
     let effects = count(&pair.ledger, "SELECT count(*) AS n FROM bench_effects").await?;
     let pending = pair.shop.outbox_backlog().await?.0;
     let failed = pair.ledger.metrics().total(|h| h.failed);
+    // Release the connections now (PostgreSQL: max_connections), not when
+    // the last handle is dropped.
+    pair.shop.close();
+    pair.ledger.close();
     if effects as u64 != expected || pending != 0 {
         return Err(format!(
             "verification failed: {effects} effects (expected {expected}), {pending} outbox rows pending, {failed} failed deliveries"
@@ -1587,6 +1591,8 @@ async fn backlog<B: BenchBackend>(place: &Place, args: &Args) -> Res<Json> {
     bus.stop().await;
     let pending_after = pair.shop.outbox_backlog().await?.0;
     let effects = count(&pair.ledger, "SELECT count(*) AS n FROM bench_effects").await?;
+    pair.shop.close();
+    pair.ledger.close();
 
     // Windows of 10 s, the last (partial) one left out.
     let mut windows = Vec::new();
