@@ -826,11 +826,28 @@ impl Interrupt {
     }
 }
 
-/// Listens for Ctrl-C (SIGINT): the first sets `interrupt`, which the run
-/// polls between orders and between progress checks; the second quits at
-/// once, which is as safe as a crash (the next `--resume` finishes the work).
+/// Ctrl-C (SIGINT) or, on Unix, SIGTERM (how service managers ask a
+/// process to stop); false if neither can be listened for.
+async fn stop_signal() -> bool {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut terminate) = signal(SignalKind::terminate()) {
+            return tokio::select! {
+                interrupted = tokio::signal::ctrl_c() => interrupted.is_ok(),
+                terminated = terminate.recv() => terminated.is_some(),
+            };
+        }
+    }
+    tokio::signal::ctrl_c().await.is_ok()
+}
+
+/// Listens for Ctrl-C (SIGINT) or SIGTERM: the first sets `interrupt`,
+/// which the run polls between orders and between progress checks; the
+/// second quits at once, which is as safe as a crash (the next `--resume`
+/// finishes the work).
 async fn on_ctrl_c(interrupt: Interrupt) {
-    if tokio::signal::ctrl_c().await.is_err() {
+    if !stop_signal().await {
         return;
     }
     interrupt.set();
@@ -838,7 +855,7 @@ async fn on_ctrl_c(interrupt: Interrupt) {
         "minishop: interrupted — placing no more orders and stopping the bus \
          (running deliveries finish, the rest stays pending); Ctrl-C again quits at once",
     );
-    if tokio::signal::ctrl_c().await.is_ok() {
+    if stop_signal().await {
         say("minishop: interrupted again — quitting now; run again with --resume to finish the pending work");
         std::process::exit(130);
     }

@@ -130,11 +130,11 @@ pub trait Backend: Sized + Send + Sync + 'static {
         until_us: i64,
     ) -> impl Future<Output = QueryResult<usize>> + Send;
 
-    /// Gives up the claims of `bus` on these rows (on a graceful stop).
+    /// Gives up every claim of `bus` on undelivered rows (on a graceful
+    /// stop).
     #[doc(hidden)]
     fn release_claims(
         conn: &mut Self::Connection,
-        ids: Vec<Uuid>,
         bus: Uuid,
     ) -> impl Future<Output = QueryResult<usize>> + Send;
 
@@ -300,17 +300,15 @@ macro_rules! shared_queries {
 
         async fn release_claims(
             conn: &mut Self::Connection,
-            ids: Vec<uuid::Uuid>,
             bus: uuid::Uuid,
         ) -> diesel::QueryResult<usize> {
             use diesel::{ExpressionMethods, QueryDsl};
             use diesel_async::RunQueryDsl;
             use $crate::schema::tickbox_outbox::dsl as outbox;
             use $crate::schema::Id;
-            let ids: Vec<_> = ids.into_iter().map(Id).collect();
             diesel::update(
                 outbox::tickbox_outbox
-                    .filter(outbox::id.eq_any(ids))
+                    .filter(outbox::delivered_at_us.is_null())
                     .filter(outbox::claimed_by.eq(Id(bus))),
             )
             .set((

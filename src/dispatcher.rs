@@ -384,20 +384,12 @@ impl<B: Backend> State<B> {
         }
     }
 
-    /// Gives up the claims of deliveries abandoned at stop, so the next bus
-    /// (in this process or another) takes them at once.
+    /// Gives up this bus's claims on the outbox's undelivered rows (the
+    /// abandoned deliveries, the messages not yet taken), so the next bus, in
+    /// this process or another, takes them at once.
     async fn release_claims(&mut self) {
-        let ids: Vec<Uuid> = self
-            .in_flight
-            .iter()
-            .filter(|id| !self.to_mark.contains(id))
-            .copied()
-            .collect();
-        if ids.is_empty() {
-            return;
-        }
         if let Ok(mut conn) = self.source.write_connection().await {
-            if let Err(error) = B::release_claims(&mut conn, ids, self.bus.id).await {
+            if let Err(error) = B::release_claims(&mut conn, self.bus.id).await {
                 tracing::warn!(module = %self.source.name(), %error, "releasing claims failed; they expire by themselves");
             }
         }
