@@ -6,7 +6,6 @@ pub mod observability;
 
 use crate::support::*;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
-use std::sync::Arc;
 use std::time::Duration;
 use tickbox::{Bus, BusHandle, Envelope, Error, FailureKind, ModuleHandle, Outcome, RetryPolicy};
 
@@ -68,7 +67,7 @@ pub async fn rolled_back_publish_is_never_delivered_and_committed_one_is<B: Test
     db: TestDb,
 ) {
     let handler = Record::new(Then::Succeed);
-    let (orders, warehouse) = pair::<B>(db.borrow(), &handler).await;
+    let (orders, warehouse) = pair::<B>(&db, &handler).await;
     let bus = bus(&[&orders, &warehouse]);
 
     let rolled_back: Result<(), Error> = orders
@@ -105,7 +104,7 @@ pub async fn rolled_back_publish_is_never_delivered_and_committed_one_is<B: Test
 
 pub async fn a_redelivered_message_is_skipped_and_counted<B: TestBackend>(db: TestDb) {
     let handler = Record::new(Then::Succeed);
-    let (orders, warehouse) = pair::<B>(db.borrow(), &handler).await;
+    let (orders, warehouse) = pair::<B>(&db, &handler).await;
     let bus = Bus::builder()
         .module(&orders)
         .module(&warehouse)
@@ -134,7 +133,7 @@ pub async fn a_redelivered_message_is_skipped_and_counted<B: TestBackend>(db: Te
 
 pub async fn concurrent_deliveries_of_one_message_have_one_effect<B: TestBackend>(db: TestDb) {
     let handler = Record::new(Then::Succeed).holding(Duration::from_millis(50));
-    let warehouse = B::module(db.borrow(), "warehouse")
+    let warehouse = B::module(&db, "warehouse")
         .pool_size(16)
         .handler("warehouse.record", record::<Ping>(&handler))
         .start()
@@ -165,7 +164,7 @@ async fn failing_handler_rolls_back_then_succeeds<B: TestBackend>(
     kind: FailureKind,
 ) {
     let handler = Record::new(then);
-    let (orders, warehouse) = pair::<B>(db.borrow(), &handler).await;
+    let (orders, warehouse) = pair::<B>(&db, &handler).await;
 
     // Delivered directly: the failure is reported and nothing is left.
     let envelope = Envelope::encode(&Ping { n: 7 }).expect("encodes");
@@ -210,13 +209,13 @@ pub async fn a_handler_panic_rolls_back_and_is_retried<B: TestBackend>(db: TestD
 
 pub async fn each_handler_ticks_its_own_inbox_row<B: TestBackend>(db: TestDb) {
     let handler = Record::new(Then::Succeed);
-    let orders = B::module(db.borrow(), "orders")
+    let orders = B::module(&db, "orders")
         .publishes::<Ping>()
         .handler("orders.audit", record::<Ping>(&handler))
         .start()
         .await
         .expect("orders starts");
-    let warehouse = B::module(db.borrow(), "warehouse")
+    let warehouse = B::module(&db, "warehouse")
         .handler("warehouse.reserve", record::<Ping>(&handler))
         .handler("warehouse.forecast", record::<Ping>(&handler))
         .start()
@@ -251,13 +250,13 @@ pub async fn a_message_published_by_a_handler_exists_only_if_it_commits<B: TestB
     // after publishing: that Pong must never exist.
     let reserve = Record::new(Then::FailFirst(1)).publishing_pong();
     let confirm = Record::new(Then::Succeed);
-    let orders = B::module(db.borrow(), "orders")
+    let orders = B::module(&db, "orders")
         .publishes::<Ping>()
         .handler("orders.confirm", record::<Pong>(&confirm))
         .start()
         .await
         .expect("orders starts");
-    let warehouse = B::module(db.borrow(), "warehouse")
+    let warehouse = B::module(&db, "warehouse")
         .publishes::<Pong>()
         .handler("warehouse.reserve", record::<Ping>(&reserve))
         .start()
@@ -311,12 +310,12 @@ pub async fn a_crash_between_handler_commit_and_outbox_mark_redelivers_without_d
     let good = Record::new(Then::Succeed);
     let flaky = Record::new(Then::FailWhile(&BROKEN));
     let start_modules = async || {
-        let orders = B::module(db.borrow(), "orders")
+        let orders = B::module(&db, "orders")
             .publishes::<Ping>()
             .start()
             .await
             .expect("orders starts");
-        let warehouse = B::module(db.borrow(), "warehouse")
+        let warehouse = B::module(&db, "warehouse")
             .handler("warehouse.good", record::<Ping>(&good))
             .handler("warehouse.flaky", record::<Ping>(&flaky))
             .start()
@@ -369,7 +368,7 @@ pub async fn a_crash_between_handler_commit_and_outbox_mark_redelivers_without_d
 pub async fn configuration_mistakes_fail_at_start_with_clear_errors<B: TestBackend>(db: TestDb) {
     let handler = Record::new(Then::Succeed);
 
-    let duplicate = B::module(db.borrow(), "dup")
+    let duplicate = B::module(&db, "dup")
         .handler("same", record::<Ping>(&handler))
         .handler("same", record::<Pong>(&handler))
         .start()
@@ -384,12 +383,12 @@ pub async fn configuration_mistakes_fail_at_start_with_clear_errors<B: TestBacke
         "{duplicate}"
     );
 
-    let orders = B::module(db.borrow(), "orders")
+    let orders = B::module(&db, "orders")
         .publishes::<Ping>()
         .start()
         .await
         .expect("orders");
-    let listener = B::module(db.borrow(), "listener")
+    let listener = B::module(&db, "listener")
         .handler("listener.pong", record::<Pong>(&handler))
         .start()
         .await
@@ -418,7 +417,7 @@ pub async fn configuration_mistakes_fail_at_start_with_clear_errors<B: TestBacke
         "{undeclared}"
     );
 
-    let big = B::module(db.borrow(), "big")
+    let big = B::module(&db, "big")
         .publishes::<Ping>()
         .max_payload_bytes(4)
         .start()
@@ -443,7 +442,7 @@ pub async fn configuration_mistakes_fail_at_start_with_clear_errors<B: TestBacke
         "{bad_rate}"
     );
 
-    let zero_pool = B::module(db.borrow(), "zero")
+    let zero_pool = B::module(&db, "zero")
         .pool_size(0)
         .start()
         .await
@@ -463,19 +462,6 @@ pub async fn a_bad_database_url_fails_at_start<B: TestBackend>(bad_url: &str) {
         "passwords are not shown: {error}"
     );
 }
-
-/// Lets each test own its `TestDb` while helpers borrow it.
-trait Borrow {
-    fn borrow(&self) -> &TestDb;
-}
-impl Borrow for TestDb {
-    fn borrow(&self) -> &TestDb {
-        self
-    }
-}
-
-#[allow(dead_code)]
-fn _assert_arc_send<T: Send + Sync>(_: Arc<T>) {}
 
 pub async fn a_read_only_transaction_reads_without_blocking_and_cannot_publish<B: TestBackend>(
     db: TestDb,

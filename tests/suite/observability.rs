@@ -11,7 +11,7 @@ pub async fn counters_move_exactly_as_deliveries_happen<B: TestBackend>(db: Test
     static POISONED: AtomicBool = AtomicBool::new(true);
     POISONED.store(true, SeqCst);
     // Message 3 always fails (dead-lettered after 2 attempts); the others
-    // fail once each, then succeed; every message is delivered twice.
+    // succeed, and each of them is delivered a second time.
     let handler = Record::new(Then::FailFor {
         n: 3,
         switch: &POISONED,
