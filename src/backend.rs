@@ -220,6 +220,13 @@ pub trait Backend: Sized + Send + Sync + 'static {
         now_us: i64,
     ) -> impl Future<Output = QueryResult<usize>> + Send;
 
+    /// Deletes delivered outbox rows (an outbox retention of zero).
+    #[doc(hidden)]
+    fn delete_delivered(
+        conn: &mut Self::Connection,
+        ids: Vec<Uuid>,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
+
     /// The number of undelivered outbox rows and the creation time of the
     /// oldest.
     #[doc(hidden)]
@@ -443,6 +450,19 @@ macro_rules! shared_queries {
                     outbox::delivered_at_us.eq(now_us),
                     outbox::claimed_until_us.eq(None::<i64>),
                 ))
+                .execute(conn)
+                .await
+        }
+
+        async fn delete_delivered(
+            conn: &mut Self::Connection,
+            ids: Vec<uuid::Uuid>,
+        ) -> diesel::QueryResult<usize> {
+            use diesel::{ExpressionMethods, QueryDsl};
+            use diesel_async::RunQueryDsl;
+            use $crate::schema::tickbox_outbox::dsl as outbox;
+            let ids: Vec<_> = ids.into_iter().map($crate::schema::Id).collect();
+            diesel::delete(outbox::tickbox_outbox.filter(outbox::id.eq_any(ids)))
                 .execute(conn)
                 .await
         }

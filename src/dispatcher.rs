@@ -233,11 +233,16 @@ enum Done {
     Renewed(Result<usize, String>),
 }
 
-/// Marks messages delivered in one statement.
+/// Marks messages delivered in one statement — or deletes them, when the
+/// module keeps no delivered rows (an outbox retention of zero).
 async fn mark<B: Backend>(source: ModuleHandle<B>, ids: Vec<Uuid>) -> Done {
     let result = async {
         let mut conn = source.write_connection().await?;
-        B::mark_delivered(&mut conn, ids.clone(), now_us()).await?;
+        if source.core.retention.outbox == Some(Duration::ZERO) {
+            B::delete_delivered(&mut conn, ids.clone()).await?;
+        } else {
+            B::mark_delivered(&mut conn, ids.clone(), now_us()).await?;
+        }
         Ok::<_, crate::Error>(())
     }
     .await;

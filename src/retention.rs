@@ -23,7 +23,10 @@ pub struct Retention {
     /// This is the duplicate-detection window.
     pub inbox: Option<Duration>,
     /// Delivered outbox rows older than this are deleted; `None` keeps them.
-    /// Undelivered rows are never deleted.
+    /// Zero deletes each row as soon as it is delivered, instead of marking
+    /// it: no history to inspect, but one cheap delete per message rather
+    /// than an update (on PostgreSQL an update of the row rewrites it and its
+    /// index entries). Undelivered rows are never deleted.
     pub outbox: Option<Duration>,
     /// How often the bus runs the sweep.
     pub interval: Duration,

@@ -53,6 +53,7 @@ macro_rules! suite {
         case!(faults::stopping_with_deliveries_in_flight_loses_and_doubles_nothing);
         case!(faults::a_dead_process_claims_are_taken_over_when_they_expire);
         case!(faults::two_buses_on_one_set_of_databases_handle_each_message_once);
+        case!(faults::an_outbox_retention_of_zero_deletes_rows_as_they_are_delivered);
         case!(faults::messages_beyond_the_announcement_queue_are_delivered_without_waiting_for_a_lease);
 
         case!(observability::counters_move_exactly_as_deliveries_happen);

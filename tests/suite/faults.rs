@@ -512,3 +512,37 @@ pub async fn messages_beyond_the_announcement_queue_are_delivered_without_waitin
     assert_eq!(handler.calls.load(SeqCst), 4500, "each once");
     bus.stop().await;
 }
+
+pub async fn an_outbox_retention_of_zero_deletes_rows_as_they_are_delivered<B: TestBackend>(
+    db: TestDb,
+) {
+    let handler = Record::new(Then::Succeed);
+    let orders = B::module(&db, "orders")
+        .publishes::<Ping>()
+        .retention(Retention {
+            outbox: Some(Duration::ZERO),
+            ..Retention::default()
+        })
+        .start()
+        .await
+        .expect("orders");
+    let warehouse = B::module(&db, "warehouse")
+        .handler("warehouse.record", record::<Ping>(&handler))
+        .start()
+        .await
+        .expect("warehouse");
+    create_effects(&warehouse).await;
+    let bus = bus(&[&orders, &warehouse]);
+    for n in 0..5 {
+        publish(&orders, n).await;
+    }
+    drained(&bus).await;
+    assert_eq!(effects(&warehouse, "warehouse.record").await, 5);
+    assert_eq!(
+        count(&orders, "SELECT count(*) AS n FROM tickbox_outbox").await,
+        0,
+        "delivered rows are deleted, not kept"
+    );
+    assert_eq!(orders.metrics().outbox.delivered, 5);
+    bus.stop().await;
+}
