@@ -77,6 +77,9 @@ usage: bench --backend sqlite|postgres [options]
   --only WHAT          throughput: run only `baseline` or only `tickbox` (for
                        profiling; no ratio then)
   --sweep-ms MS        the bus's sweep interval (default: the library's, 2 s)
+  --delete-delivered   the producer module deletes outbox rows as they are
+                       delivered (an outbox retention of zero) instead of
+                       marking them
   --timeline           print tickbox's progress every 250 ms (diagnosis)
   --json               print a final line with one JSON object
 ";
@@ -107,6 +110,7 @@ struct Args {
     timeline: bool,
     only: Option<String>,
     sweep_ms: Option<u64>,
+    delete_delivered: bool,
     json: bool,
 }
 
@@ -128,6 +132,7 @@ fn parse_args() -> Res<Args> {
         timeline: false,
         only: None,
         sweep_ms: None,
+        delete_delivered: false,
         json: false,
     };
     let mut it = std::env::args().skip(1);
@@ -161,6 +166,7 @@ fn parse_args() -> Res<Args> {
             "--timeline" => args.timeline = true,
             "--only" => args.only = Some(value("--only")?),
             "--sweep-ms" => args.sweep_ms = Some(value("--sweep-ms")?.parse()?),
+            "--delete-delivered" => args.delete_delivered = true,
             "--json" => args.json = true,
             "-h" | "--help" => {
                 print!("{USAGE}");
@@ -1120,11 +1126,16 @@ async fn pair<B: BenchBackend>(place: &Place, args: &Args) -> Res<Pair<B>> {
     let clock = Arc::new(RwLock::new(Clock::new(0, 0, false)));
     // The producer's pool has one more connection than there are producers:
     // the bus's dispatcher checks out one to mark messages delivered.
-    let shop = B::module(place, &place.fresh("shop"))
+    let mut shop = B::module(place, &place.fresh("shop"))
         .pool_size(args.concurrency + 1)
-        .publishes::<Work>()
-        .start()
-        .await?;
+        .publishes::<Work>();
+    if args.delete_delivered {
+        shop = shop.retention(tickbox::Retention {
+            outbox: Some(Duration::ZERO),
+            ..tickbox::Retention::default()
+        });
+    }
+    let shop = shop.start().await?;
     let ledger = B::module(place, &place.fresh("ledger"))
         .pool_size(args.concurrency)
         .handler(
