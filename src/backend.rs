@@ -470,15 +470,25 @@ macro_rules! shared_queries {
         async fn outbox_backlog(
             conn: &mut Self::Connection,
         ) -> diesel::QueryResult<(i64, Option<i64>)> {
-            use diesel::dsl::{count_star, min};
-            use diesel::{ExpressionMethods, QueryDsl};
+            use diesel::{ExpressionMethods, OptionalExtension, QueryDsl};
             use diesel_async::RunQueryDsl;
             use $crate::schema::tickbox_outbox::dsl as outbox;
-            outbox::tickbox_outbox
+            // The count reads only the partial index of pending ids; the
+            // oldest message is the first of them (ids are UUIDv7s, ordered
+            // by time): one more row, not a scan of all pending rows.
+            let pending = outbox::tickbox_outbox
                 .filter(outbox::delivered_at_us.is_null())
-                .select((count_star(), min(outbox::created_at_us)))
+                .count()
+                .get_result(conn)
+                .await?;
+            let oldest = outbox::tickbox_outbox
+                .filter(outbox::delivered_at_us.is_null())
+                .select(outbox::created_at_us)
+                .order(outbox::id)
                 .first(conn)
                 .await
+                .optional()?;
+            Ok((pending, oldest))
         }
     };
 }
