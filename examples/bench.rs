@@ -538,8 +538,13 @@ trait BenchBackend: Backend {
 
     // The baseline: tickbox's transactions without tickbox.
     fn raw_begin(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<()>> + Send;
-    fn raw_commit(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<()>> + Send;
-    fn raw_rollback(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<()>> + Send;
+    // COMMIT and ROLLBACK read the same on both dialects.
+    fn raw_commit(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<()>> + Send {
+        conn.batch_execute("COMMIT")
+    }
+    fn raw_rollback(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<()>> + Send {
+        conn.batch_execute("ROLLBACK")
+    }
     /// The row tickbox writes on publish, in tickbox's outbox table.
     fn raw_insert_outbox(
         conn: &mut Self::Connection,
@@ -658,14 +663,6 @@ mod sqlite_impl {
         // tickbox: AnsiTransactionManager::begin_transaction_sql(c, "BEGIN IMMEDIATE")
         async fn raw_begin(conn: &mut SqliteConnection) -> QueryResult<()> {
             conn.batch_execute("BEGIN IMMEDIATE").await
-        }
-
-        async fn raw_commit(conn: &mut SqliteConnection) -> QueryResult<()> {
-            conn.batch_execute("COMMIT").await
-        }
-
-        async fn raw_rollback(conn: &mut SqliteConnection) -> QueryResult<()> {
-            conn.batch_execute("ROLLBACK").await
         }
 
         async fn raw_insert_outbox(
@@ -810,14 +807,6 @@ mod postgres_impl {
         // (READ COMMITTED, the server default).
         async fn raw_begin(conn: &mut AsyncPgConnection) -> QueryResult<()> {
             conn.batch_execute("BEGIN").await
-        }
-
-        async fn raw_commit(conn: &mut AsyncPgConnection) -> QueryResult<()> {
-            conn.batch_execute("COMMIT").await
-        }
-
-        async fn raw_rollback(conn: &mut AsyncPgConnection) -> QueryResult<()> {
-            conn.batch_execute("ROLLBACK").await
         }
 
         async fn raw_insert_outbox(

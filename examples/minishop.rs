@@ -1318,17 +1318,10 @@ enum Drain {
     Interrupted,
 }
 
-/// Waits until the work is finished, polling with a deadline: every order
-/// confirmed and e-mailed and no outbox message pending — or nothing pending
-/// any more while dead letters hold up the rest. True when that happened in
-/// time.
-///
-/// `BusHandle::pending` reads the outboxes one after another, so on its own a
-/// message moving from one module's outbox to another's while they are read
-/// can be missed. The business state is read first: once every order has its
-/// confirmation and e-mail, no new message is published, and a later count of
-/// zero pending messages is final. Without that (dead letters), nothing
-/// pending must hold for several polls in a row.
+/// Waits until the work is finished, polling with a deadline: the bus idle
+/// (`BusHandle::wait_idle`: nothing in memory, announced or pending) with
+/// every order confirmed and e-mailed — or idle while dead letters hold up
+/// the rest.
 ///
 /// Ctrl-C ends the wait at the next poll. Progress is drawn from the counts
 /// read for the polls.
@@ -1341,7 +1334,6 @@ async fn wait_until_drained<B: Shop>(
     let (orders, _, _) = progress_counts(shop).await?;
     let timeout = Duration::from_secs(60) + Duration::from_millis(20) * orders as u32;
     let started = Instant::now();
-    let mut idle_polls = 0;
     let mut last = (orders, 0, 0, 0);
     let drain = loop {
         if interrupt.is_set() {
@@ -1351,11 +1343,14 @@ async fn wait_until_drained<B: Shop>(
         let complete = confirmed == orders && emails >= orders;
         let pending = retrying("counting pending messages", nothing_else, || bus.pending()).await?;
         last = (orders, confirmed, emails, pending);
-        if complete && pending == 0 {
+        let idle = retrying("checking the bus", nothing_else, || {
+            bus.wait_idle(Duration::ZERO)
+        })
+        .await?;
+        if idle && complete {
             break Drain::Finished;
         }
-        idle_polls = if pending == 0 { idle_polls + 1 } else { 0 };
-        if idle_polls >= 5 && dead_letters(bus).await? > 0 {
+        if idle && dead_letters(bus).await? > 0 {
             tracing::error!(
                 "stopped waiting: nothing is pending, but dead letters hold up {} orders",
                 orders - confirmed.min(emails)

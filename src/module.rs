@@ -384,12 +384,7 @@ async fn sample_outbox_periodically<B: Backend>(
 /// gauges.
 async fn sample_outbox<B: Backend>(core: Arc<ModuleCore<B>>) {
     let sampled = async {
-        let mut conn = B::checkout(&core.pool)
-            .await
-            .map_err(|reason| Error::Pool {
-                module: core.name.to_string(),
-                reason,
-            })?;
+        let mut conn = core.connection().await?;
         let (pending, oldest) = B::outbox_backlog(&mut conn).await?;
         let dead = B::count_dead_letters(&mut conn).await?;
         core.outbox
