@@ -2,6 +2,7 @@
 
 use crate::backend::Backend;
 use crate::message::Message;
+use crate::retry::RetryPolicy;
 use crate::tx::Tx;
 use std::fmt;
 use std::future::Future;
@@ -51,6 +52,64 @@ pub trait Handler<B: Backend>: Send + Sync + 'static {
         tx: &mut Tx<B>,
         message: Self::Message,
     ) -> impl Future<Output = Result<(), HandlerError>> + Send;
+}
+
+/// How a module runs one of its handlers; see
+/// [`ModuleBuilder::handler_with`](crate::ModuleBuilder::handler_with).
+///
+/// ```
+/// use std::time::Duration;
+/// use tickbox::{HandlerOptions, RetryPolicy};
+///
+/// let options = HandlerOptions::new()
+///     .retry(RetryPolicy { max_attempts: Some(3), ..RetryPolicy::default() })
+///     .batch(64);
+/// # let _ = options;
+/// ```
+#[derive(Debug, Clone)]
+pub struct HandlerOptions {
+    pub(crate) retry: Option<RetryPolicy>,
+    pub(crate) max_batch: usize,
+}
+
+impl Default for HandlerOptions {
+    fn default() -> Self {
+        HandlerOptions {
+            retry: None,
+            max_batch: 1,
+        }
+    }
+}
+
+impl HandlerOptions {
+    /// The defaults: the bus's retry policy, one message per transaction.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Retries this handler's failures with `policy` instead of the bus's.
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = Some(policy);
+        self
+    }
+
+    /// Handles up to `max_messages` waiting messages in one transaction:
+    /// their inbox rows and the handler's changes for each of them commit
+    /// together, in one COMMIT instead of one per message. 1 (the default)
+    /// turns batching off.
+    ///
+    /// Batches form only from deliveries already waiting when a transaction
+    /// starts, so a lone message is never held back to fill one. When any
+    /// message of a batch fails (an error, a panic, a payload that does not
+    /// decode) or the COMMIT fails, the whole batch rolls back and its
+    /// messages are handled again one per transaction, so a failure affects
+    /// only its own message; retries always run alone. The handler is the
+    /// same code either way, but it must not assume that its transaction
+    /// holds only its own message's changes.
+    pub fn batch(mut self, max_messages: usize) -> Self {
+        self.max_batch = max_messages;
+        self
+    }
 }
 
 /// Why a handler did not process a message.

@@ -11,7 +11,7 @@ use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tracing::Instrument;
+use tracing::{Instrument, Span};
 
 /// How a delivery ended when it did not fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,7 +64,7 @@ impl DeliveryError {
         }
     }
 
-    fn database(error: Error) -> Self {
+    pub(crate) fn database(error: Error) -> Self {
         DeliveryError {
             transient: error.is_transient(),
             ..Self::new(FailureKind::Database, error)
@@ -110,8 +110,22 @@ pub(crate) async fn guard<B: Backend>(
     module: Arc<ModuleCore<B>>,
     deliver: Deliver,
 ) -> Result<Outcome, DeliveryError> {
+    let span = delivery_span(&module, &deliver);
+    let published_us = deliver.envelope.created_at_us;
+    let handler = deliver.handler;
+    let started = Instant::now();
+    let result = run(module.clone(), deliver).instrument(span.clone()).await;
+    observe(&module, handler, &span, published_us, started, &result);
+    result
+}
+
+/// The span one delivery runs in, with what identifies it; counts a retry.
+pub(crate) fn delivery_span<B: Backend>(module: &ModuleCore<B>, deliver: &Deliver) -> Span {
     let entry = &module.handlers[deliver.handler];
-    let span = tracing::info_span!(
+    if deliver.attempt > 1 {
+        entry.counters.retried();
+    }
+    tracing::info_span!(
         "deliver",
         message_id = %deliver.envelope.id,
         topic = %deliver.envelope.topic,
@@ -121,15 +135,20 @@ pub(crate) async fn guard<B: Backend>(
         correlation_id = %deliver.envelope.correlation_id,
         causation_id = ?deliver.envelope.causation_id,
         outcome = tracing::field::Empty,
-    );
-    if deliver.attempt > 1 {
-        entry.counters.retried();
-    }
-    let published_us = deliver.envelope.created_at_us;
-    let started = Instant::now();
-    let result = run(module.clone(), deliver).instrument(span.clone()).await;
-    let counters = &entry.counters;
-    match &result {
+    )
+}
+
+/// Counts how a delivery ended and reports it in its span.
+pub(crate) fn observe<B: Backend>(
+    module: &ModuleCore<B>,
+    handler: usize,
+    span: &Span,
+    published_us: i64,
+    started: Instant,
+    result: &Result<Outcome, DeliveryError>,
+) {
+    let counters = &module.handlers[handler].counters;
+    match result {
         Ok(Outcome::Handled) => {
             let end_to_end = (crate::message::now_us() - published_us).max(0) as u64;
             counters.handled(started.elapsed(), Duration::from_micros(end_to_end));
@@ -138,7 +157,7 @@ pub(crate) async fn guard<B: Backend>(
         Err(_) => counters.failed(),
     }
     let _entered = span.enter();
-    match &result {
+    match result {
         Ok(outcome) => {
             span.record("outcome", tracing::field::debug(outcome));
             tracing::debug!("delivery finished");
@@ -148,47 +167,51 @@ pub(crate) async fn guard<B: Backend>(
             tracing::warn!(reason = %error.reason, "delivery failed; rolled back");
         }
     }
-    result
 }
 
 async fn run<B: Backend>(
     module: Arc<ModuleCore<B>>,
     deliver: Deliver,
 ) -> Result<Outcome, DeliveryError> {
-    let database = DeliveryError::database;
-    let entry = &module.handlers[deliver.handler];
+    let mut tx = Tx::begin(module.clone(), Mode::Write)
+        .await
+        .map_err(DeliveryError::database)?;
+    match handle_in(&mut tx, &deliver).await {
+        Ok(Outcome::Handled) => tx
+            .commit()
+            .await
+            .map(|()| Outcome::Handled)
+            .map_err(DeliveryError::database),
+        ended => {
+            tx.rollback().await;
+            ended
+        }
+    }
+}
+
+/// Inside an open write transaction: records the inbox row of `deliver`
+/// and, unless it was there already, runs the handler. After an error the
+/// transaction must be rolled back.
+pub(crate) async fn handle_in<B: Backend>(
+    tx: &mut Tx<B>,
+    deliver: &Deliver,
+) -> Result<Outcome, DeliveryError> {
+    let entry = &tx.module_core().handlers[deliver.handler];
     let handler = entry.handler.clone();
-    let delivery = Delivery {
+    tx.set_delivery(Delivery {
         envelope: deliver.envelope.clone(),
         handler: entry.name.clone(),
         attempt: deliver.attempt,
-    };
-    let mut tx = Tx::begin(module.clone(), Some(delivery), Mode::Write)
-        .await
-        .map_err(database)?;
-    match tx.tick_inbox().await {
-        Ok(true) => {}
-        Ok(false) => {
-            tx.rollback().await;
-            return Ok(Outcome::Duplicate);
-        }
-        Err(e) => {
-            tx.rollback().await;
-            return Err(database(e));
-        }
+    });
+    if !tx.tick_inbox().await.map_err(DeliveryError::database)? {
+        return Ok(Outcome::Duplicate);
     }
     let payload = &deliver.envelope.payload;
-    let called = AssertUnwindSafe(handler.call(&mut tx, payload))
+    let called = AssertUnwindSafe(handler.call(tx, payload))
         .catch_unwind()
         .await;
-    let failure = match called {
-        Ok(Ok(())) => {
-            return tx
-                .commit()
-                .await
-                .map(|()| Outcome::Handled)
-                .map_err(database)
-        }
+    Err(match called {
+        Ok(Ok(())) => return Ok(Outcome::Handled),
         Ok(Err(CallError::Undecodable(reason))) => DeliveryError::new(
             FailureKind::Undecodable,
             format!("payload does not decode as this handler's message: {reason}"),
@@ -205,7 +228,5 @@ async fn run<B: Backend>(
             FailureKind::Panic,
             format!("handler panicked: {}", panic_message(&*panic)),
         ),
-    };
-    tx.rollback().await;
-    Err(failure)
+    })
 }

@@ -77,6 +77,8 @@
 //! - `tx` — [`Tx`], a module transaction that publishes.
 //! - `handler` — the [`Handler`] trait and [`HandlerError`].
 //! - `inbox` — the inbox guard that makes each delivery idempotent.
+//! - `batch` — several deliveries to one handler in one transaction, for
+//!   handlers built with [`HandlerOptions::batch`].
 //! - `bus` — [`Bus`], the actor that routes messages, built with
 //!   [`BusBuilder`]; `dispatcher` delivers one outbox.
 //! - `retry` — [`RetryPolicy`], the backoff between attempts and when to
@@ -100,6 +102,7 @@ compile_error!(
 );
 
 mod backend;
+mod batch;
 mod bus;
 mod dead_letter;
 mod dispatcher;
@@ -125,7 +128,7 @@ pub use backend::Backend;
 pub use bus::{Bus, BusBuilder, BusHandle, Stop};
 pub use dead_letter::{DeadLetter, Replayed};
 pub use error::{redact_url, Error, Result};
-pub use handler::{Handler, HandlerError};
+pub use handler::{Handler, HandlerError, HandlerOptions};
 pub use inbox::{DeliveryError, FailureKind, Outcome};
 pub use message::{Envelope, Message};
 pub use metrics::{BusMetrics, HandlerMetrics, LatencyMetrics, ModuleMetrics, OutboxMetrics};

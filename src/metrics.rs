@@ -14,6 +14,8 @@
 //! | `tickbox_inbox_failed_total` | counter | module, handler, topic |
 //! | `tickbox_inbox_retried_total` | counter | module, handler, topic |
 //! | `tickbox_inbox_dead_lettered_total` | counter | module, handler, topic |
+//! | `tickbox_inbox_batches_total` | counter | module, handler, topic |
+//! | `tickbox_inbox_batch_fallbacks_total` | counter | module, handler, topic |
 //! | `tickbox_handler_duration_seconds` | histogram | module, handler, topic |
 //! | `tickbox_end_to_end_seconds` | histogram | module, handler, topic |
 //! | `tickbox_mailbox_queued` | gauge | module |
@@ -70,6 +72,14 @@ pub(crate) fn describe_to_recorder() {
         describe_counter!(
             "tickbox_inbox_dead_lettered_total",
             "Deliveries given up on and recorded as dead letters."
+        );
+        describe_counter!(
+            "tickbox_inbox_batches_total",
+            "Transactions that committed several deliveries to a batched handler."
+        );
+        describe_counter!(
+            "tickbox_inbox_batch_fallbacks_total",
+            "Batches rolled back because one delivery failed, then handled one at a time."
         );
         describe_histogram!(
             "tickbox_handler_duration_seconds",
@@ -189,6 +199,8 @@ pub(crate) struct HandlerCounters {
     failed: AtomicU64,
     retried: AtomicU64,
     dead_lettered: AtomicU64,
+    batches: AtomicU64,
+    batch_fallbacks: AtomicU64,
     latency: Latency,
     end_to_end: Latency,
     exported: HandlerExport,
@@ -201,6 +213,8 @@ struct HandlerExport {
     failed: metrics::Counter,
     retried: metrics::Counter,
     dead_lettered: metrics::Counter,
+    batches: metrics::Counter,
+    batch_fallbacks: metrics::Counter,
     latency: metrics::Histogram,
     end_to_end: metrics::Histogram,
 }
@@ -219,6 +233,8 @@ impl HandlerCounters {
             failed: AtomicU64::new(0),
             retried: AtomicU64::new(0),
             dead_lettered: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            batch_fallbacks: AtomicU64::new(0),
             latency: Latency::default(),
             end_to_end: Latency::default(),
             exported: HandlerExport {
@@ -227,6 +243,8 @@ impl HandlerCounters {
                 failed: metrics::counter!("tickbox_inbox_failed_total", &labels),
                 retried: metrics::counter!("tickbox_inbox_retried_total", &labels),
                 dead_lettered: metrics::counter!("tickbox_inbox_dead_lettered_total", &labels),
+                batches: metrics::counter!("tickbox_inbox_batches_total", &labels),
+                batch_fallbacks: metrics::counter!("tickbox_inbox_batch_fallbacks_total", &labels),
                 latency: metrics::histogram!("tickbox_handler_duration_seconds", &labels),
                 end_to_end: metrics::histogram!("tickbox_end_to_end_seconds", &labels),
             },
@@ -264,6 +282,18 @@ impl HandlerCounters {
         self.exported.dead_lettered.increment(1);
     }
 
+    /// A transaction that committed several deliveries.
+    pub(crate) fn batch_committed(&self) {
+        self.batches.fetch_add(1, Relaxed);
+        self.exported.batches.increment(1);
+    }
+
+    /// A batch that rolled back and was handled one delivery at a time.
+    pub(crate) fn batch_fell_back(&self) {
+        self.batch_fallbacks.fetch_add(1, Relaxed);
+        self.exported.batch_fallbacks.increment(1);
+    }
+
     pub(crate) fn snapshot(&self, handler: &str, topic: &str) -> HandlerMetrics {
         let latency = self.latency.snapshot();
         HandlerMetrics {
@@ -274,6 +304,8 @@ impl HandlerCounters {
             failed: self.failed.load(Relaxed),
             retried: self.retried.load(Relaxed),
             dead_lettered: self.dead_lettered.load(Relaxed),
+            batches: self.batches.load(Relaxed),
+            batch_fallbacks: self.batch_fallbacks.load(Relaxed),
             mean_latency_seconds: latency.mean_seconds(),
             latency,
             end_to_end: self.end_to_end.snapshot(),
@@ -434,6 +466,12 @@ pub struct HandlerMetrics {
     pub retried: u64,
     /// Deliveries given up on and recorded as dead letters.
     pub dead_lettered: u64,
+    /// Transactions that committed several deliveries at once (a handler
+    /// with [`HandlerOptions::batch`](crate::HandlerOptions::batch)).
+    pub batches: u64,
+    /// Batches that rolled back because one of their deliveries failed, and
+    /// were then handled one delivery per transaction.
+    pub batch_fallbacks: u64,
     /// Mean time of a committed delivery, from BEGIN to COMMIT.
     pub mean_latency_seconds: f64,
     /// Time of committed deliveries, BEGIN to COMMIT.

@@ -1,8 +1,9 @@
 //! Modules: actors that own a database, its outbox and inbox, and handlers.
 
 use crate::backend::{Backend, StoreSettings};
+use crate::batch::{self, BatchQueue};
 use crate::error::{Error, Result};
-use crate::handler::{ErasedHandler, Handler, Typed};
+use crate::handler::{ErasedHandler, Handler, HandlerOptions, Typed};
 use crate::inbox::{self, DeliveryError, Outcome};
 use crate::message::{Envelope, Message};
 use crate::metrics::{HandlerCounters, Mailbox, ModuleMetrics, OutboxGauges};
@@ -48,6 +49,10 @@ pub(crate) struct HandlerEntry<B: Backend> {
     pub(crate) handler: Arc<dyn ErasedHandler<B>>,
     /// Overrides the bus's retry policy for this handler.
     pub(crate) retry: Option<RetryPolicy>,
+    /// Most messages handled in one transaction (1: no batching).
+    pub(crate) max_batch: usize,
+    /// Where deliveries wait for a batch, when `max_batch` is above 1.
+    pub(crate) batches: Option<BatchQueue>,
     pub(crate) counters: HandlerCounters,
 }
 
@@ -114,7 +119,7 @@ impl<B: Backend> ModuleBuilder<B> {
     /// renamed handler would process old messages again) and unique within
     /// the module.
     pub fn handler<H: Handler<B>>(self, name: impl Into<String>, handler: H) -> Self {
-        self.add_handler(name.into(), handler, None)
+        self.handler_with(name, handler, HandlerOptions::new())
     }
 
     /// Like [`ModuleBuilder::handler`], with a retry policy of its own
@@ -125,20 +130,25 @@ impl<B: Backend> ModuleBuilder<B> {
         handler: H,
         policy: RetryPolicy,
     ) -> Self {
-        self.add_handler(name.into(), handler, Some(policy))
+        self.handler_with(name, handler, HandlerOptions::new().retry(policy))
     }
 
-    fn add_handler<H: Handler<B>>(
+    /// Like [`ModuleBuilder::handler`], with [`HandlerOptions`]: a retry
+    /// policy of its own, batches of messages per transaction.
+    pub fn handler_with<H: Handler<B>>(
         mut self,
-        name: String,
+        name: impl Into<String>,
         handler: H,
-        retry: Option<RetryPolicy>,
+        options: HandlerOptions,
     ) -> Self {
+        let name = name.into();
         let counters = HandlerCounters::new(&self.settings.module, &name, H::Message::TOPIC);
         self.handlers.push(HandlerEntry {
             name: Arc::from(name),
             handler: Arc::new(Typed(handler)),
-            retry,
+            retry: options.retry,
+            max_batch: options.max_batch,
+            batches: None,
             counters,
         });
         self
@@ -210,6 +220,12 @@ impl<B: Backend> ModuleBuilder<B> {
                     "module `{name}`: a handler name must not be empty"
                 )));
             }
+            if entry.max_batch == 0 {
+                return Err(Error::Config(format!(
+                    "module `{name}`: handler `{}`: a batch holds at least 1 message",
+                    entry.name
+                )));
+            }
             if !seen.insert(entry.name.clone()) {
                 return Err(Error::DuplicateHandler {
                     module: name.to_string(),
@@ -230,6 +246,17 @@ impl<B: Backend> ModuleBuilder<B> {
                 });
             }
         }
+        let mut handlers = self.handlers;
+        let batch_queues: Vec<_> = handlers
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, entry)| entry.max_batch > 1)
+            .map(|(index, entry)| {
+                let (queue, waiting) = BatchQueue::new();
+                entry.batches = Some(queue);
+                (index, waiting)
+            })
+            .collect();
         let (sender, receiver) = mpsc::channel(ANNOUNCE_CAPACITY);
         let core = Arc::new(ModuleCore {
             name: Arc::from(name),
@@ -237,7 +264,7 @@ impl<B: Backend> ModuleBuilder<B> {
             publishes: self.publishes,
             max_payload_bytes: self.max_payload_bytes,
             retention: self.retention,
-            handlers: self.handlers,
+            handlers,
             mailbox: Mailbox::new(name),
             outbox: OutboxGauges::new(name),
             announced: sender,
@@ -253,6 +280,21 @@ impl<B: Backend> ModuleBuilder<B> {
             Arc::downgrade(&core),
             self.metrics_interval,
         ));
+        // Batches of one module's handlers share its connections: as many
+        // run at once as the database takes writers, at most half the pool.
+        let batches_at_once = if B::ONE_WRITER {
+            1
+        } else {
+            self.settings.pool_size.div_ceil(2)
+        };
+        for (handler, waiting) in batch_queues {
+            actix::spawn(batch::run_batches(
+                Arc::downgrade(&core),
+                handler,
+                waiting,
+                batches_at_once,
+            ));
+        }
         let addr = Module { core: core.clone() }.start();
         Ok(ModuleHandle { core, addr })
     }
@@ -416,11 +458,19 @@ impl<B: Backend> actix::Handler<Deliver> for Module<B> {
         let core = self.core.clone();
         core.mailbox.started();
         Box::pin(async move {
-            // Its own task: a transaction is never dropped half way, even if
-            // the caller stops waiting.
-            let result = tokio::spawn(inbox::guard(core.clone(), deliver)).await;
+            let batches = core.handlers[deliver.handler].batches.as_ref();
+            let result = match batches {
+                // A retry runs alone: a message that failed once fails a
+                // whole batch too often.
+                Some(batches) if deliver.attempt == 1 => batches.submit(deliver).await,
+                // Its own task: a transaction is never dropped half way, even
+                // if the caller stops waiting.
+                _ => tokio::spawn(inbox::guard(core.clone(), deliver))
+                    .await
+                    .unwrap_or_else(|e| Err(DeliveryError::stopped(e.to_string()))),
+            };
             core.mailbox.finished();
-            result.unwrap_or_else(|e| Err(DeliveryError::stopped(e.to_string())))
+            result
         })
     }
 }
@@ -563,7 +613,7 @@ impl<B: Backend> ModuleHandle<B> {
     {
         let core = self.core.clone();
         let task = tokio::spawn(async move {
-            let mut tx = Tx::begin(core, None, mode).await?;
+            let mut tx = Tx::begin(core, mode).await?;
             match AssertUnwindSafe(f(&mut tx)).catch_unwind().await {
                 Ok(Ok(value)) if mode == Mode::Write => {
                     tx.commit().await?;

@@ -69,12 +69,8 @@ impl Delivery {
 }
 
 impl<B: Backend> Tx<B> {
-    /// Checks out a connection and begins a write transaction.
-    pub(crate) async fn begin(
-        module: Arc<ModuleCore<B>>,
-        delivery: Option<Delivery>,
-        mode: Mode,
-    ) -> Result<Self> {
+    /// Checks out a connection and begins a transaction.
+    pub(crate) async fn begin(module: Arc<ModuleCore<B>>, mode: Mode) -> Result<Self> {
         let turn = match mode {
             Mode::Write => module.write_turn().await,
             Mode::Read => None,
@@ -88,7 +84,7 @@ impl<B: Backend> Tx<B> {
             conn,
             _turn: turn,
             module,
-            delivery,
+            delivery: None,
             mode,
             published: Vec::new(),
         })
@@ -147,6 +143,17 @@ impl<B: Backend> Tx<B> {
         let id = envelope.id;
         self.published.push(envelope);
         Ok(id)
+    }
+
+    /// The module this transaction belongs to.
+    pub(crate) fn module_core(&self) -> &Arc<ModuleCore<B>> {
+        &self.module
+    }
+
+    /// Makes this the transaction of a handler processing `delivery`: what it
+    /// publishes from now on is caused by that message.
+    pub(crate) fn set_delivery(&mut self, delivery: Delivery) {
+        self.delivery = Some(delivery);
     }
 
     /// Records the inbox row of the delivery; false when it was there already.

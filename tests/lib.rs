@@ -46,6 +46,9 @@ macro_rules! suite {
         case!(configuration_mistakes_fail_at_start_with_clear_errors);
         case!(a_read_only_transaction_reads_without_blocking_and_cannot_publish);
 
+        case!(batches::waiting_messages_commit_together_in_batches_and_each_once);
+        case!(batches::a_failing_message_rolls_back_its_batch_and_only_it_is_dead_lettered);
+
         case!(faults::a_poison_message_is_dead_lettered_while_others_flow_and_replayed_once);
         case!(faults::a_permanent_error_dead_letters_at_once_and_can_be_discarded);
         case!(faults::bad_rows_become_dead_letters_and_nothing_else_is_lost);

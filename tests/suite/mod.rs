@@ -1,6 +1,7 @@
 //! The conformance suite: every test is written once, generic over the
 //! backend, and run against SQLite and PostgreSQL (see `lib.rs`).
 
+pub mod batches;
 pub mod faults;
 pub mod observability;
 

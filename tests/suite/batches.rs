@@ -1,0 +1,172 @@
+//! Batched handlers: deliveries waiting together commit in one transaction,
+//! each exactly once, and a failing one rolls back only its batch.
+
+use super::{fast_retries, publish};
+use crate::support::*;
+use diesel_async::SimpleAsyncConnection;
+use std::sync::Arc;
+use tickbox::{Bus, BusHandle, Error, Handler, HandlerError, HandlerOptions, ModuleHandle, Tx};
+use tokio::sync::watch;
+
+/// Writes an effect row per message after waiting for its gate to open, and
+/// fails permanently for message number `poison`.
+#[derive(Clone)]
+struct Gated {
+    gate: Arc<watch::Sender<bool>>,
+    poison: Option<u64>,
+}
+
+impl<B: TestBackend> Handler<B> for Gated {
+    type Message = Ping;
+
+    async fn handle(&self, tx: &mut Tx<B>, ping: Ping) -> Result<(), HandlerError> {
+        let mut gate = self.gate.subscribe();
+        gate.wait_for(|open| *open).await?;
+        let delivery = tx.delivery().expect("a handler runs in a delivery").clone();
+        tx.conn()
+            .batch_execute(&format!(
+                "INSERT INTO effects (handler, message_id, attempt) VALUES ('{}', '{}', {})",
+                delivery.handler, delivery.envelope.id, delivery.attempt
+            ))
+            .await?;
+        if self.poison == Some(ping.n) {
+            return Err(HandlerError::permanent(HandlerError::msg(format!(
+                "message {} is poison",
+                ping.n
+            ))));
+        }
+        Ok(())
+    }
+}
+
+const HANDLER: &str = "warehouse.batch";
+
+/// `orders` publishes Ping; `warehouse` handles it with a gated handler in
+/// batches of up to 16. The gate starts closed.
+async fn gated_pair<B: TestBackend>(
+    db: &TestDb,
+    poison: Option<u64>,
+) -> (ModuleHandle<B>, ModuleHandle<B>, Arc<watch::Sender<bool>>) {
+    let gate = Arc::new(watch::Sender::new(false));
+    let handler = Gated {
+        gate: gate.clone(),
+        poison,
+    };
+    let orders = B::module(db, "orders")
+        .publishes::<Ping>()
+        .start()
+        .await
+        .expect("orders starts");
+    let warehouse = B::module(db, "warehouse")
+        .handler_with(HANDLER, handler, HandlerOptions::new().batch(16))
+        .start()
+        .await
+        .expect("warehouse starts");
+    create_effects(&warehouse).await;
+    (orders, warehouse, gate)
+}
+
+/// Publishes messages `0..count` while the gate is closed, waits until all
+/// their deliveries wait in the warehouse, then opens the gate and waits for
+/// the bus to finish.
+async fn publish_behind_the_gate<B: TestBackend>(
+    orders: &ModuleHandle<B>,
+    warehouse: &ModuleHandle<B>,
+    gate: &watch::Sender<bool>,
+    bus: &BusHandle<B>,
+    count: u64,
+) {
+    for n in 0..count {
+        publish(orders, n).await;
+    }
+    eventually("every delivery waits in the warehouse", WAIT, || async {
+        warehouse.metrics().mailbox_in_flight == count
+    })
+    .await;
+    gate.send_replace(true);
+    super::drained(bus).await;
+}
+
+async fn distinct_effects<B: TestBackend>(warehouse: &ModuleHandle<B>) -> i64 {
+    count(
+        warehouse,
+        "SELECT count(DISTINCT message_id) AS n FROM effects",
+    )
+    .await
+}
+
+pub async fn waiting_messages_commit_together_in_batches_and_each_once<B: TestBackend>(db: TestDb) {
+    let refused = B::module(&db, "refused")
+        .handler_with(
+            HANDLER,
+            Gated {
+                gate: Arc::new(watch::Sender::new(true)),
+                poison: None,
+            },
+            HandlerOptions::new().batch(0),
+        )
+        .start()
+        .await;
+    assert!(
+        matches!(&refused, Err(Error::Config(reason)) if reason.contains("batch")),
+        "{refused:?}"
+    );
+
+    let (orders, warehouse, gate) = gated_pair::<B>(&db, None).await;
+    // Every message is delivered a second time after it is handled: the
+    // duplicates go through batches too and must be skipped.
+    let bus = Bus::builder()
+        .module(&orders)
+        .module(&warehouse)
+        .retry_policy(fast_retries())
+        .duplicate_rate(1.0)
+        .start()
+        .expect("bus starts");
+    publish_behind_the_gate(&orders, &warehouse, &gate, &bus, 40).await;
+
+    assert_eq!(
+        effects(&warehouse, HANDLER).await,
+        40,
+        "one effect per message"
+    );
+    assert_eq!(distinct_effects(&warehouse).await, 40);
+    assert_eq!(inbox_rows(&warehouse, HANDLER).await, 40);
+    let metrics = &warehouse.metrics().handlers[0];
+    assert_eq!(
+        (metrics.handled, metrics.duplicates_skipped, metrics.failed),
+        (40, 40, 0),
+        "{metrics:?}"
+    );
+    // At most one transaction per free slot took a lone message before the
+    // gate opened; the other 38 or more waited and were taken in batches.
+    assert!(metrics.batches >= 3, "{metrics:?}");
+    assert_eq!(metrics.batch_fallbacks, 0, "{metrics:?}");
+    bus.stop().await;
+}
+
+pub async fn a_failing_message_rolls_back_its_batch_and_only_it_is_dead_lettered<B: TestBackend>(
+    db: TestDb,
+) {
+    let (orders, warehouse, gate) = gated_pair::<B>(&db, Some(7)).await;
+    let bus = super::bus(&[&orders, &warehouse]);
+    publish_behind_the_gate(&orders, &warehouse, &gate, &bus, 20).await;
+
+    assert_eq!(
+        effects(&warehouse, HANDLER).await,
+        19,
+        "every message but the poison one, once; nothing of the rolled-back batch"
+    );
+    assert_eq!(distinct_effects(&warehouse).await, 19);
+    assert_eq!(inbox_rows(&warehouse, HANDLER).await, 19);
+    let dead = warehouse.dead_letters(0, 10).await.expect("dead letters");
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert!(dead[0].reason.contains("message 7 is poison"), "{dead:?}");
+    let metrics = &warehouse.metrics().handlers[0];
+    assert_eq!(
+        (metrics.handled, metrics.dead_lettered),
+        (19, 1),
+        "{metrics:?}"
+    );
+    assert!(metrics.batch_fallbacks >= 1, "{metrics:?}");
+    bus.stop().await;
+}
