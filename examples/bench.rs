@@ -77,6 +77,8 @@ usage: bench --backend sqlite|postgres [options]
   --only WHAT          throughput: run only `baseline` or only `tickbox` (for
                        profiling; no ratio then)
   --sweep-ms MS        the bus's sweep interval (default: the library's, 2 s)
+  --batch B            tickbox's handler takes up to B waiting messages per
+                       transaction (HandlerOptions::batch; default 1: none)
   --delete-delivered   the producer module deletes outbox rows as they are
                        delivered (an outbox retention of zero) instead of
                        marking them
@@ -111,6 +113,7 @@ struct Args {
     only: Option<String>,
     sweep_ms: Option<u64>,
     delete_delivered: bool,
+    batch: usize,
     json: bool,
 }
 
@@ -133,6 +136,7 @@ fn parse_args() -> Res<Args> {
         only: None,
         sweep_ms: None,
         delete_delivered: false,
+        batch: 1,
         json: false,
     };
     let mut it = std::env::args().skip(1);
@@ -167,6 +171,7 @@ fn parse_args() -> Res<Args> {
             "--only" => args.only = Some(value("--only")?),
             "--sweep-ms" => args.sweep_ms = Some(value("--sweep-ms")?.parse()?),
             "--delete-delivered" => args.delete_delivered = true,
+            "--batch" => args.batch = value("--batch")?.parse()?,
             "--json" => args.json = true,
             "-h" | "--help" => {
                 print!("{USAGE}");
@@ -178,8 +183,8 @@ fn parse_args() -> Res<Args> {
     if args.backend.is_empty() {
         return Err(format!("--backend is required\n\n{USAGE}").into());
     }
-    if args.messages == 0 || args.concurrency == 0 || args.repeat == 0 {
-        return Err("--messages, --concurrency and --repeat must be at least 1".into());
+    if args.messages == 0 || args.concurrency == 0 || args.repeat == 0 || args.batch == 0 {
+        return Err("--messages, --concurrency, --repeat and --batch must be at least 1".into());
     }
     if matches!(args.rate, Some(r) if r.is_nan() || r <= 0.0) {
         return Err("--rate must be above zero".into());
@@ -997,6 +1002,25 @@ async fn run_baseline<B: BenchBackend>(
     offset: u64,
     rate: Option<f64>,
 ) -> Res<RunResult> {
+    run_direct::<B>(place, args, offset, rate, true).await
+}
+
+/// The producers' transactions alone, with no consumer and no bus: the most
+/// messages per second any outbox could take in on this database, whatever
+/// delivers them.
+async fn run_producers_alone<B: BenchBackend>(place: &Place, args: &Args) -> Res<RunResult> {
+    run_direct::<B>(place, args, 0, None, false).await
+}
+
+/// The workload with plain diesel-async; with `consume`, each committed
+/// message then goes through memory to a consumer transaction.
+async fn run_direct<B: BenchBackend>(
+    place: &Place,
+    args: &Args,
+    offset: u64,
+    rate: Option<f64>,
+    consume: bool,
+) -> Res<RunResult> {
     let (shop, ledger) = (place.fresh("shop"), place.fresh("ledger"));
     // Starting a module runs tickbox's migrations: the baseline writes the
     // very tables (and indexes) tickbox writes.
@@ -1030,6 +1054,11 @@ async fn run_baseline<B: BenchBackend>(
                         return Err(e.into());
                     }
                 }
+            }
+            if !consume {
+                clock.handler_committed_index(n);
+                clock.handled.fetch_add(1, Relaxed);
+                return Ok(());
             }
             tokio::spawn(async move {
                 let consumed: Res<()> = async {
@@ -1071,7 +1100,12 @@ async fn run_baseline<B: BenchBackend>(
     let seconds = wait_handled(&clock, args.messages, || clock.handled.load(Relaxed)).await?;
     drop((shop_module, ledger_module));
     Ok(RunResult {
-        what: "baseline".into(),
+        what: if consume {
+            "baseline"
+        } else {
+            "producers alone"
+        }
+        .into(),
         messages: args.messages,
         seconds,
         per_s: args.messages as f64 / seconds,
@@ -1127,11 +1161,12 @@ async fn pair<B: BenchBackend>(place: &Place, args: &Args) -> Res<Pair<B>> {
     let shop = shop.start().await?;
     let ledger = B::module(place, &place.fresh("ledger"))
         .pool_size(args.concurrency)
-        .handler(
+        .handler_with(
             HANDLER,
             Record {
                 clock: clock.clone(),
             },
+            tickbox::HandlerOptions::new().batch(args.batch),
         )
         .start()
         .await?;
@@ -1347,6 +1382,7 @@ fn base_json(args: &Args) -> Json {
     let mut j = Json::new();
     j.insert("backend".into(), args.backend.clone().into());
     j.insert("concurrency".into(), args.concurrency.into());
+    j.insert("batch".into(), args.batch.into());
     j.insert("messages".into(), args.messages.into());
     j.insert("rate".into(), serde_json::json!(args.rate));
     j.insert("trace_layer".into(), args.trace.into());
@@ -1460,8 +1496,19 @@ async fn throughput<B: BenchBackend>(place: &Place, args: &Args) -> Res<Json> {
             args.peer_mode,
             tickbox / peer_per_s
         );
+        eprintln!("producers alone (no consumer, no bus)");
+        let alone = run_producers_alone::<B>(place, args).await?.per_s;
+        println!(
+            "producers alone, no delivery at all: {alone:.0}/s · producers alone/peer {:.2} (the most any outbox could reach here)",
+            alone / peer_per_s
+        );
         j.insert("peer_per_s".into(), peer_per_s.into());
         j.insert("tickbox_over_peer".into(), (tickbox / peer_per_s).into());
+        j.insert("producers_alone_per_s".into(), alone.into());
+        j.insert(
+            "producers_alone_over_peer".into(),
+            (alone / peer_per_s).into(),
+        );
         j.insert("peer".into(), serde_json::Value::Object(peer));
     }
     Ok(j)

@@ -70,8 +70,8 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tickbox::{
-    Backend, Bus, BusHandle, BusMetrics, Handler, HandlerError, LatencyMetrics, Message,
-    ModuleBuilder, ModuleHandle, RetryPolicy, StoreStats, Tx,
+    Backend, Bus, BusHandle, BusMetrics, Handler, HandlerError, HandlerOptions, LatencyMetrics,
+    Message, ModuleBuilder, ModuleHandle, RetryPolicy, StoreStats, Tx,
 };
 
 // ---------------------------------------------------------------------------
@@ -1150,9 +1150,16 @@ async fn start_modules<B: Shop>(options: &Options, location: &str) -> tickbox::R
         .handler(CONFIRM_ORDER, flaky(ConfirmOrder, fail))
         .start()
         .await?;
+    // The warehouse reserves stock for up to 32 waiting orders per
+    // transaction (one COMMIT for all); when one of them fails, that batch
+    // rolls back and its orders are reserved one per transaction.
     let warehouse = module("warehouse")
         .publishes::<StockReserved>()
-        .handler(RESERVE_STOCK, flaky(ReserveStock, fail))
+        .handler_with(
+            RESERVE_STOCK,
+            flaky(ReserveStock, fail),
+            HandlerOptions::new().batch(32),
+        )
         .start()
         .await?;
     let notifications = module("notifications")
@@ -1710,13 +1717,27 @@ fn print_metrics(report: &Report) {
         .max("handler".len());
     println!();
     println!(
-        "  {:<width$}  {:>8}  {:>10}  {:>7}  {:>7}  {:>13}",
-        "handler", "handled", "duplicates", "failed", "retried", "dead-lettered"
+        "  {:<width$}  {:>8}  {:>10}  {:>7}  {:>7}  {:>13}  {:>7}  {:>9}",
+        "handler",
+        "handled",
+        "duplicates",
+        "failed",
+        "retried",
+        "dead-lettered",
+        "batches",
+        "fallbacks"
     );
     for h in &handlers {
         println!(
-            "  {:<width$}  {:>8}  {:>10}  {:>7}  {:>7}  {:>13}",
-            h.handler, h.handled, h.duplicates_skipped, h.failed, h.retried, h.dead_lettered
+            "  {:<width$}  {:>8}  {:>10}  {:>7}  {:>7}  {:>13}  {:>7}  {:>9}",
+            h.handler,
+            h.handled,
+            h.duplicates_skipped,
+            h.failed,
+            h.retried,
+            h.dead_lettered,
+            h.batches,
+            h.batch_fallbacks
         );
     }
     println!();
