@@ -33,6 +33,20 @@ pub struct StoreSettings {
     pub(crate) migrate: bool,
 }
 
+/// Where a module's commits wake buses in other processes: a PostgreSQL
+/// notification channel, one per outbox (per database and schema), and the
+/// URL a bus's listener connects to. SQLite modules have none.
+#[derive(Debug, Clone)]
+#[allow(unreachable_pub)] // named only by the sealed trait's hidden methods
+pub struct WakeupChannel {
+    /// The module's database URL, for the listener's own connection.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) url: String,
+    /// The channel name, at most 63 bytes, used as is (`pg_notify` takes it
+    /// as text; `LISTEN` needs it quoted).
+    pub(crate) channel: String,
+}
+
 /// A database backend: [`Sqlite`](crate::Sqlite) or
 /// [`Postgres`](crate::Postgres).
 ///
@@ -63,9 +77,12 @@ pub trait Backend: Sized + Send + Sync + 'static {
     const ONE_WRITER: bool;
 
     /// Runs the embedded migrations (if `settings.migrate`) and opens the
-    /// module's pool.
+    /// module's pool; also returns the channel on which commits to the
+    /// module's outbox wake buses, where the backend has one (PostgreSQL).
     #[doc(hidden)]
-    fn open(settings: &StoreSettings) -> impl Future<Output = crate::Result<Self::Pool>> + Send;
+    fn open(
+        settings: &StoreSettings,
+    ) -> impl Future<Output = crate::Result<(Self::Pool, Option<WakeupChannel>)>> + Send;
 
     /// Closes the pool: idle connections now, the others when returned.
     #[doc(hidden)]
@@ -91,6 +108,30 @@ pub trait Backend: Sized + Send + Sync + 'static {
     /// Rolls back the transaction begun by [`Backend::begin`].
     #[doc(hidden)]
     fn rollback(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Sends a wake-up on `channel` inside the open transaction: listeners
+    /// receive it if and only if the transaction commits (PostgreSQL
+    /// `pg_notify`). Called only with a channel `open` returned, so never on
+    /// SQLite.
+    #[doc(hidden)]
+    fn notify(
+        conn: &mut Self::Connection,
+        channel: &str,
+    ) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// A task that listens on the module's wake-up channel, on a connection
+    /// of its own outside the pool, and calls `wake` for every notification
+    /// and once after every (re)connection (notifications sent while it was
+    /// not listening are lost, so the caller scans). It reconnects with
+    /// backoff when the connection fails and never ends by itself: abort it.
+    /// `None` where the backend has no notifications (SQLite: another
+    /// process's commits are found by the bus's periodic scan).
+    #[doc(hidden)]
+    fn listen(
+        wakeup: WakeupChannel,
+        module: std::sync::Arc<str>,
+        wake: impl Fn() + Send + Sync + 'static,
+    ) -> Option<impl Future<Output = ()> + Send + 'static>;
 
     /// Inserts published messages into the outbox.
     #[doc(hidden)]

@@ -40,8 +40,9 @@ pub(crate) struct BusConfig {
     pub(crate) max_concurrent_deliveries: usize,
     /// Messages per outbox held in memory (in delivery or waiting to retry).
     pub(crate) max_messages_in_memory: usize,
-    /// How often the outbox tables are scanned for messages the fast path
-    /// missed (after a crash, an overflow, or another process's commit).
+    /// How often the outbox tables are scanned for messages that neither an
+    /// announcement nor a notification brought (after a crash, a lost
+    /// notification, or, on SQLite, another process's commit).
     pub(crate) sweep_interval: Duration,
     /// Rows read per scan query.
     pub(crate) sweep_page: i64,
@@ -103,8 +104,16 @@ impl<B: Backend> BusBuilder<B> {
     }
 
     /// How often the outbox tables are scanned for committed messages that
-    /// did not arrive by the fast path (default 2 s). At start the bus always
-    /// scans once, which finishes the work of a crashed process.
+    /// nothing announced (default 2 s). At start the bus always scans once,
+    /// which finishes the work of a crashed process.
+    ///
+    /// Commits of a module on this bus are announced in memory. On
+    /// PostgreSQL, commits made where no bus delivers the module's outbox (in
+    /// another process, or through a module on no bus) wake the bus through
+    /// LISTEN/NOTIFY, so they do not wait for this scan either; the scan then
+    /// only catches what a crash left behind or a notification lost while
+    /// the listener reconnected. On SQLite, which has no notifications,
+    /// another process's commits wait for this scan.
     pub fn sweep_interval(mut self, interval: Duration) -> Self {
         self.config.sweep_interval = interval;
         self

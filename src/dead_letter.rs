@@ -75,7 +75,8 @@ pub enum Replayed {
     /// Delivered again through the inbox guard with this outcome.
     Delivered(Outcome),
     /// A message without a handler (unknown topic) was put back in the
-    /// outbox; the bus delivers it on its next scan.
+    /// outbox; the bus delivers it on its next scan (on PostgreSQL, at once:
+    /// the requeue wakes it).
     Requeued,
 }
 
@@ -171,9 +172,10 @@ impl<B: Backend> ModuleHandle<B> {
 
     /// Puts a dead letter's message back in this module's outbox and removes
     /// the dead letter, in one transaction. Whichever bus runs over this
-    /// database delivers it again on its next scan, to every subscriber of
-    /// its topic: handlers that did process it skip it in their inbox, the
-    /// one that gave up tries again. Unlike
+    /// database delivers it again to every subscriber of its topic — on
+    /// PostgreSQL at once (the commit wakes it), on SQLite at its next
+    /// periodic scan: handlers that did process it skip it in their inbox,
+    /// the one that gave up tries again. Unlike
     /// [`ModuleHandle::replay_dead_letter`] this needs no handler code, so an
     /// operator's tool can do it while the application runs elsewhere.
     pub async fn requeue_dead_letter(&self, message_id: Uuid, handler: &str) -> Result<()> {
@@ -182,6 +184,7 @@ impl<B: Backend> ModuleHandle<B> {
         let handler = handler.to_string();
         self.transaction(async move |tx| {
             B::requeue_or_insert(tx.conn(), OutboxRow::from(&envelope)).await?;
+            tx.requeued_outbox_rows();
             B::delete_dead_letter(tx.conn(), message_id, handler).await?;
             Ok::<_, Error>(())
         })

@@ -2,6 +2,11 @@
 //! commit, or claimed from the table by a scan), delivers each to every
 //! subscriber, and marks it delivered once each of them has handled it,
 //! found it a duplicate, or given up on it as a dead letter.
+//!
+//! A scan runs at start, periodically (`sweep_interval`), and whenever one
+//! is requested: when announcements overflowed, and on PostgreSQL when
+//! another process commits messages to the outbox (its notification reaches
+//! the dispatcher's listener task).
 
 use crate::backend::{Backend, Claim};
 use crate::bus::{BusCore, Route};
@@ -92,6 +97,10 @@ struct State<B: Backend> {
     /// While a scan of the outbox is under way: the last id it read (nil
     /// to start from the beginning).
     scan: Option<Uuid>,
+    /// A scan was requested while one was under way: start another from the
+    /// beginning when it ends (rows committed meanwhile may lie behind its
+    /// cursor, since ids are taken at publish time, not at commit).
+    scan_again: bool,
     /// The claims of the messages in flight are due for renewal.
     renew_due: bool,
     finished: mpsc::UnboundedSender<Finished>,
@@ -127,10 +136,21 @@ impl<B: Backend> Dispatcher<B> {
             mark_due: None,
             abandoned: Vec::new(),
             scan: Some(Uuid::nil()),
+            scan_again: false,
             renew_due: false,
             finished,
         };
         let retention = actix::spawn(sweep_retention_periodically(bus.clone(), source.clone()));
+        // PostgreSQL: other processes' commits request a scan through a
+        // listener on a connection of its own; its own task, so a
+        // notification never waits for this loop.
+        let listener = source.core.wakeup.clone().and_then(|wakeup| {
+            let core = source.core.clone();
+            B::listen(wakeup, source.core.name.clone(), move || {
+                core.request_scan()
+            })
+            .map(actix::spawn)
+        });
         let mut stopped = bus.stopped.clone();
         let renew_every = bus.config.claim_lease / 3;
         let mut next_scan = Instant::now() + bus.config.sweep_interval;
@@ -171,8 +191,8 @@ impl<B: Backend> Dispatcher<B> {
                     }
                 }
                 _ = source.core.wake.notified() => {
-                    if source.core.overflowed.swap(false, Relaxed) {
-                        state.scan.get_or_insert(Uuid::nil());
+                    if source.core.scan_requested.swap(false, Relaxed) {
+                        state.request_scan();
                     }
                 }
                 _ = sleep_until(next_renewal) => {
@@ -216,6 +236,9 @@ impl<B: Backend> Dispatcher<B> {
         state.release_claims().await;
         source.core.busy.store(0, Relaxed);
         retention.abort();
+        if let Some(listener) = listener {
+            listener.abort();
+        }
         tracing::debug!(module = %source.name(), "dispatcher stopped");
     }
 }
@@ -337,6 +360,7 @@ impl<B: Backend> State<B> {
             } => {
                 self.scan = match rows.last() {
                     Some(last) if rows.len() as i64 == limit => Some(last.id.0),
+                    _ if std::mem::take(&mut self.scan_again) => Some(Uuid::nil()),
                     _ => None,
                 };
                 for row in rows {
@@ -348,11 +372,20 @@ impl<B: Backend> State<B> {
             } => {
                 tracing::warn!(%module, %error, "scanning the outbox failed; will retry");
                 self.scan = None;
+                self.scan_again = false;
             }
             Done::Renewed(Ok(_)) => {}
             Done::Renewed(Err(error)) => {
                 tracing::warn!(%module, %error, "renewing claims failed; will retry");
             }
+        }
+    }
+
+    /// Scans the outbox from the beginning: now, or after the scan under way.
+    fn request_scan(&mut self) {
+        match self.scan {
+            None => self.scan = Some(Uuid::nil()),
+            Some(_) => self.scan_again = true,
         }
     }
 

@@ -58,6 +58,25 @@
 //! }
 //! ```
 //!
+//! # How the bus learns of committed messages
+//!
+//! - A module on a bus writes its messages already claimed by that bus and
+//!   hands them over in memory as the transaction commits: no polling, and
+//!   no statement beyond the outbox insert.
+//! - PostgreSQL: a transaction that publishes while its module is on no bus
+//!   of its process (a worker or command-line tool that only publishes, a
+//!   module not joined to a bus) sends `pg_notify` on the outbox's channel
+//!   ([`ModuleHandle::wakeup_channel`], one per database and schema) just
+//!   before COMMIT, so listeners hear it only if the messages commit. Every
+//!   bus listens on the channel of each of its PostgreSQL modules, on a
+//!   connection of its own outside the module's pool (one more connection
+//!   per module), and scans that outbox when notified. If that connection
+//!   fails, the bus reconnects with backoff and scans once listening again.
+//! - SQLite has no notifications: commits made by another process are found
+//!   by the periodic scan ([`BusBuilder::sweep_interval`], 2 s by default).
+//! - Every bus scans its outboxes at start and every sweep interval, which
+//!   finishes what a crash left behind.
+//!
 //! # Features
 //!
 //! - `sqlite` (default): the embedded backend, [`Sqlite`]; SQLite is
@@ -88,7 +107,8 @@
 //! - `metrics` — counters, histograms and gauges, their snapshots, and the
 //!   names they are exported under; `prometheus` serves them.
 //! - `backend`, `schema`, `sqlite`, `postgres` — storage, one file per
-//!   backend for what differs.
+//!   backend for what differs (`postgres` also holds the LISTEN/NOTIFY
+//!   wake-ups).
 //! - `error` — [`Error`], the one error type.
 //! - `bin/tickbox.rs` — the operator's command-line tool (status, dead
 //!   letters, retention sweep), built on [`ModuleBuilder::attach`].

@@ -1,6 +1,6 @@
 //! Modules: actors that own a database, its outbox and inbox, and handlers.
 
-use crate::backend::{Backend, StoreSettings};
+use crate::backend::{Backend, StoreSettings, WakeupChannel};
 use crate::batch::{self, BatchQueue};
 use crate::error::{Error, Result};
 use crate::handler::{ErasedHandler, Handler, HandlerOptions, Typed};
@@ -233,7 +233,7 @@ impl<B: Backend> ModuleBuilder<B> {
                 });
             }
         }
-        let pool = B::open(&self.settings).await?;
+        let (pool, wakeup) = B::open(&self.settings).await?;
         if !self.settings.migrate {
             let mut conn = B::checkout(&pool).await.map_err(|reason| Error::Pool {
                 module: name.to_string(),
@@ -269,8 +269,9 @@ impl<B: Backend> ModuleBuilder<B> {
             outbox: OutboxGauges::new(name),
             announced: sender,
             announcements: Mutex::new(Some(receiver)),
-            overflowed: AtomicBool::new(false),
+            scan_requested: AtomicBool::new(false),
             wake: Notify::new(),
+            wakeup,
             busy: std::sync::atomic::AtomicUsize::new(0),
             claimant: std::sync::OnceLock::new(),
             write_gate: B::ONE_WRITER.then(|| Arc::new(tokio::sync::Semaphore::new(1))),
@@ -317,11 +318,16 @@ pub(crate) struct ModuleCore<B: Backend> {
     announced: mpsc::Sender<Arc<Envelope>>,
     /// The receiving end, taken by the bus when the module joins it.
     announcements: Mutex<Option<mpsc::Receiver<Arc<Envelope>>>>,
-    /// Set when a committed message did not fit in the channel: the bus must
-    /// look in the outbox table.
-    pub(crate) overflowed: AtomicBool,
-    /// Wakes the bus after an overflow.
+    /// Set when the bus must look in the outbox table: a committed message
+    /// did not fit in the channel, or another process committed messages
+    /// (PostgreSQL notification).
+    pub(crate) scan_requested: AtomicBool,
+    /// Wakes the bus after a scan is requested.
     pub(crate) wake: Notify,
+    /// PostgreSQL: the channel that wakes buses when messages no bus of the
+    /// committing process will deliver are committed, and the URL a bus
+    /// listens on it with. `None` on SQLite.
+    pub(crate) wakeup: Option<WakeupChannel>,
     /// Messages of this outbox the bus holds in memory (in delivery or
     /// waiting for a retry).
     pub(crate) busy: std::sync::atomic::AtomicUsize,
@@ -346,9 +352,15 @@ impl<B: Backend> ModuleCore<B> {
             }
         }
         if overflowed {
-            self.overflowed.store(true, Relaxed);
-            self.wake.notify_one();
+            self.request_scan();
         }
+    }
+
+    /// Asks the bus to scan the outbox table from the beginning. Requests
+    /// made while it is busy collapse into one.
+    pub(crate) fn request_scan(&self) {
+        self.scan_requested.store(true, Relaxed);
+        self.wake.notify_one();
     }
 
     /// Waits for this process's turn to write, where the database takes one
@@ -543,15 +555,31 @@ impl<B: Backend> ModuleHandle<B> {
         &self.addr
     }
 
+    /// PostgreSQL: the notification channel of this module's outbox (one per
+    /// database and schema, at most 63 bytes). A transaction that publishes
+    /// messages while the module has joined no bus sends a notification on
+    /// it as it commits, and every bus delivering this outbox listens on it,
+    /// so messages committed by another process are delivered at once rather
+    /// than at the bus's next periodic scan. A program that writes outbox
+    /// rows by other means can wake the buses itself with
+    /// `SELECT pg_notify('<channel>', '')`. `None` on SQLite, which has no
+    /// notifications.
+    pub fn wakeup_channel(&self) -> Option<&str> {
+        self.core.wakeup.as_ref().map(|w| w.channel.as_str())
+    }
+
     /// Runs `f` in a transaction on the module's database and commits it if
     /// `f` returns `Ok`.
     ///
     /// Messages published with [`Tx::publish`] are written to the outbox in
-    /// the same transaction: they exist if and only if it commits, and the bus
-    /// is told about them the moment it does. An `Err` or a panic rolls
-    /// everything back (the panic then continues in the caller). The
-    /// transaction runs in its own task, so dropping the returned future does
-    /// not leave it half done.
+    /// the same transaction: they exist if and only if it commits, and a bus
+    /// delivering this outbox is told about them the moment it does — in
+    /// memory when the module is on a bus of this process; otherwise, on
+    /// PostgreSQL, by a notification on [`ModuleHandle::wakeup_channel`]
+    /// (on SQLite another process's bus finds them at its periodic scan).
+    /// An `Err` or a panic rolls everything back (the panic then continues
+    /// in the caller). The transaction runs in its own task, so dropping the
+    /// returned future does not leave it half done.
     ///
     /// ```no_run
     /// # use serde::{Deserialize, Serialize};

@@ -1,9 +1,14 @@
 //! The PostgreSQL backend: `AsyncPgConnection` (tokio-postgres, no libpq)
 //! with a pool; a module owns a database or a schema.
+//!
+//! Commits wake the buses of other processes through LISTEN/NOTIFY: a
+//! transaction that publishes messages no bus of its own process will
+//! deliver sends `pg_notify` on the outbox's channel just before COMMIT, and
+//! a bus listens on that channel on a connection of its own.
 
 use crate::backend::{
     build_pool, checkout, claim_with, has_tables_with, shared_queries, sweep_with, Backend,
-    StoreSettings,
+    StoreSettings, WakeupChannel,
 };
 use crate::error::{redact_url, Error};
 use crate::schema::{tickbox_outbox, OutboxRow};
@@ -15,11 +20,21 @@ use diesel_async::{
     TransactionManager,
 };
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+use futures_util::StreamExt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// The PostgreSQL backend, for production. A module's tables live in its own
 /// database, or in its own schema when the module sets one. Transactions run
 /// at READ COMMITTED, where a concurrent duplicate delivery waits on the
 /// inbox's unique index and then skips.
+///
+/// A bus holds one more connection per PostgreSQL module, outside the
+/// module's pool, listening for the commits of processes that have no bus
+/// for the module; see
+/// [`ModuleHandle::wakeup_channel`](crate::ModuleHandle::wakeup_channel).
 #[derive(Debug, Clone, Copy)]
 pub struct Postgres;
 
@@ -62,6 +77,126 @@ fn check_schema(settings: &StoreSettings) -> crate::Result<Option<String>> {
     }
 }
 
+/// Every wake-up channel's name starts with this.
+const CHANNEL_PREFIX: &str = "tickbox.";
+
+/// PostgreSQL's longest identifier, in bytes (NAMEDATALEN - 1); a channel
+/// name is one.
+const MAX_IDENTIFIER_BYTES: usize = 63;
+
+/// The listener's first wait before reconnecting; it doubles after each
+/// failure, up to [`LISTEN_BACKOFF_MAX`].
+const LISTEN_BACKOFF_MIN: Duration = Duration::from_millis(100);
+
+/// The listener's longest wait before reconnecting. A connection that stayed
+/// up at least this long starts over from [`LISTEN_BACKOFF_MIN`].
+const LISTEN_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// How long the listener waits for its connection to open.
+const LISTEN_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The wake-up channel of the outbox in `schema`: notifications are per
+/// database, so the schema tells apart the outboxes of one database.
+///
+/// `tickbox.<schema>` when that fits in 63 bytes; otherwise the schema is cut
+/// (at a character boundary) and followed by `~` and a 64-bit FNV-1a hash of
+/// the whole schema name, so every process derives the same name and long
+/// names that differ only at the end still differ. Should two outboxes ever
+/// share a channel, the cost is a needless scan, never a missed message.
+fn wakeup_channel_name(schema: &str) -> String {
+    let name = format!("{CHANNEL_PREFIX}{schema}");
+    if name.len() <= MAX_IDENTIFIER_BYTES {
+        return name;
+    }
+    let hash = format!("~{:016x}", fnv1a_64(schema.as_bytes()));
+    let mut keep = MAX_IDENTIFIER_BYTES - CHANNEL_PREFIX.len() - hash.len();
+    while !schema.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    format!("{CHANNEL_PREFIX}{}{hash}", &schema[..keep])
+}
+
+/// 64-bit FNV-1a: tiny and fixed by its definition, so processes built with
+/// different compilers or releases derive the same channel names (std's
+/// hasher promises no such thing).
+fn fnv1a_64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// `name` as a quoted SQL identifier: in double quotes, any double quote
+/// doubled. Quoted, a channel name keeps its case and any character.
+fn quote_identifier(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// The schema unqualified table names are created in: the first existing
+/// schema on the connection's search path (empty if there is none).
+fn current_schema(conn: &mut AsyncConnectionWrapper<AsyncPgConnection>) -> QueryResult<String> {
+    #[derive(diesel::QueryableByName)]
+    struct Current {
+        #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+        schema: Option<String>,
+    }
+    let current: Current = diesel::RunQueryDsl::get_result(
+        diesel::sql_query("SELECT current_schema() AS schema"),
+        conn,
+    )?;
+    Ok(current.schema.unwrap_or_default())
+}
+
+/// Listens on the module's wake-up channel until aborted, reconnecting with
+/// backoff when the connection fails.
+async fn listen_forever(wakeup: WakeupChannel, module: Arc<str>, wake: impl Fn()) {
+    let mut backoff = LISTEN_BACKOFF_MIN;
+    loop {
+        let started = Instant::now();
+        let error = listen_until_failure(&wakeup, &module, &wake).await;
+        if started.elapsed() >= LISTEN_BACKOFF_MAX {
+            backoff = LISTEN_BACKOFF_MIN;
+        }
+        tracing::warn!(
+            %module,
+            channel = %wakeup.channel,
+            %error,
+            retry_in = ?backoff,
+            "listening for other processes' commits failed; their messages wait for the periodic scan until it reconnects"
+        );
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(LISTEN_BACKOFF_MAX);
+    }
+}
+
+/// Connects, listens, and calls `wake` once listening and on every
+/// notification; returns why it stopped.
+async fn listen_until_failure(wakeup: &WakeupChannel, module: &str, wake: &impl Fn()) -> String {
+    let connecting = tokio::time::timeout(
+        LISTEN_CONNECT_TIMEOUT,
+        AsyncPgConnection::establish(&wakeup.url),
+    );
+    let mut conn = match connecting.await {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(error)) => return format!("connecting: {error}"),
+        Err(_) => return format!("connecting: no connection within {LISTEN_CONNECT_TIMEOUT:?}"),
+    };
+    let listen = format!("LISTEN {}", quote_identifier(&wakeup.channel));
+    if let Err(error) = conn.batch_execute(&listen).await {
+        return format!("{listen}: {error}");
+    }
+    tracing::debug!(%module, channel = %wakeup.channel, "listening for other processes' commits");
+    // Commits made while nothing listened woke nobody: scan for them.
+    wake();
+    let mut notifications = std::pin::pin!(conn.notifications_stream());
+    while let Some(notification) = notifications.next().await {
+        match notification {
+            Ok(_) => wake(),
+            Err(error) => return error.to_string(),
+        }
+    }
+    "the connection closed".to_string()
+}
+
 impl Backend for Postgres {
     type Connection = AsyncPgConnection;
     type Pool = Pool<AsyncPgConnection>;
@@ -71,7 +206,7 @@ impl Backend for Postgres {
     const DEFAULT_POOL_SIZE: usize = 8;
     const ONE_WRITER: bool = false;
 
-    async fn open(settings: &StoreSettings) -> crate::Result<Self::Pool> {
+    async fn open(settings: &StoreSettings) -> crate::Result<(Self::Pool, Option<WakeupChannel>)> {
         check_url(settings)?;
         let schema = check_schema(settings)?;
         let url = settings.url.trim().to_string();
@@ -79,7 +214,7 @@ impl Backend for Postgres {
         let migrate_url = url.clone();
         let migrate_schema = schema.clone();
         let migrate = settings.migrate;
-        tokio::task::spawn_blocking(move || {
+        let outbox_schema = tokio::task::spawn_blocking(move || {
             let mut conn: AsyncConnectionWrapper<AsyncPgConnection> =
                 diesel::Connection::establish(&migrate_url).map_err(|e| Error::BadDatabaseUrl {
                     module: module.clone(),
@@ -90,9 +225,16 @@ impl Backend for Postgres {
                 module: module.clone(),
                 reason,
             };
+            // The schema holding the outbox names its wake-up channel: the
+            // module's own, or the connection's default (so a module that
+            // names `public` and one that names nothing agree).
+            let outbox_schema = match &migrate_schema {
+                Some(schema) => schema.clone(),
+                None => current_schema(&mut conn).map_err(Error::from)?,
+            };
             use diesel::connection::SimpleConnection;
             if !migrate {
-                return Ok(());
+                return Ok(outbox_schema);
             }
             SimpleConnection::batch_execute(
                 &mut conn,
@@ -115,12 +257,17 @@ impl Backend for Postgres {
                 &format!("SELECT pg_advisory_unlock({MIGRATION_LOCK})"),
             );
             migrated.map_err(|e| migration_error(e.to_string()))?;
-            unlocked.map_err(|e| migration_error(e.to_string()))
+            unlocked.map_err(|e| migration_error(e.to_string()))?;
+            Ok::<_, Error>(outbox_schema)
         })
         .await
         .map_err(|e| Error::Config(format!("opening module `{}`: {e}", settings.module)))??;
 
-        build_pool(
+        let wakeup = WakeupChannel {
+            url: url.clone(),
+            channel: wakeup_channel_name(&outbox_schema),
+        };
+        let pool = build_pool(
             settings,
             url,
             Box::new(move |url| {
@@ -135,7 +282,8 @@ impl Backend for Postgres {
                     Ok(conn)
                 })
             }),
-        )
+        )?;
+        Ok((pool, Some(wakeup)))
     }
 
     fn close(pool: &Self::Pool) {
@@ -160,6 +308,23 @@ impl Backend for Postgres {
 
     async fn rollback(conn: &mut Self::Connection) -> QueryResult<()> {
         AnsiTransactionManager::rollback_transaction(conn).await
+    }
+
+    async fn notify(conn: &mut Self::Connection, channel: &str) -> QueryResult<()> {
+        use diesel_async::RunQueryDsl;
+        diesel::sql_query("SELECT pg_notify($1, '')")
+            .bind::<diesel::sql_types::Text, _>(channel)
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+
+    fn listen(
+        wakeup: WakeupChannel,
+        module: Arc<str>,
+        wake: impl Fn() + Send + Sync + 'static,
+    ) -> Option<impl Future<Output = ()> + Send + 'static> {
+        Some(listen_forever(wakeup, module, wake))
     }
 
     async fn insert_outbox(conn: &mut Self::Connection, rows: Vec<OutboxRow>) -> QueryResult<()> {
@@ -203,4 +368,61 @@ impl Backend for Postgres {
     );
 
     shared_queries!();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_schema_that_fits_names_its_channel_as_is() {
+        assert_eq!(wakeup_channel_name("public"), "tickbox.public");
+        assert_eq!(
+            wakeup_channel_name("minishop_orders"),
+            "tickbox.minishop_orders"
+        );
+        // 8 bytes of prefix + 55 = 63: still as is.
+        let longest = "s".repeat(55);
+        assert_eq!(wakeup_channel_name(&longest), format!("tickbox.{longest}"));
+    }
+
+    #[test]
+    fn a_long_schema_is_cut_and_hashed_within_63_bytes_the_same_way_every_time() {
+        let long = "s".repeat(56);
+        let name = wakeup_channel_name(&long);
+        assert_eq!(name.len(), 63, "{name}");
+        assert!(name.starts_with("tickbox.sss"), "{name}");
+        assert_eq!(name, wakeup_channel_name(&long), "deterministic");
+        // Pinned: processes of different builds must derive the same name.
+        assert_eq!(
+            wakeup_channel_name(&"a".repeat(63)),
+            format!("tickbox.{}~51c1e07b2aee9066", "a".repeat(38))
+        );
+        let other = format!("{}t", "s".repeat(55));
+        assert_ne!(wakeup_channel_name(&other), name, "differ at the end");
+        for schema in [
+            "x".repeat(300),
+            "é".repeat(40),
+            format!("a{}", "日本".repeat(30)),
+        ] {
+            let name = wakeup_channel_name(&schema);
+            assert!(name.len() <= 63, "{name}: {} bytes", name.len());
+        }
+    }
+
+    #[test]
+    fn the_hash_is_fnv1a_64() {
+        // The published test vectors.
+        assert_eq!(fnv1a_64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a_64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a_64(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn a_channel_is_quoted_for_listen_with_double_quotes_doubled() {
+        assert_eq!(quote_identifier("tickbox.orders"), "\"tickbox.orders\"");
+        assert_eq!(quote_identifier("Mixed Case"), "\"Mixed Case\"");
+        assert_eq!(quote_identifier("a\"b"), "\"a\"\"b\"");
+        assert_eq!(quote_identifier("\""), "\"\"\"\"");
+    }
 }

@@ -1,9 +1,12 @@
 //! The SQLite backend: one database file per module, WAL mode, through
 //! diesel-async's `SyncConnectionWrapper`.
+//!
+//! SQLite has no notifications: commits made by another process are found by
+//! the bus's periodic outbox scan (`BusBuilder::sweep_interval`).
 
 use crate::backend::{
     build_pool, checkout, claim_with, has_tables_with, shared_queries, sweep_with, Backend,
-    StoreSettings,
+    StoreSettings, WakeupChannel,
 };
 use crate::error::Error;
 use crate::schema::{tickbox_outbox, OutboxRow};
@@ -74,7 +77,7 @@ impl Backend for Sqlite {
     const DEFAULT_POOL_SIZE: usize = 4;
     const ONE_WRITER: bool = true;
 
-    async fn open(settings: &StoreSettings) -> crate::Result<Self::Pool> {
+    async fn open(settings: &StoreSettings) -> crate::Result<(Self::Pool, Option<WakeupChannel>)> {
         let path = database_path(settings)?;
         if !settings.migrate && !std::path::Path::new(&path).exists() {
             return Err(Error::BadDatabaseUrl {
@@ -110,7 +113,7 @@ impl Backend for Sqlite {
         .await
         .map_err(|e| Error::Config(format!("opening module `{}`: {e}", settings.module)))??;
 
-        build_pool(
+        let pool = build_pool(
             settings,
             path,
             Box::new(|url| {
@@ -122,7 +125,10 @@ impl Backend for Sqlite {
                     Ok(conn)
                 })
             }),
-        )
+        )?;
+        // SQLite has no notifications: another process's commits are found
+        // by the bus's periodic scan.
+        Ok((pool, None))
     }
 
     fn close(pool: &Self::Pool) {
@@ -151,6 +157,19 @@ impl Backend for Sqlite {
     async fn rollback(conn: &mut Self::Connection) -> QueryResult<()> {
         conn.spawn_blocking(AnsiTransactionManager::rollback_transaction)
             .await
+    }
+
+    async fn notify(_: &mut Self::Connection, _: &str) -> QueryResult<()> {
+        // Never called: `open` gives SQLite modules no wake-up channel.
+        Ok(())
+    }
+
+    fn listen(
+        _: WakeupChannel,
+        _: std::sync::Arc<str>,
+        _: impl Fn() + Send + Sync + 'static,
+    ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+        None::<std::future::Ready<()>>
     }
 
     async fn insert_outbox(conn: &mut Self::Connection, rows: Vec<OutboxRow>) -> QueryResult<()> {

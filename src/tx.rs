@@ -33,6 +33,10 @@ pub struct Tx<B: Backend> {
     mode: Mode,
     /// Messages published so far, written to the outbox just before COMMIT.
     published: Vec<Envelope>,
+    /// Outbox rows were written directly, unclaimed and unannounced (a
+    /// requeued dead letter): only a scan finds them, so the commit wakes
+    /// the listening buses whether or not the module is on a bus.
+    requeued: bool,
 }
 
 /// What a transaction may do.
@@ -87,6 +91,7 @@ impl<B: Backend> Tx<B> {
             delivery: None,
             mode,
             published: Vec::new(),
+            requeued: false,
         })
     }
 
@@ -166,7 +171,20 @@ impl<B: Backend> Tx<B> {
         Ok(B::tick_inbox(&mut self.conn, id, &handler, now_us()).await?)
     }
 
+    /// Notes that this transaction put outbox rows back as pending and
+    /// unclaimed, so that its commit wakes the buses listening for them.
+    pub(crate) fn requeued_outbox_rows(&mut self) {
+        self.requeued = true;
+    }
+
     /// Writes the published messages, commits, and announces them to the bus.
+    ///
+    /// When the module has no claimant (no bus of this process delivers its
+    /// outbox), the rows are written unclaimed and, on PostgreSQL, a
+    /// notification on the outbox's wake-up channel is sent just before
+    /// COMMIT: buses of other processes hear it if and only if the rows
+    /// commit. The messages of a module on a bus are announced to it in
+    /// memory, and nobody is notified.
     pub(crate) async fn commit(mut self) -> Result<()> {
         let mut published = std::mem::take(&mut self.published);
         // Stamped just before COMMIT, so end-to-end latency counts from the
@@ -191,6 +209,18 @@ impl<B: Backend> Tx<B> {
         if let Err(e) = B::insert_outbox(&mut self.conn, rows).await {
             self.rollback().await;
             return Err(e.into());
+        }
+        let unclaimed = claim.is_none() && !published.is_empty();
+        if let Some(wakeup) = self
+            .module
+            .wakeup
+            .as_ref()
+            .filter(|_| unclaimed || self.requeued)
+        {
+            if let Err(e) = B::notify(&mut self.conn, &wakeup.channel).await {
+                self.rollback().await;
+                return Err(e.into());
+            }
         }
         B::commit(&mut self.conn).await?;
         self.module.announce(published);

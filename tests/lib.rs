@@ -1,7 +1,8 @@
 //! Integration tests: one suite, run against every backend.
 //!
-//! SQLite always runs. The PostgreSQL suite runs with the `postgres` feature
-//! and needs `TICKBOX_PG_URL`:
+//! SQLite always runs. The PostgreSQL suite, and the PostgreSQL-only tests of
+//! LISTEN/NOTIFY wake-ups (`postgres_wakeup`), run with the `postgres`
+//! feature and need `TICKBOX_PG_URL`:
 //!
 //! ```text
 //! TICKBOX_PG_URL=postgres://postgres@127.0.0.1:5432/test cargo test --all-features
@@ -10,6 +11,8 @@
 mod cli;
 #[cfg(feature = "prometheus")]
 mod exposition;
+#[cfg(feature = "postgres")]
+mod postgres_wakeup;
 mod processes;
 mod suite;
 mod support;

@@ -272,9 +272,10 @@ Examples:
 const REPLAY_HELP: &str = "\
 Puts a dead letter's message back in this module's outbox as pending and
 removes the dead letter, in one transaction. The application's bus delivers it
-again on its next outbox scan (every 2 s by default; at start if no
-application runs now) to every subscriber of its topic: handlers that did
-process it skip it thanks to their inbox, the one that gave up tries again.
+again to every subscriber of its topic: on PostgreSQL at once (the commit
+wakes it), on SQLite at its next outbox scan (every 2 s by default), and at
+start if no application runs now. Handlers that did process it skip it thanks
+to their inbox, the one that gave up tries again.
 No handler code runs in this tool.
 
 Arguments:
@@ -1145,9 +1146,10 @@ async fn replay<B: Backend>(
     let mut out = format!(
         "requeued message {} (topic {}, {}):\n\
          it is back in the outbox as pending, and its dead letter is gone.\n\
-         The application's bus delivers it again on its next outbox scan (or when it\n\
-         starts) to every subscriber of its topic; handlers that already processed it\n\
-         skip it in their inbox. `tickbox status` counts it as pending until then.\n",
+         The application's bus delivers it again to every subscriber of its topic:\n\
+         at once on PostgreSQL, on its next outbox scan on SQLite, or when it starts.\n\
+         Handlers that already processed it skip it in their inbox. `tickbox status`\n\
+         counts it as pending until then.\n",
         letter.message_id,
         letter.topic,
         handler_label(&letter.handler),
