@@ -89,7 +89,11 @@ impl<B: Backend> BusBuilder<B> {
     }
 
     /// Handler attempts running at once over all modules (default 64). A
-    /// slow handler holds one slot; the others keep flowing.
+    /// slow handler holds one slot; the others keep flowing. First attempts
+    /// to a batched handler ([`HandlerOptions::batch`](crate::HandlerOptions::batch))
+    /// take no slot: they wait in the handler's queue, and its module runs
+    /// at most as many batch transactions at once as half its pool (one on
+    /// SQLite). Retries take a slot.
     pub fn max_concurrent_deliveries(mut self, n: usize) -> Self {
         self.config.max_concurrent_deliveries = n;
         self
@@ -276,6 +280,11 @@ pub(crate) struct Route<B: Backend> {
 impl<B: Backend> Route<B> {
     pub(crate) fn name(&self) -> &str {
         &self.module.core.handlers[self.handler].name
+    }
+
+    /// Whether the handler takes its deliveries in batches.
+    pub(crate) fn is_batched(&self) -> bool {
+        self.module.core.handlers[self.handler].batches.is_some()
     }
 
     /// The handler's own retry policy, or the bus's.

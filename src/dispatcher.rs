@@ -511,9 +511,16 @@ async fn deliver_to_route<B: Backend>(
     loop {
         attempt += 1;
         // Waiting for a slot stops with the bus; a running attempt is let
-        // finish.
-        let Some(slot) = until_stopped(bus, bus.permits.acquire()).await else {
-            return RouteEnd::Stopped;
+        // finish. A first attempt to a batched handler needs no slot: it
+        // waits in the handler's batch queue, whose transactions the module
+        // bounds itself.
+        let slot = if attempt == 1 && route.is_batched() {
+            None
+        } else {
+            match until_stopped(bus, bus.permits.acquire()).await {
+                Some(slot) => Some(slot),
+                None => return RouteEnd::Stopped,
+            }
         };
         let outcome = route
             .module

@@ -329,14 +329,24 @@ impl Backend for Postgres {
 
     async fn insert_outbox(conn: &mut Self::Connection, rows: Vec<OutboxRow>) -> QueryResult<()> {
         use diesel_async::RunQueryDsl;
-        if rows.is_empty() {
-            return Ok(());
+        // One row (the common case) is a statement of a fixed shape, prepared
+        // once per connection without building its SQL again.
+        match <[OutboxRow; 1]>::try_from(rows) {
+            Ok([row]) => {
+                diesel::insert_into(tickbox_outbox::table)
+                    .values(row)
+                    .execute(conn)
+                    .await
+            }
+            Err(rows) if rows.is_empty() => Ok(0),
+            Err(rows) => {
+                diesel::insert_into(tickbox_outbox::table)
+                    .values(rows)
+                    .execute(conn)
+                    .await
+            }
         }
-        diesel::insert_into(tickbox_outbox::table)
-            .values(rows)
-            .execute(conn)
-            .await
-            .map(drop)
+        .map(drop)
     }
 
     // SKIP LOCKED: rows another process is claiming right now are passed

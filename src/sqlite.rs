@@ -173,9 +173,20 @@ impl Backend for Sqlite {
     }
 
     async fn insert_outbox(conn: &mut Self::Connection, rows: Vec<OutboxRow>) -> QueryResult<()> {
-        if rows.is_empty() {
-            return Ok(());
-        }
+        // One row (the common case) is a statement of a fixed shape, prepared
+        // once per connection without building its SQL again.
+        let rows = match <[OutboxRow; 1]>::try_from(rows) {
+            Ok([row]) => {
+                use diesel_async::RunQueryDsl;
+                return diesel::insert_into(tickbox_outbox::table)
+                    .values(row)
+                    .execute(conn)
+                    .await
+                    .map(drop);
+            }
+            Err(rows) if rows.is_empty() => return Ok(()),
+            Err(rows) => rows,
+        };
         // diesel batches multi-row inserts on SQLite only for its synchronous
         // connection: run the whole insert as one blocking call.
         conn.spawn_blocking(move |c| {
