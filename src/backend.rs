@@ -290,31 +290,28 @@ pub struct Claim {
     pub(crate) limit: i64,
 }
 
+/// The inbox guard's insert: `(message_id, handler)` unless present. Each
+/// backend runs it its own way (SQLite on its blocking thread, where the
+/// statement of this fixed shape is prepared once and its SQL never rebuilt).
+macro_rules! tick_inbox_statement {
+    ($message_id:expr, $handler:expr, $now_us:expr) => {{
+        use diesel::ExpressionMethods;
+        use $crate::schema::tickbox_inbox::dsl as inbox;
+        diesel::insert_into(inbox::tickbox_inbox)
+            .values((
+                inbox::message_id.eq($crate::schema::Id($message_id)),
+                inbox::handler.eq($handler),
+                inbox::processed_at_us.eq($now_us),
+            ))
+            .on_conflict_do_nothing()
+    }};
+}
+pub(crate) use tick_inbox_statement;
+
 /// The queries that read the same on both dialects, expanded inside each
 /// `impl Backend` so they are compiled against its concrete connection.
 macro_rules! shared_queries {
     () => {
-        async fn tick_inbox(
-            conn: &mut Self::Connection,
-            message_id: uuid::Uuid,
-            handler: &str,
-            now_us: i64,
-        ) -> diesel::QueryResult<bool> {
-            use diesel::ExpressionMethods;
-            use diesel_async::RunQueryDsl;
-            use $crate::schema::tickbox_inbox::dsl as inbox;
-            let inserted = diesel::insert_into(inbox::tickbox_inbox)
-                .values((
-                    inbox::message_id.eq($crate::schema::Id(message_id)),
-                    inbox::handler.eq(handler),
-                    inbox::processed_at_us.eq(now_us),
-                ))
-                .on_conflict_do_nothing()
-                .execute(conn)
-                .await?;
-            Ok(inserted == 1)
-        }
-
         async fn renew_claims(
             conn: &mut Self::Connection,
             ids: Vec<uuid::Uuid>,

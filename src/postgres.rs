@@ -7,8 +7,8 @@
 //! a bus listens on that channel on a connection of its own.
 
 use crate::backend::{
-    build_pool, checkout, claim_with, has_tables_with, shared_queries, sweep_with, Backend,
-    StoreSettings, WakeupChannel,
+    build_pool, checkout, claim_with, has_tables_with, shared_queries, sweep_with,
+    tick_inbox_statement, Backend, StoreSettings, WakeupChannel,
 };
 use crate::error::{redact_url, Error};
 use crate::schema::{tickbox_outbox, OutboxRow};
@@ -25,6 +25,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
+use uuid::Uuid;
 
 /// The PostgreSQL backend, for production. A module's tables live in its own
 /// database, or in its own schema when the module sets one. Transactions run
@@ -325,6 +326,19 @@ impl Backend for Postgres {
         wake: impl Fn() + Send + Sync + 'static,
     ) -> Option<impl Future<Output = ()> + Send + 'static> {
         Some(listen_forever(wakeup, module, wake))
+    }
+
+    async fn tick_inbox(
+        conn: &mut Self::Connection,
+        message_id: Uuid,
+        handler: &str,
+        now_us: i64,
+    ) -> QueryResult<bool> {
+        use diesel_async::RunQueryDsl;
+        let inserted = tick_inbox_statement!(message_id, handler, now_us)
+            .execute(conn)
+            .await?;
+        Ok(inserted == 1)
     }
 
     async fn insert_outbox(conn: &mut Self::Connection, rows: Vec<OutboxRow>) -> QueryResult<()> {

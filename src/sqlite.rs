@@ -5,8 +5,8 @@
 //! the bus's periodic outbox scan (`BusBuilder::sweep_interval`).
 
 use crate::backend::{
-    build_pool, checkout, claim_with, has_tables_with, shared_queries, sweep_with, Backend,
-    StoreSettings, WakeupChannel,
+    build_pool, checkout, claim_with, has_tables_with, shared_queries, sweep_with,
+    tick_inbox_statement, Backend, StoreSettings, WakeupChannel,
 };
 use crate::error::Error;
 use crate::schema::{tickbox_outbox, OutboxRow};
@@ -18,6 +18,7 @@ use diesel_async::pooled_connection::deadpool::{Object, Pool};
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::{AsyncConnection, SimpleAsyncConnection};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+use uuid::Uuid;
 
 /// The embedded SQLite backend (the default). A module's database is one file;
 /// nothing needs to be installed.
@@ -173,28 +174,36 @@ impl Backend for Sqlite {
     }
 
     async fn insert_outbox(conn: &mut Self::Connection, rows: Vec<OutboxRow>) -> QueryResult<()> {
-        // One row (the common case) is a statement of a fixed shape, prepared
-        // once per connection without building its SQL again.
-        let rows = match <[OutboxRow; 1]>::try_from(rows) {
-            Ok([row]) => {
-                use diesel_async::RunQueryDsl;
-                return diesel::insert_into(tickbox_outbox::table)
-                    .values(row)
-                    .execute(conn)
-                    .await
-                    .map(drop);
-            }
-            Err(rows) if rows.is_empty() => return Ok(()),
-            Err(rows) => rows,
-        };
-        // diesel batches multi-row inserts on SQLite only for its synchronous
-        // connection: run the whole insert as one blocking call.
+        if rows.is_empty() {
+            return Ok(());
+        }
+        // On its blocking thread, the synchronous connection prepares a
+        // statement of fixed shape once and never builds its SQL again (the
+        // async wrapper would render it for every call), and batches
+        // multi-row inserts.
         conn.spawn_blocking(move |c| {
             use diesel::RunQueryDsl;
-            diesel::insert_into(tickbox_outbox::table)
-                .values(rows)
-                .execute(c)
-                .map(drop)
+            let insert = diesel::insert_into(tickbox_outbox::table);
+            match <[OutboxRow; 1]>::try_from(rows) {
+                Ok([row]) => insert.values(row).execute(c),
+                Err(rows) => insert.values(rows).execute(c),
+            }
+            .map(drop)
+        })
+        .await
+    }
+
+    async fn tick_inbox(
+        conn: &mut Self::Connection,
+        message_id: Uuid,
+        handler: &str,
+        now_us: i64,
+    ) -> QueryResult<bool> {
+        let handler = handler.to_owned();
+        conn.spawn_blocking(move |c| {
+            use diesel::RunQueryDsl;
+            let inserted = tick_inbox_statement!(message_id, handler, now_us).execute(c)?;
+            Ok(inserted == 1)
         })
         .await
     }
