@@ -247,7 +247,9 @@ impl<B: Backend> BusBuilder<B> {
         });
         for module in &self.modules {
             // A module joins one bus (take_announcements made sure).
-            let _ = module.core.claimant.set((core.id, core.config.claim_lease));
+            module
+                .core
+                .set_claimant(core.id, Some(core.config.claim_lease));
         }
         let dispatchers = self
             .modules

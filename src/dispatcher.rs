@@ -207,8 +207,10 @@ impl<B: Backend> Dispatcher<B> {
             }
         }
 
-        // Stopping: the running statement and running deliveries may
-        // finish, within the timeout.
+        // Stopping: from now on the module's commits are written unclaimed
+        // (and on PostgreSQL wake other processes' buses). The running
+        // statement and running deliveries may finish, within the timeout.
+        source.core.set_claimant(bus.id, None);
         if let Some(running) = statement.take() {
             if let Ok(done) = running.await {
                 state.apply(done);

@@ -273,7 +273,7 @@ impl<B: Backend> ModuleBuilder<B> {
             wake: Notify::new(),
             wakeup,
             busy: std::sync::atomic::AtomicUsize::new(0),
-            claimant: std::sync::OnceLock::new(),
+            claimant: Mutex::new(None),
             write_gate: B::ONE_WRITER.then(|| Arc::new(tokio::sync::Semaphore::new(1))),
         });
         tracing::info!(module = %core.name, backend = B::NAME, handlers = core.handlers.len(), "module started");
@@ -334,7 +334,10 @@ pub(crate) struct ModuleCore<B: Backend> {
     /// The bus this module joined and its claim lease: messages are written
     /// already claimed by it, so no other process's bus delivers them while
     /// this one does.
-    pub(crate) claimant: std::sync::OnceLock<(uuid::Uuid, Duration)>,
+    /// Cleared when that bus stops, so that later commits are written
+    /// unclaimed (and, on PostgreSQL, wake other processes' buses) instead of
+    /// waiting for a dead claim's lease.
+    claimant: Mutex<Option<(uuid::Uuid, Duration)>>,
     /// One permit per writer the database takes at once, when it takes one
     /// (SQLite): this process's writers queue here, fairly, rather than
     /// sleep in the database's busy handler.
@@ -353,6 +356,23 @@ impl<B: Backend> ModuleCore<B> {
         }
         if overflowed {
             self.request_scan();
+        }
+    }
+
+    /// The bus delivering this module's messages in this process, and its
+    /// claim lease.
+    pub(crate) fn claimant(&self) -> Option<(uuid::Uuid, Duration)> {
+        *self.claimant.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records that `bus` delivers this module's messages from now on
+    /// (`Some`), or that it stopped (`None`, only if it is still `bus`).
+    pub(crate) fn set_claimant(&self, bus: uuid::Uuid, lease: Option<Duration>) {
+        let mut claimant = self.claimant.lock().unwrap_or_else(|p| p.into_inner());
+        match lease {
+            Some(lease) => *claimant = Some((bus, lease)),
+            None if claimant.is_some_and(|(id, _)| id == bus) => *claimant = None,
+            None => {}
         }
     }
 

@@ -195,9 +195,8 @@ impl<B: Backend> Tx<B> {
         }
         let claim = self
             .module
-            .claimant
-            .get()
-            .map(|(bus, lease)| (Id(*bus), committing_us + lease.as_micros() as i64));
+            .claimant()
+            .map(|(bus, lease)| (Id(bus), committing_us + lease.as_micros() as i64));
         let rows = published
             .iter()
             .map(|envelope| OutboxRow {

@@ -386,3 +386,34 @@ async fn a_requeued_dead_letter_wakes_the_bus_at_once() {
         .is_empty());
     bus.stop().await;
 }
+
+#[actix::test]
+async fn a_module_whose_bus_stopped_hands_its_commits_to_another_process_at_once() {
+    trace_init();
+    let db = TestDb::postgres();
+    let handler = Record::new(Then::Succeed);
+    let (orders, warehouse) = pair::<Postgres>(&db, &handler).await;
+    let stopped = slow_scanning_bus(&orders, &warehouse);
+    stopped.stop().await;
+
+    // Another process takes over both modules with a bus of its own.
+    let orders_there = orders_elsewhere(&db).await;
+    let warehouse_there = <Postgres as TestBackend>::module(&db, "warehouse")
+        .handler("warehouse.record", record::<Ping>(&handler))
+        .pool_size(2)
+        .start()
+        .await
+        .expect("a second handle of warehouse starts");
+    let bus = slow_scanning_bus(&orders_there, &warehouse_there);
+    until_listening(&orders).await;
+
+    // The first handle's bus stopped: its commits are no longer written
+    // claimed by that bus (which would keep them from the other process for
+    // a lease) but unclaimed, with a notification.
+    for n in 1..=2 {
+        delivered_promptly(&orders, &warehouse, n, n as i64).await;
+    }
+    drained(&bus).await;
+    assert_eq!(handler.calls.load(SeqCst), 2, "each once");
+    bus.stop().await;
+}
