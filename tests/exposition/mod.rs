@@ -103,6 +103,8 @@ async fn the_prometheus_endpoint_passes_promtool() {
         format!("tickbox_inbox_retried_total{{{labels}}} 1"),
         format!("tickbox_handler_duration_seconds_count{{{labels}}} 1"),
         format!("tickbox_end_to_end_seconds_count{{{labels}}} 1"),
+        format!("tickbox_inbox_batches_total{{{labels}}} 0"),
+        format!("tickbox_inbox_batch_fallbacks_total{{{labels}}} 0"),
         "# TYPE tickbox_handler_duration_seconds histogram".to_string(),
         "# TYPE tickbox_inbox_handled_total counter".to_string(),
         "# TYPE tickbox_outbox_pending gauge".to_string(),
