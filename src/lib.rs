@@ -65,9 +65,10 @@
 //!   no statement beyond the outbox insert.
 //! - PostgreSQL: a transaction that publishes while its module is on no bus
 //!   of its process (a worker or command-line tool that only publishes, a
-//!   module not joined to a bus) sends `pg_notify` on the outbox's channel
-//!   ([`ModuleHandle::wakeup_channel`], one per database and schema) just
-//!   before COMMIT, so listeners hear it only if the messages commit. Every
+//!   module not joined to a bus, or one whose bus has stopped) sends
+//!   `pg_notify` on the outbox's channel ([`ModuleHandle::wakeup_channel`],
+//!   one per database and schema) just before COMMIT, so listeners hear it
+//!   only if the messages commit. Every
 //!   bus listens on the channel of each of its PostgreSQL modules, on a
 //!   connection of its own outside the module's pool (one more connection
 //!   per module), and scans that outbox when notified. If that connection
