@@ -3,7 +3,6 @@
 
 use super::{fast_retries, publish};
 use crate::support::*;
-use diesel_async::SimpleAsyncConnection;
 use std::sync::Arc;
 use tickbox::{Bus, BusHandle, Error, Handler, HandlerError, HandlerOptions, ModuleHandle, Tx};
 use tokio::sync::watch;
@@ -22,13 +21,7 @@ impl<B: TestBackend> Handler<B> for Gated {
     async fn handle(&self, tx: &mut Tx<B>, ping: Ping) -> Result<(), HandlerError> {
         let mut gate = self.gate.subscribe();
         gate.wait_for(|open| *open).await?;
-        let delivery = tx.delivery().expect("a handler runs in a delivery").clone();
-        tx.conn()
-            .batch_execute(&format!(
-                "INSERT INTO effects (handler, message_id, attempt) VALUES ('{}', '{}', {})",
-                delivery.handler, delivery.envelope.id, delivery.attempt
-            ))
-            .await?;
+        write_effect(tx).await?;
         if self.poison == Some(ping.n) {
             return Err(HandlerError::permanent(HandlerError::msg(format!(
                 "message {} is poison",

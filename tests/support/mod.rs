@@ -239,18 +239,25 @@ impl Record {
     }
 }
 
+/// Writes the effect row of the delivery the handler's transaction is
+/// processing.
+pub async fn write_effect<B: TestBackend>(tx: &mut Tx<B>) -> Result<(), HandlerError> {
+    let delivery = tx.delivery().expect("a handler runs in a delivery").clone();
+    tx.conn()
+        .batch_execute(&format!(
+            "INSERT INTO effects (handler, message_id, attempt) VALUES ('{}', '{}', {})",
+            delivery.handler, delivery.envelope.id, delivery.attempt
+        ))
+        .await?;
+    Ok(())
+}
+
 impl<B: TestBackend, M: Message + HasN> Handler<B> for RecordOf<M> {
     type Message = M;
 
     async fn handle(&self, tx: &mut Tx<B>, message: M) -> Result<(), HandlerError> {
         let record = &self.0;
-        let delivery = tx.delivery().expect("a handler runs in a delivery").clone();
-        tx.conn()
-            .batch_execute(&format!(
-                "INSERT INTO effects (handler, message_id, attempt) VALUES ('{}', '{}', {})",
-                delivery.handler, delivery.envelope.id, delivery.attempt
-            ))
-            .await?;
+        write_effect(tx).await?;
         if !record.hold.is_zero() {
             tokio::time::sleep(record.hold).await;
         }
