@@ -177,7 +177,11 @@ fn parse_args() -> Res<Args> {
                 print!("{USAGE}");
                 std::process::exit(0);
             }
-            other => return Err(format!("unknown argument `{other}`\n\n{USAGE}").into()),
+            // Redacted: it may be a database URL missing its flag.
+            other => {
+                let other = tickbox::redact_url(other);
+                return Err(format!("unknown argument `{other}`\n\n{USAGE}").into());
+            }
         }
     }
     if args.backend.is_empty() {
@@ -1127,13 +1131,13 @@ struct Pair<B: Backend> {
 }
 
 impl<B: BenchBackend> Pair<B> {
-    fn bus(&self, args: &Args) -> Res<Arc<tickbox::BusHandle<B>>> {
-        let mut bus = lock(&self.bus);
-        if let Some(bus) = &*bus {
+    async fn bus(&self, args: &Args) -> Res<Arc<tickbox::BusHandle<B>>> {
+        if let Some(bus) = &*lock(&self.bus) {
             return Ok(bus.clone());
         }
-        let started = Arc::new(bus_builder(args, self).start()?);
-        *bus = Some(started.clone());
+        // Runs on one pair take turns, so no other run starts a bus meanwhile.
+        let started = Arc::new(bus_builder(args, self).start().await?);
+        *lock(&self.bus) = Some(started.clone());
         Ok(started)
     }
 
@@ -1217,7 +1221,7 @@ async fn run_tickbox_on<B: BenchBackend>(
     rate: Option<f64>,
     what: &str,
 ) -> Res<RunResult> {
-    let bus = pair.bus(args)?;
+    let bus = pair.bus(args).await?;
     let before = handled(&pair.ledger);
     let clock = Clock::new(offset, args.messages, true);
     *pair.clock.write().unwrap_or_else(|p| p.into_inner()) = clock.clone();
@@ -1613,7 +1617,7 @@ async fn backlog<B: BenchBackend>(place: &Place, args: &Args) -> Res<Json> {
     let clock = Clock::new(0, args.messages, false);
     *pair.clock.write().unwrap_or_else(|p| p.into_inner()) = clock.clone();
     let started = Instant::now();
-    let bus = pair.bus(args)?;
+    let bus = pair.bus(args).await?;
     let mut samples: Vec<(f64, u64, f64)> = Vec::new(); // (seconds, handled, rss)
     let mut last_progress = (0, Instant::now());
     loop {

@@ -271,6 +271,12 @@ trait Shop: Backend {
         order_id: String,
     ) -> impl Future<Output = diesel::QueryResult<bool>> + Send;
 
+    /// Locks every stock row, in sku order, until the transaction ends (see
+    /// [`ReserveStock`] for why).
+    fn lock_stock(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = diesel::QueryResult<()>> + Send;
+
     /// Takes the stock and records the reservation; false if out of stock.
     fn reserve(
         conn: &mut Self::Connection,
@@ -476,6 +482,14 @@ impl Shop for tickbox::Sqlite {
         let path = std::path::Path::new(location).join(format!("{name}.db"));
         tickbox::Module::builder(name, path.to_string_lossy().into_owned())
     }
+
+    /// Nothing to do: a write transaction on SQLite (`BEGIN IMMEDIATE`)
+    /// holds the whole database's one write lock from its start, so two of
+    /// them never hold rows the other waits for.
+    async fn lock_stock(_conn: &mut Self::Connection) -> diesel::QueryResult<()> {
+        Ok(())
+    }
+
     shop_queries!();
 }
 
@@ -484,6 +498,25 @@ impl Shop for tickbox::Postgres {
     fn module(location: &str, name: &str) -> ModuleBuilder<Self> {
         tickbox::Module::builder(name, location).schema(format!("minishop_{name}"))
     }
+
+    /// `SELECT sku FROM stock ORDER BY sku FOR NO KEY UPDATE`: the rows are
+    /// locked one after the other in the sort's order. `NO KEY UPDATE` is
+    /// the lock the later `UPDATE` of `available` takes anyway, so running
+    /// this again in the same transaction, on rows it already locked or
+    /// updated, waits for nobody.
+    async fn lock_stock(conn: &mut Self::Connection) -> diesel::QueryResult<()> {
+        use diesel::QueryDsl;
+        use diesel_async::RunQueryDsl;
+        use schema::stock::dsl as s;
+        s::stock
+            .select(s::sku)
+            .order(s::sku)
+            .for_no_key_update()
+            .load::<String>(conn)
+            .await
+            .map(drop)
+    }
+
     shop_queries!();
 }
 
@@ -519,12 +552,32 @@ impl<B: Shop> Handler<B> for ConfirmOrder {
 }
 
 /// warehouse: `OrderPlaced` → reserve stock, publish `StockReserved`.
+///
+/// It runs batched: up to 32 orders in one transaction, each taking the
+/// stock of its own sku. Taken in the orders' order, two transactions
+/// holding orders for skus A then B and for B then A would each lock one
+/// row and wait for the other's: a deadlock, which PostgreSQL only breaks
+/// after `deadlock_timeout` (1 s) by failing one of them, whose whole batch
+/// then rolls back and is handled again one order at a time, so that a
+/// stalled backlog took tens of seconds to drain. So every transaction
+/// takes its stock rows in one global order, sku order, before it changes
+/// any of them.
+///
+/// tickbox gives a handler no hook at the start of a batch's transaction,
+/// nor a way to tell whether it is the first of the batch, so each call
+/// locks every stock row in sku order (there are five) before its own
+/// update: the first call of a transaction takes them all, and the later
+/// ones find them held by their own transaction and wait for nobody. A
+/// handler whose rows are not known in advance would lock, in the same
+/// way, a parent row (say, its warehouse) that every transaction takes
+/// first.
 struct ReserveStock;
 
 impl<B: Shop> Handler<B> for ReserveStock {
     type Message = OrderPlaced;
 
     async fn handle(&self, tx: &mut Tx<B>, order: OrderPlaced) -> Result<(), HandlerError> {
+        B::lock_stock(tx.conn()).await?;
         // Idempotent in its own right, beyond the inbox: an order is reserved
         // once, whatever message asks for it. The reservation and its
         // StockReserved committed together, so there is nothing to redo.
@@ -773,7 +826,8 @@ fn parse_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Pars
             "--resume" => resume = true,
             "--json" => json = true,
             "-h" | "--help" => return Ok(Parsed::Help),
-            _ => return Err(format!("unknown argument `{arg}`")),
+            // Redacted: it may be a database URL missing its flag.
+            _ => return Err(format!("unknown argument `{}`", tickbox::redact_url(&arg))),
         }
     }
 
@@ -1512,7 +1566,8 @@ async fn run<B: Shop>(
         // A crashed run's claims on outbox rows keep other buses away until
         // they expire; short, so that --resume takes over its messages soon.
         .claim_lease(Duration::from_secs(2))
-        .start()?;
+        .start()
+        .await?;
 
     // Stop the bus whatever happens from here on.
     let mut progress = Progress::new();

@@ -6,7 +6,8 @@
 //! (opening a pool, running migrations, how a write transaction begins) is
 //! written per backend, in `sqlite.rs` and `postgres.rs`.
 
-use crate::schema::{DeadLetterRow, OutboxRow};
+use crate::schema::{DeadLetterRow, OutboxRow, SubscriptionRow};
+use crate::statement::{Row, Statement};
 use diesel::QueryResult;
 use diesel_async::AsyncConnection;
 use std::future::Future;
@@ -150,15 +151,51 @@ pub trait Backend: Sized + Send + Sync + 'static {
         now_us: i64,
     ) -> impl Future<Output = QueryResult<bool>> + Send;
 
-    /// Claims up to `claim.limit` undelivered outbox rows with ids above
-    /// `claim.after`, oldest first, that are unclaimed, claimed by this bus,
-    /// or whose claim expired: another process's rows are skipped, never
-    /// waited for.
+    /// How the dialect spells a numbered placeholder: `?` (SQLite, `?1`) or
+    /// `$` (PostgreSQL, `$1`).
     #[doc(hidden)]
-    fn claim(
+    const PARAM: char;
+
+    /// What a claim's row selection ends with: `FOR UPDATE SKIP LOCKED` on
+    /// PostgreSQL, so concurrent claims skip each other's rows instead of
+    /// waiting; nothing on SQLite, whose writers take turns.
+    #[doc(hidden)]
+    const SKIP_LOCKED: &'static str;
+
+    /// The `RETURNING` list of a claim, read as a
+    /// [`ClaimedRow`](crate::schema::ClaimedRow): text columns as raw bytes
+    /// and a creation time that is NULL unless it is an integer, so that one
+    /// malformed row is decoded (and dead-lettered) on its own.
+    #[doc(hidden)]
+    const CLAIM_COLUMNS: &'static str;
+
+    /// Runs a [`Statement`] and reads its rows.
+    #[doc(hidden)]
+    fn load<R: Row>(
         conn: &mut Self::Connection,
-        claim: Claim,
-    ) -> impl Future<Output = QueryResult<Vec<OutboxRow>>> + Send;
+        statement: Statement,
+    ) -> impl Future<Output = QueryResult<Vec<R>>> + Send;
+
+    /// Runs a [`Statement`]; the number of rows it changed.
+    #[doc(hidden)]
+    fn execute(
+        conn: &mut Self::Connection,
+        statement: Statement,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
+
+    /// Records subscriptions, or updates the ones recorded (topic, when
+    /// seen), keeping when each was first recorded.
+    #[doc(hidden)]
+    fn record_subscriptions(
+        conn: &mut Self::Connection,
+        rows: Vec<SubscriptionRow>,
+    ) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Every subscription recorded in this outbox's database.
+    #[doc(hidden)]
+    fn subscriptions(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = QueryResult<Vec<SubscriptionRow>>> + Send;
 
     /// Extends (or takes) the claim of `bus` on these undelivered rows unless
     /// another bus holds a live claim on them.
@@ -236,10 +273,11 @@ pub trait Backend: Sized + Send + Sync + 'static {
         batch: i64,
     ) -> impl Future<Output = QueryResult<usize>> + Send;
 
-    /// Whether the database (PostgreSQL: the current schema) holds
-    /// tickbox's tables.
+    /// How many of tickbox's tables the database (PostgreSQL: the current
+    /// schema) holds: [`TABLES`] when it is up to date, fewer when an older
+    /// version of tickbox made them, none when it is not a module's database.
     #[doc(hidden)]
-    fn has_tables(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<bool>> + Send;
+    fn count_tables(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<i64>> + Send;
 
     /// Counts the dead letters (a small table).
     #[doc(hidden)]
@@ -261,13 +299,6 @@ pub trait Backend: Sized + Send + Sync + 'static {
         now_us: i64,
     ) -> impl Future<Output = QueryResult<usize>> + Send;
 
-    /// Deletes delivered outbox rows (an outbox retention of zero).
-    #[doc(hidden)]
-    fn delete_delivered(
-        conn: &mut Self::Connection,
-        ids: Vec<Uuid>,
-    ) -> impl Future<Output = QueryResult<usize>> + Send;
-
     /// The number of undelivered outbox rows and the creation time of the
     /// oldest.
     #[doc(hidden)]
@@ -276,8 +307,11 @@ pub trait Backend: Sized + Send + Sync + 'static {
     ) -> impl Future<Output = QueryResult<(i64, Option<i64>)>> + Send;
 }
 
+/// tickbox's tables, as `count_tables` counts them.
+pub(crate) const TABLES: i64 = 5;
+
 /// What a bus asks for when it claims outbox rows.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 #[allow(unreachable_pub)] // named only by the sealed trait's hidden methods
 pub struct Claim {
     /// The claiming bus instance.
@@ -285,9 +319,17 @@ pub struct Claim {
     pub(crate) now_us: i64,
     /// The claim holds until then unless renewed.
     pub(crate) until_us: i64,
-    /// Only rows with ids above this are read (a scan's cursor).
-    pub(crate) after: Uuid,
+    /// A claim said to hold beyond this was not taken by a live bus (buses
+    /// claim one lease at a time): it is taken like an expired one, so a
+    /// corrupted claim cannot hide a row for ever.
+    pub(crate) beyond_us: i64,
+    /// Only rows with ids above this are read (a scan's cursor); `None`
+    /// from the first row on.
+    pub(crate) after: Option<Uuid>,
     pub(crate) limit: i64,
+    /// The subscriptions the claiming bus serves: it claims only rows one of
+    /// them still owes (or rows of a topic nobody subscribes to).
+    pub(crate) served: std::sync::Arc<[Uuid]>,
 }
 
 /// The inbox guard's insert: `(message_id, handler)` unless present. Each
@@ -312,6 +354,63 @@ pub(crate) use tick_inbox_statement;
 /// `impl Backend` so they are compiled against its concrete connection.
 macro_rules! shared_queries {
     () => {
+        async fn load<R: $crate::statement::Row>(
+            conn: &mut Self::Connection,
+            statement: $crate::statement::Statement,
+        ) -> diesel::QueryResult<Vec<R>> {
+            use diesel_async::RunQueryDsl;
+            $crate::backend::bound!(statement).load(conn).await
+        }
+
+        async fn execute(
+            conn: &mut Self::Connection,
+            statement: $crate::statement::Statement,
+        ) -> diesel::QueryResult<usize> {
+            use diesel_async::RunQueryDsl;
+            $crate::backend::bound!(statement).execute(conn).await
+        }
+
+        async fn record_subscriptions(
+            conn: &mut Self::Connection,
+            rows: Vec<$crate::schema::SubscriptionRow>,
+        ) -> diesel::QueryResult<()> {
+            use diesel::upsert::excluded;
+            use diesel::ExpressionMethods;
+            use diesel_async::RunQueryDsl;
+            use $crate::schema::tickbox_subscriptions::dsl as subs;
+            // One statement per row: SQLite's upsert takes no multi-row
+            // VALUES through diesel, and a bus has few handlers.
+            for row in rows {
+                diesel::insert_into(subs::tickbox_subscriptions)
+                    .values(&row)
+                    .on_conflict(subs::id)
+                    .do_update()
+                    .set((
+                        subs::module.eq(excluded(subs::module)),
+                        subs::handler.eq(excluded(subs::handler)),
+                        subs::topic.eq(excluded(subs::topic)),
+                        subs::seen_at_us.eq(excluded(subs::seen_at_us)),
+                        subs::alive_until_us.eq(excluded(subs::alive_until_us)),
+                    ))
+                    .execute(conn)
+                    .await?;
+            }
+            Ok(())
+        }
+
+        async fn subscriptions(
+            conn: &mut Self::Connection,
+        ) -> diesel::QueryResult<Vec<$crate::schema::SubscriptionRow>> {
+            use diesel::{QueryDsl, SelectableHelper};
+            use diesel_async::RunQueryDsl;
+            use $crate::schema::tickbox_subscriptions::dsl as subs;
+            subs::tickbox_subscriptions
+                .select($crate::schema::SubscriptionRow::as_select())
+                .order((subs::module, subs::handler))
+                .load(conn)
+                .await
+        }
+
         async fn renew_claims(
             conn: &mut Self::Connection,
             ids: Vec<uuid::Uuid>,
@@ -445,7 +544,7 @@ macro_rules! shared_queries {
             use diesel_async::RunQueryDsl;
             use $crate::schema::tickbox_outbox::dsl as outbox;
             diesel::insert_into(outbox::tickbox_outbox)
-                .values(row)
+                .values(&row)
                 .on_conflict(outbox::id)
                 .do_update()
                 .set((
@@ -453,6 +552,13 @@ macro_rules! shared_queries {
                     outbox::claimed_by.eq(None::<$crate::schema::Id>),
                     outbox::claimed_until_us.eq(None::<i64>),
                 ))
+                .execute(conn)
+                .await?;
+            // Every subscription receives it again (the inbox skips it where
+            // it was handled).
+            use diesel::QueryDsl;
+            use $crate::schema::tickbox_outbox_done::dsl as done;
+            diesel::delete(done::tickbox_outbox_done.filter(done::message_id.eq(row.id)))
                 .execute(conn)
                 .await
                 .map(drop)
@@ -488,19 +594,6 @@ macro_rules! shared_queries {
                     outbox::delivered_at_us.eq(now_us),
                     outbox::claimed_until_us.eq(None::<i64>),
                 ))
-                .execute(conn)
-                .await
-        }
-
-        async fn delete_delivered(
-            conn: &mut Self::Connection,
-            ids: Vec<uuid::Uuid>,
-        ) -> diesel::QueryResult<usize> {
-            use diesel::{ExpressionMethods, QueryDsl};
-            use diesel_async::RunQueryDsl;
-            use $crate::schema::tickbox_outbox::dsl as outbox;
-            let ids: Vec<_> = ids.into_iter().map($crate::schema::Id).collect();
-            diesel::delete(outbox::tickbox_outbox.filter(outbox::id.eq_any(ids)))
                 .execute(conn)
                 .await
         }
@@ -573,32 +666,6 @@ where
     pool.get().await.map_err(|e| e.to_string())
 }
 
-/// Expands to `Backend::claim` running `$sql`, the dialect's claim statement,
-/// whose binds are: bus, claimed-until, after (the cursor), now, limit.
-macro_rules! claim_with {
-    ($sql:expr) => {
-        async fn claim(
-            conn: &mut Self::Connection,
-            claim: $crate::backend::Claim,
-        ) -> diesel::QueryResult<Vec<$crate::schema::OutboxRow>> {
-            use diesel::sql_types::BigInt;
-            use diesel_async::RunQueryDsl;
-            let mut rows: Vec<$crate::schema::OutboxRow> = diesel::sql_query($sql)
-                .bind::<$crate::schema::DbUuid, _>($crate::schema::Id(claim.bus))
-                .bind::<BigInt, _>(claim.until_us)
-                .bind::<$crate::schema::DbUuid, _>($crate::schema::Id(claim.after))
-                .bind::<BigInt, _>(claim.now_us)
-                .bind::<BigInt, _>(claim.limit)
-                .load(conn)
-                .await?;
-            // RETURNING does not promise an order.
-            rows.sort_by_key(|row| row.id.0);
-            Ok(rows)
-        }
-    };
-}
-pub(crate) use claim_with;
-
 /// Expands to `Backend::sweep_inbox` and `Backend::sweep_outbox` running the
 /// dialect's statements, whose binds are: id cutoff, time cutoff, batch, and
 /// (inbox only) the time cutoff again.
@@ -642,11 +709,11 @@ macro_rules! sweep_with {
 }
 pub(crate) use sweep_with;
 
-/// Expands to `Backend::has_tables` running `$sql`, a count of tickbox's
+/// Expands to `Backend::count_tables` running `$sql`, a count of tickbox's
 /// tables in the dialect's catalog.
-macro_rules! has_tables_with {
+macro_rules! count_tables_with {
     ($sql:expr) => {
-        async fn has_tables(conn: &mut Self::Connection) -> diesel::QueryResult<bool> {
+        async fn count_tables(conn: &mut Self::Connection) -> diesel::QueryResult<i64> {
             use diesel_async::RunQueryDsl;
             #[derive(diesel::QueryableByName)]
             struct Tables {
@@ -654,8 +721,70 @@ macro_rules! has_tables_with {
                 n: i64,
             }
             let found: Tables = diesel::sql_query($sql).get_result(conn).await?;
-            Ok(found.n == 3)
+            Ok(found.n)
         }
     };
 }
-pub(crate) use has_tables_with;
+pub(crate) use count_tables_with;
+
+/// A [`Statement`] as a boxed diesel query with its values bound, for the
+/// backend whose impl this expands in.
+macro_rules! bound {
+    ($statement:expr) => {{
+        let statement: $crate::statement::Statement = $statement;
+        let mut query = diesel::sql_query(statement.sql).into_boxed();
+        for bind in statement.binds {
+            query = match bind {
+                $crate::statement::Bind::Id(id) => {
+                    query.bind::<$crate::schema::DbUuid, _>($crate::schema::Id(id))
+                }
+                $crate::statement::Bind::Int(value) => {
+                    query.bind::<diesel::sql_types::BigInt, _>(value)
+                }
+            };
+        }
+        query
+    }};
+}
+pub(crate) use bound;
+
+/// Refuses a database migrated by a newer tickbox: a migration applied there
+/// that this build does not know means that version records things this one
+/// would not honour (and, across processes, could lose messages by).
+pub(crate) fn refuse_newer_migrations<DB, H, S>(
+    conn: &mut H,
+    known: &S,
+    module: &str,
+) -> crate::Result<()>
+where
+    DB: diesel::backend::Backend,
+    H: diesel_migrations::MigrationHarness<DB>,
+    S: diesel::migration::MigrationSource<DB>,
+{
+    let failed = |e: Box<dyn std::error::Error + Send + Sync>| crate::Error::Migration {
+        module: module.to_string(),
+        reason: e.to_string(),
+    };
+    let known: std::collections::HashSet<String> = known
+        .migrations()
+        .map_err(failed)?
+        .iter()
+        .map(|m| m.name().version().to_string())
+        .collect();
+    let applied = conn.applied_migrations().map_err(failed)?;
+    let unknown: Vec<String> = applied
+        .iter()
+        .map(|v| v.to_string())
+        .filter(|v| !known.contains(v))
+        .collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    Err(crate::Error::SchemaVersion {
+        module: module.to_string(),
+        reason: format!(
+            "was migrated by a newer version of tickbox (migrations {} are unknown to this one); upgrade this process to that version",
+            unknown.join(", ")
+        ),
+    })
+}

@@ -7,10 +7,11 @@ use crate::error::{Error, Result};
 use crate::metrics::BusMetrics;
 use crate::module::ModuleHandle;
 use crate::retry::RetryPolicy;
+use crate::subscription::{self, Served};
 use actix::{Actor, ActorContext, Addr, Context, ResponseFuture};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
@@ -24,7 +25,8 @@ use tokio::task::JoinHandle;
 ///     .module(&orders)
 ///     .module(&warehouse)
 ///     .max_concurrent_deliveries(64)
-///     .start()?;
+///     .start()
+///     .await?;
 /// # Ok(()) }
 /// ```
 #[must_use = "a builder does nothing until `start` is called"]
@@ -54,6 +56,8 @@ pub(crate) struct BusConfig {
     /// How long a claim on an outbox row keeps other processes' buses away;
     /// renewed while the delivery runs.
     pub(crate) claim_lease: Duration,
+    /// How long a message may stay pending before the watchdog reports it.
+    pub(crate) stalled_after: Duration,
 }
 
 impl Default for BusConfig {
@@ -67,6 +71,7 @@ impl Default for BusConfig {
             duplicate_rate: 0.0,
             stop_timeout: Duration::from_secs(30),
             claim_lease: Duration::from_secs(10),
+            stalled_after: Duration::from_secs(60),
         }
     }
 }
@@ -152,9 +157,25 @@ impl<B: Backend> BusBuilder<B> {
         self
     }
 
-    /// Checks the configuration and starts the bus actor, which begins with a
-    /// scan of every outbox.
-    pub fn start(self) -> Result<BusHandle<B>> {
+    /// How long a message may stay pending before the watchdog reports it
+    /// (default 60 s): every sweep interval the bus counts its outboxes'
+    /// messages pending for longer (`tickbox_outbox_stalled`) and logs the
+    /// oldest at warn level, with its id and what holds it up (a failing
+    /// handler, another process's claim, a subscription no running process
+    /// serves).
+    pub fn stalled_after(mut self, threshold: Duration) -> Self {
+        self.config.stalled_after = threshold;
+        self
+    }
+
+    /// Checks the configuration, records in each outbox's database which of
+    /// its topics this bus's handlers subscribe to, and starts the bus
+    /// actor, which begins with a scan of every outbox.
+    ///
+    /// Fails, with nothing started, when the configuration is invalid or a
+    /// running process records one of this bus's handlers on another topic
+    /// ([`Error::SubscriptionConflict`]).
+    pub async fn start(self) -> Result<BusHandle<B>> {
         let config = self.config;
         let positive = |value: usize, what: &str| {
             if value == 0 {
@@ -171,6 +192,11 @@ impl<B: Backend> BusBuilder<B> {
         if config.sweep_interval.is_zero() {
             return Err(Error::Config(
                 "bus: sweep_interval must be above zero".into(),
+            ));
+        }
+        if config.stalled_after.is_zero() {
+            return Err(Error::Config(
+                "bus: stalled_after must be above zero".into(),
             ));
         }
         if config.claim_lease < Duration::from_millis(300) {
@@ -225,11 +251,34 @@ impl<B: Backend> BusBuilder<B> {
                 });
             }
         }
+        // The subscriptions of each outbox that this bus serves, recorded
+        // where every process sees them.
+        let now = crate::message::now_us();
+        let alive_until =
+            now.saturating_add(config.sweep_interval.saturating_mul(3).as_micros() as i64);
+        let mut served_by_module = Vec::new();
+        for module in &self.modules {
+            let served: Vec<Served> = routes
+                .iter()
+                .filter(|(topic, _)| module.core.publishes.contains(topic.as_str()))
+                .flat_map(|(_, routes)| routes.iter())
+                .map(|route| {
+                    let entry = &route.module.core.handlers[route.handler];
+                    Served::new(
+                        route.module.core.name.clone(),
+                        entry.name.clone(),
+                        entry.handler.topic(),
+                    )
+                })
+                .collect();
+            let others =
+                subscription::record(&module.core, &served, now, alive_until, true).await?;
+            served_by_module.push((served, others));
+        }
         let mut announcements = Vec::new();
         for module in &self.modules {
             announcements.push(module.core.take_announcements()?);
         }
-
         let (stop, stopped) = watch::channel(false);
         let core = Arc::new(BusCore {
             id: uuid::Uuid::now_v7(),
@@ -244,6 +293,7 @@ impl<B: Backend> BusBuilder<B> {
             stopped,
             delivered: AtomicU64::new(0),
             duplicates_injected: AtomicU64::new(0),
+            retrying: Mutex::new(HashMap::new()),
         });
         for module in &self.modules {
             // A module joins one bus (take_announcements made sure).
@@ -256,7 +306,10 @@ impl<B: Backend> BusBuilder<B> {
             .iter()
             .cloned()
             .zip(announcements)
-            .map(|(module, announcements)| Dispatcher::new(core.clone(), module, announcements))
+            .zip(served_by_module)
+            .map(|((module, announcements), (served, others))| {
+                Dispatcher::new(core.clone(), module, announcements, served, others)
+            })
             .collect();
         let addr = Bus {
             core: core.clone(),
@@ -315,11 +368,39 @@ pub(crate) struct BusCore<B: Backend> {
     pub(crate) stopped: watch::Receiver<bool>,
     pub(crate) delivered: AtomicU64,
     pub(crate) duplicates_injected: AtomicU64,
+    /// Why messages being retried wait, for the watchdog's reports.
+    retrying: Mutex<HashMap<uuid::Uuid, String>>,
 }
 
 impl<B: Backend> BusCore<B> {
     pub(crate) fn is_stopping(&self) -> bool {
         *self.stopped.borrow()
+    }
+
+    /// Notes why message `id` waits for another attempt.
+    pub(crate) fn note_retry(&self, id: uuid::Uuid, note: String) {
+        self.retrying
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, note);
+    }
+
+    /// Forgets the retry note of a message this bus is done with.
+    pub(crate) fn forget_retry(&self, id: uuid::Uuid) {
+        self.retrying
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+    }
+
+    /// What this bus knows of a message it holds in memory.
+    pub(crate) fn retry_note(&self, id: uuid::Uuid) -> String {
+        self.retrying
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned()
+            .unwrap_or_else(|| "a handler is still running it".to_string())
     }
 }
 

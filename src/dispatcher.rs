@@ -1,18 +1,28 @@
 //! One dispatcher per module outbox: takes committed messages (announced on
 //! commit, or claimed from the table by a scan), delivers each to every
-//! subscriber, and marks it delivered once each of them has handled it,
-//! found it a duplicate, or given up on it as a dead letter.
+//! subscriber on this bus, and finishes it once each of them has handled it,
+//! found it a duplicate, or given up on it as a dead letter — marks it
+//! delivered if no subscription served elsewhere still owes it, or else
+//! records its own part done and hands the message over (see
+//! `subscription`).
 //!
 //! A scan runs at start, periodically (`sweep_interval`), and whenever one
 //! is requested: when announcements overflowed, and on PostgreSQL when
 //! another process commits messages to the outbox (its notification reaches
-//! the dispatcher's listener task).
+//! the dispatcher's listener task). A row a scan cannot decode becomes a
+//! dead letter of the outbox's module; the others keep flowing.
+//!
+//! Every sweep interval the dispatcher also keeps up its subscriptions
+//! (says they are served, finishes what every subscription is done with,
+//! learns of other processes' subscriptions) and runs the watchdog.
 
 use crate::backend::{Backend, Claim};
 use crate::bus::{BusCore, Route};
 use crate::message::{now_us, Envelope};
 use crate::module::ModuleHandle;
-use crate::schema::OutboxRow;
+use crate::schema::{ClaimedRow, DbUuid, Id, MalformedRow};
+use crate::subscription::{self, Served};
+use crate::watchdog::{self, Stalled};
 use futures_util::future::join_all;
 use std::collections::{HashSet, VecDeque};
 use std::future::Future;
@@ -23,6 +33,10 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, Instant};
 use uuid::Uuid;
+
+/// A claim said to hold longer than this from now (or ten leases, if more)
+/// is taken as corrupt: no live bus claims that far ahead.
+const CLAIM_HORIZON: Duration = Duration::from_secs(24 * 3600);
 
 /// Messages marked delivered in one statement at most.
 const MARK_BATCH: usize = 512;
@@ -39,14 +53,31 @@ pub(crate) struct Dispatcher<B: Backend> {
     source: ModuleHandle<B>,
     /// Messages announced by the module as they commit.
     announcements: mpsc::Receiver<Arc<Envelope>>,
+    /// The subscriptions to this outbox's topics that this bus serves.
+    served: Arc<[Served]>,
+    /// Whether the outbox has subscriptions this bus does not serve, as read
+    /// when the bus started.
+    others: bool,
 }
 
 /// How the delivery of one message ended.
 enum Finished {
-    /// Every subscriber is done with it: mark it delivered.
+    /// Every subscriber on this bus is done with it: finish it.
     Delivered(Uuid),
+    /// A malformed row, recorded as a dead letter and marked delivered.
+    Rejected(Uuid),
     /// Given up because the bus is stopping: it stays pending.
     Abandoned(Uuid),
+}
+
+/// A scan's position: `None` before the first row, then the last id read.
+type Cursor = Option<Uuid>;
+
+/// A row of a statement returning ids.
+#[derive(diesel::QueryableByName)]
+struct IdRow {
+    #[diesel(sql_type = DbUuid)]
+    id: Id,
 }
 
 /// Ids of messages marked delivered lately, so that a late announcement (of
@@ -94,15 +125,25 @@ struct State<B: Backend> {
     mark_due: Option<Instant>,
     /// Given up on while stopping: their claims are released.
     abandoned: Vec<Uuid>,
-    /// While a scan of the outbox is under way: the last id it read (nil
-    /// to start from the beginning).
-    scan: Option<Uuid>,
+    /// While a scan of the outbox is under way: where it has got to.
+    scan: Option<Cursor>,
     /// A scan was requested while one was under way: start another from the
     /// beginning when it ends (rows committed meanwhile may lie behind its
     /// cursor, since ids are taken at publish time, not at commit).
     scan_again: bool,
     /// The claims of the messages in flight are due for renewal.
     renew_due: bool,
+    /// The subscriptions' upkeep and the watchdog are due.
+    upkeep_due: bool,
+    /// The subscriptions this bus serves here.
+    served: Arc<[Served]>,
+    /// Their ids.
+    served_ids: Arc<[Uuid]>,
+    /// Whether other processes' subscriptions may owe this outbox's
+    /// messages: then finished messages may have done rows to forget.
+    others: bool,
+    /// The stalled message last warned about, and when.
+    warned: Option<(Uuid, Instant)>,
     finished: mpsc::UnboundedSender<Finished>,
 }
 
@@ -111,11 +152,15 @@ impl<B: Backend> Dispatcher<B> {
         bus: Arc<BusCore<B>>,
         source: ModuleHandle<B>,
         announcements: mpsc::Receiver<Arc<Envelope>>,
+        served: Vec<Served>,
+        others: bool,
     ) -> Self {
         Dispatcher {
             bus,
             source,
             announcements,
+            served: served.into(),
+            others,
         }
     }
 
@@ -124,6 +169,8 @@ impl<B: Backend> Dispatcher<B> {
             bus,
             source,
             mut announcements,
+            served,
+            others,
         } = self;
         let (finished, mut finished_rx) = mpsc::unbounded_channel();
         let capacity = bus.config.max_messages_in_memory;
@@ -135,9 +182,14 @@ impl<B: Backend> Dispatcher<B> {
             to_mark: Vec::new(),
             mark_due: None,
             abandoned: Vec::new(),
-            scan: Some(Uuid::nil()),
+            scan: Some(None),
             scan_again: false,
             renew_due: false,
+            upkeep_due: false,
+            served_ids: served.iter().map(|s| s.id).collect(),
+            served,
+            others,
+            warned: None,
             finished,
         };
         let retention = actix::spawn(sweep_retention_periodically(bus.clone(), source.clone()));
@@ -201,7 +253,8 @@ impl<B: Backend> Dispatcher<B> {
                 }
                 _ = sleep_until(next_scan) => {
                     next_scan = Instant::now() + bus.config.sweep_interval;
-                    state.scan.get_or_insert(Uuid::nil());
+                    state.upkeep_due = true;
+                    state.scan.get_or_insert(None);
                 }
                 _ = sleep_until(state.mark_due.unwrap_or(next_scan)), if state.mark_due.is_some() && statement.is_none() => {}
             }
@@ -228,7 +281,7 @@ impl<B: Backend> Dispatcher<B> {
         }
         while !state.to_mark.is_empty() {
             let ids: Vec<Uuid> = state.to_mark.iter().take(MARK_BATCH).copied().collect();
-            let done = mark(state.source.clone(), ids).await;
+            let done = state.mark(ids).await;
             let failed = matches!(done, Done::Marked(Err(_)));
             state.apply(done);
             if failed {
@@ -236,6 +289,7 @@ impl<B: Backend> Dispatcher<B> {
             }
         }
         state.release_claims().await;
+        state.stop_serving().await;
         source.core.busy.store(0, Relaxed);
         retention.abort();
         if let Some(listener) = listener {
@@ -247,34 +301,126 @@ impl<B: Backend> Dispatcher<B> {
 
 /// What a dispatcher statement did.
 enum Done {
-    /// These ids were marked delivered, or not (with the error).
-    Marked(Result<Vec<Uuid>, (Vec<Uuid>, String)>),
+    /// These ids were finished or handed over, or not (with the error).
+    Marked(Result<Marked, (Vec<Uuid>, String)>),
     /// Rows claimed by a scan page that asked for `limit` of them.
     Claimed {
-        rows: Result<Vec<OutboxRow>, String>,
+        rows: Result<Vec<ClaimedRow>, String>,
         limit: i64,
     },
     /// Claims renewed.
     Renewed(Result<usize, String>),
+    /// The subscriptions kept up and the watchdog's look.
+    Upkept(Result<Upkeep, String>),
 }
 
-/// Marks messages delivered in one statement — or deletes them, when the
-/// module keeps no delivered rows (an outbox retention of zero).
-async fn mark<B: Backend>(source: ModuleHandle<B>, ids: Vec<Uuid>) -> Done {
+/// Messages this bus is done with, out of memory now.
+struct Marked {
+    ids: Vec<Uuid>,
+    /// How many of them were finished (marked delivered or deleted); the
+    /// rest were handed over to the subscriptions other processes serve.
+    finished: usize,
+}
+
+/// What the periodic upkeep found.
+struct Upkeep {
+    /// Whether the outbox has subscriptions this bus does not serve.
+    others: bool,
+    stalled: Stalled,
+}
+
+/// Finishes messages every subscriber on this bus is done with: marks them
+/// delivered — or deletes them, when the module keeps no delivered rows (an
+/// outbox retention of zero) — unless a subscription served elsewhere still
+/// owes them. Those are handed over: this bus's subscriptions are recorded
+/// done with them and its claims released (on PostgreSQL waking the other
+/// processes' buses at once).
+async fn mark<B: Backend>(
+    source: ModuleHandle<B>,
+    ids: Vec<Uuid>,
+    bus: Uuid,
+    served: Arc<[Uuid]>,
+    others: bool,
+) -> Done {
     let result = async {
         let mut conn = source.write_connection().await?;
-        if source.core.retention.outbox == Some(Duration::ZERO) {
-            B::delete_delivered(&mut conn, ids.clone()).await?;
-        } else {
-            B::mark_delivered(&mut conn, ids.clone(), now_us()).await?;
+        let delete = source.core.retention.outbox == Some(Duration::ZERO);
+        let finish = subscription::finish(B::PARAM, &ids, &served, now_us(), delete);
+        let finished: HashSet<Uuid> = B::load::<IdRow>(&mut conn, finish)
+            .await?
+            .into_iter()
+            .map(|row| row.id.0)
+            .collect();
+        let finished_ids: Vec<Uuid> = finished.iter().copied().collect();
+        if others && !finished_ids.is_empty() {
+            B::execute(
+                &mut conn,
+                subscription::forget_done(B::PARAM, &finished_ids),
+            )
+            .await?;
         }
-        Ok::<_, crate::Error>(())
+        let rest: Vec<Uuid> = ids
+            .iter()
+            .filter(|id| !finished.contains(id))
+            .copied()
+            .collect();
+        if !rest.is_empty() {
+            B::execute(
+                &mut conn,
+                subscription::record_done(B::PARAM, &rest, &served),
+            )
+            .await?;
+            B::execute(&mut conn, subscription::release(B::PARAM, &rest, bus)).await?;
+            if let Some(wakeup) = &source.core.wakeup {
+                B::notify(&mut conn, &wakeup.channel).await?;
+            }
+        }
+        Ok::<_, crate::Error>(finished.len())
     }
     .await;
     Done::Marked(match result {
-        Ok(()) => Ok(ids),
+        Ok(finished) => Ok(Marked { ids, finished }),
         Err(error) => Err((ids, error.to_string())),
     })
+}
+
+/// Says the subscriptions are served, finishes what every subscription is
+/// done with, learns whether other processes' subscriptions exist, and looks
+/// for stalled messages.
+async fn upkeep<B: Backend>(
+    source: ModuleHandle<B>,
+    served: Arc<[Served]>,
+    alive_for: Duration,
+    stalled_after: Duration,
+) -> Done {
+    let result = async {
+        let now = now_us();
+        let others = subscription::record(
+            &source.core,
+            &served,
+            now,
+            now.saturating_add(alive_for.as_micros() as i64),
+            false,
+        )
+        .await?;
+        let mut conn = source.write_connection().await?;
+        let delete = source.core.retention.outbox == Some(Duration::ZERO);
+        let completed = B::load::<IdRow>(&mut conn, subscription::complete(B::PARAM, now, delete))
+            .await?
+            .len();
+        if others || completed > 0 {
+            B::execute(&mut conn, subscription::clear_done(B::PARAM)).await?;
+        }
+        if completed > 0 {
+            source.core.outbox.delivered(completed as u64);
+        }
+        drop(conn);
+        let mut conn = source.connection().await?;
+        let stalled = watchdog::look::<B>(&mut conn, now, stalled_after).await?;
+        Ok::<_, crate::Error>(Upkeep { others, stalled })
+    }
+    .await;
+    Done::Upkept(result.map_err(|e| e.to_string()))
 }
 
 impl<B: Backend> State<B> {
@@ -288,7 +434,22 @@ impl<B: Backend> State<B> {
             // returns, so nothing starts them again meanwhile.
             let ids: Vec<Uuid> = self.to_mark.iter().take(MARK_BATCH).copied().collect();
             self.mark_due = None;
-            return Some(tokio::spawn(mark(source, ids)));
+            return Some(tokio::spawn(mark(
+                source,
+                ids,
+                self.bus.id,
+                self.served_ids.clone(),
+                self.others,
+            )));
+        }
+        if std::mem::take(&mut self.upkeep_due) {
+            let config = &self.bus.config;
+            return Some(tokio::spawn(upkeep(
+                source,
+                self.served.clone(),
+                config.sweep_interval.saturating_mul(3),
+                config.stalled_after,
+            )));
         }
         let room = self
             .bus
@@ -301,20 +462,24 @@ impl<B: Backend> State<B> {
                 bus: self.bus.id,
                 now_us: now,
                 until_us: now + self.bus.config.claim_lease.as_micros() as i64,
+                beyond_us: now
+                    + CLAIM_HORIZON
+                        .max(self.bus.config.claim_lease * 10)
+                        .as_micros() as i64,
                 after,
                 limit: room.min(self.bus.config.sweep_page),
+                served: self.served_ids.clone(),
             };
+            let limit = claim.limit;
+            let statement = subscription::claim(B::PARAM, B::SKIP_LOCKED, B::CLAIM_COLUMNS, &claim);
             return Some(tokio::spawn(async move {
                 let rows = async {
                     let mut conn = source.write_connection().await?;
-                    Ok::<_, crate::Error>(B::claim(&mut conn, claim).await?)
+                    Ok::<_, crate::Error>(B::load::<ClaimedRow>(&mut conn, statement).await?)
                 }
                 .await
                 .map_err(|e| e.to_string());
-                Done::Claimed {
-                    rows,
-                    limit: claim.limit,
-                }
+                Done::Claimed { rows, limit }
             }));
         }
         if std::mem::take(&mut self.renew_due) && !self.in_flight.is_empty() {
@@ -338,10 +503,10 @@ impl<B: Backend> State<B> {
     fn apply(&mut self, done: Done) {
         let module = self.source.name().to_string();
         match done {
-            Done::Marked(Ok(ids)) => {
+            Done::Marked(Ok(Marked { ids, finished })) => {
                 let count = ids.len();
-                self.bus.delivered.fetch_add(count as u64, Relaxed);
-                self.source.core.outbox.delivered(count as u64);
+                self.bus.delivered.fetch_add(finished as u64, Relaxed);
+                self.source.core.outbox.delivered(finished as u64);
                 self.to_mark.drain(..count);
                 for id in ids {
                     self.in_flight.remove(&id);
@@ -357,16 +522,26 @@ impl<B: Backend> State<B> {
                 self.mark_due = Some(Instant::now() + Duration::from_millis(100));
             }
             Done::Claimed {
-                rows: Ok(rows),
+                rows: Ok(mut rows),
                 limit,
             } => {
-                self.scan = match rows.last() {
-                    Some(last) if rows.len() as i64 == limit => Some(last.id.0),
-                    _ if std::mem::take(&mut self.scan_again) => Some(Uuid::nil()),
+                let last = rows
+                    .iter()
+                    .filter_map(|row| row.id.0.as_ref().ok())
+                    .map(|id| id.0)
+                    .max();
+                self.scan = match last {
+                    Some(last) if rows.len() as i64 == limit => Some(Some(last)),
+                    _ if std::mem::take(&mut self.scan_again) => Some(None),
                     _ => None,
                 };
+                // RETURNING does not promise an order.
+                rows.sort_by_key(|row| row.id.0.as_ref().map(|id| id.0).ok());
                 for row in rows {
-                    self.start(Arc::new(row.into()));
+                    match row.decode() {
+                        Ok(envelope) => self.start(Arc::new(envelope)),
+                        Err(malformed) => self.reject(malformed),
+                    }
                 }
             }
             Done::Claimed {
@@ -375,6 +550,35 @@ impl<B: Backend> State<B> {
                 tracing::warn!(%module, %error, "scanning the outbox failed; will retry");
                 self.scan = None;
                 self.scan_again = false;
+            }
+            Done::Upkept(Ok(Upkeep { others, stalled })) => {
+                self.others = others;
+                self.source.core.outbox.stalled(stalled.count);
+                if let Some(message) = stalled.oldest {
+                    let repeat = self.bus.config.stalled_after;
+                    let warned_lately = self
+                        .warned
+                        .is_some_and(|(id, at)| id == message.id && at.elapsed() < repeat);
+                    if !warned_lately {
+                        self.warned = Some((message.id, Instant::now()));
+                        let here = self
+                            .in_flight
+                            .contains(&message.id)
+                            .then(|| self.bus.retry_note(message.id));
+                        let blocked_by = message.blocked_by(self.bus.id, now_us(), here);
+                        tracing::warn!(
+                            %module,
+                            message_id = %message.id,
+                            stalled = stalled.count,
+                            %blocked_by,
+                            "a message has been pending for longer than {:?}",
+                            self.bus.config.stalled_after
+                        );
+                    }
+                }
+            }
+            Done::Upkept(Err(error)) => {
+                tracing::warn!(%module, %error, "keeping up the subscriptions failed; will retry");
             }
             Done::Renewed(Ok(_)) => {}
             Done::Renewed(Err(error)) => {
@@ -386,8 +590,61 @@ impl<B: Backend> State<B> {
     /// Scans the outbox from the beginning: now, or after the scan under way.
     fn request_scan(&mut self) {
         match self.scan {
-            None => self.scan = Some(Uuid::nil()),
+            None => self.scan = Some(None),
             Some(_) => self.scan_again = true,
+        }
+    }
+
+    /// Takes a row a scan could not decode out of circulation: records it
+    /// as a dead letter of the outbox's module and marks it delivered, for
+    /// every subscriber (none could read it either). A row whose id cannot
+    /// be read cannot be marked: it is reported, every time a scan meets it.
+    fn reject(&mut self, malformed: MalformedRow) {
+        let Some(id) = malformed.id else {
+            tracing::error!(
+                module = %self.source.name(),
+                reason = %malformed.reason,
+                "an outbox row whose id cannot be read is skipped; repair or delete it by hand"
+            );
+            return;
+        };
+        if !self.in_flight.insert(id) {
+            return;
+        }
+        self.source.core.busy.fetch_add(1, Relaxed);
+        actix::spawn(reject_row(
+            self.bus.clone(),
+            self.source.clone(),
+            malformed,
+            self.finished.clone(),
+        ));
+    }
+
+    /// Finishes or hands over messages now (while stopping).
+    async fn mark(&self, ids: Vec<Uuid>) -> Done {
+        mark(
+            self.source.clone(),
+            ids,
+            self.bus.id,
+            self.served_ids.clone(),
+            self.others,
+        )
+        .await
+    }
+
+    /// Records that this bus no longer serves its subscriptions here: they
+    /// keep their messages until served again or retired.
+    async fn stop_serving(&self) {
+        if self.served_ids.is_empty() {
+            return;
+        }
+        let statement = subscription::stopped(B::PARAM, &self.served_ids, now_us());
+        let stopped = async {
+            let mut conn = self.source.write_connection().await?;
+            Ok::<_, crate::Error>(B::execute(&mut conn, statement).await?)
+        };
+        if let Err(error) = stopped.await {
+            tracing::warn!(module = %self.source.name(), %error, "recording that the subscriptions stopped failed");
         }
     }
 
@@ -419,6 +676,11 @@ impl<B: Backend> State<B> {
                 self.to_mark.push(id);
                 self.mark_due
                     .get_or_insert_with(|| Instant::now() + MARK_LINGER);
+            }
+            Finished::Rejected(id) => {
+                self.in_flight.remove(&id);
+                self.source.core.busy.fetch_sub(1, Relaxed);
+                self.recent.insert(id);
             }
             Finished::Abandoned(id) => self.abandoned.push(id),
         }
@@ -481,6 +743,7 @@ async fn deliver_message<B: Backend>(
             bury(&bus, &source, &envelope, "", 0, &reason).await
         }
     };
+    bus.forget_retry(id);
     let _ = finished.send(if done {
         Finished::Delivered(id)
     } else {
@@ -546,13 +809,47 @@ async fn deliver_to_route<B: Backend>(
                 RouteEnd::Stopped
             };
         }
-        if until_stopped(bus, sleep(policy.delay(attempt)))
-            .await
-            .is_none()
-        {
+        let delay = policy.delay(attempt);
+        bus.note_retry(
+            envelope.id,
+            format!(
+                "handler `{}` of module `{}` failed attempt {attempt} ({error}); next attempt in {delay:?}",
+                route.name(),
+                route.module.name()
+            ),
+        );
+        if until_stopped(bus, sleep(delay)).await.is_none() {
             return RouteEnd::Stopped;
         }
     }
+}
+
+/// Records a malformed row as a dead letter of its outbox's module and
+/// marks it delivered, retrying while the database fails.
+async fn reject_row<B: Backend>(
+    bus: Arc<BusCore<B>>,
+    source: ModuleHandle<B>,
+    malformed: MalformedRow,
+    finished: mpsc::UnboundedSender<Finished>,
+) {
+    let id = malformed.envelope.id;
+    let done = bury(&bus, &source, &malformed.envelope, "", 0, &malformed.reason).await
+        && until_done(
+            &bus,
+            &source,
+            "marking a malformed row delivered",
+            || async {
+                let mut conn = source.write_connection().await?;
+                B::mark_delivered(&mut conn, vec![id], now_us()).await?;
+                Ok(())
+            },
+        )
+        .await;
+    let _ = finished.send(if done {
+        Finished::Rejected(id)
+    } else {
+        Finished::Abandoned(id)
+    });
 }
 
 /// Records a dead letter, retrying while the database fails. False if the
@@ -565,13 +862,31 @@ async fn bury<B: Backend>(
     attempts: u32,
     reason: &str,
 ) -> bool {
+    until_done(bus, module, "recording a dead letter", || {
+        module.bury(envelope, handler, attempts, reason)
+    })
+    .await
+}
+
+/// Runs `work` until it succeeds, with the bus's backoff between tries.
+/// False if the bus stopped first.
+async fn until_done<B: Backend, F, Fut>(
+    bus: &BusCore<B>,
+    module: &ModuleHandle<B>,
+    what: &str,
+    mut work: F,
+) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = crate::Result<()>>,
+{
     let mut tries = 0;
     loop {
         tries += 1;
-        match module.bury(envelope, handler, attempts, reason).await {
+        match work().await {
             Ok(()) => return true,
             Err(error) => {
-                tracing::warn!(module = %module.name(), handler, %error, "recording a dead letter failed; will retry");
+                tracing::warn!(module = %module.name(), %error, "{what} failed; will retry");
             }
         }
         let delay = bus.config.retry.delay(tries);

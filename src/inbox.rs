@@ -150,7 +150,7 @@ pub(crate) fn observe<B: Backend>(
     let counters = &module.handlers[handler].counters;
     match result {
         Ok(Outcome::Handled) => {
-            let end_to_end = (crate::message::now_us() - published_us).max(0) as u64;
+            let end_to_end = crate::message::now_us().saturating_sub(published_us).max(0) as u64;
             counters.handled(started.elapsed(), Duration::from_micros(end_to_end));
         }
         Ok(Outcome::Duplicate) => counters.duplicate(),

@@ -136,7 +136,10 @@ mod module;
 mod retention;
 mod retry;
 mod schema;
+mod statement;
+mod subscription;
 mod tx;
+mod watchdog;
 
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -156,6 +159,7 @@ pub use metrics::{BusMetrics, HandlerMetrics, LatencyMetrics, ModuleMetrics, Out
 pub use module::{Deliver, Module, ModuleBuilder, ModuleHandle, StoreStats};
 pub use retention::{Retention, SweepReport};
 pub use retry::RetryPolicy;
+pub use subscription::Subscription;
 pub use tx::{Delivery, Tx, TxFn};
 
 #[cfg(feature = "postgres")]

@@ -25,15 +25,18 @@
 //! | `tickbox_outbox_published_total` | counter | module |
 //! | `tickbox_outbox_delivered_total` | counter | module |
 //! | `tickbox_dead_letters` | gauge | module |
+//! | `tickbox_outbox_stalled` | gauge | module |
+//! | `tickbox_subscription_lag_seconds` | gauge | module, subscriber, handler |
 //!
 //! The outbox gauges and the dead-letter count are read from the database
 //! by the bus at an interval (indexed queries), never per message.
 //!
 //! [`BusHandle::metrics`]: crate::BusHandle::metrics
 
+use crate::subscription::Subscription;
 use serde::Serialize;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
-use std::sync::Once;
+use std::sync::{Mutex, Once};
 use std::time::Duration;
 
 /// Upper bounds of the latency buckets, in seconds (shared with the
@@ -119,6 +122,15 @@ pub(crate) fn describe_to_recorder() {
         describe_gauge!(
             "tickbox_dead_letters",
             "Dead letters waiting for an operator."
+        );
+        describe_gauge!(
+            "tickbox_outbox_stalled",
+            "Outbox messages pending for longer than the bus's stall threshold."
+        );
+        describe_gauge!(
+            "tickbox_subscription_lag_seconds",
+            Unit::Seconds,
+            "Age of the oldest outbox message a subscription still owes (module is the outbox's, subscriber and handler the subscription's)."
         );
     }
 }
@@ -374,11 +386,16 @@ pub(crate) struct OutboxGauges {
     sampled_at_us: AtomicI64,
     published: AtomicU64,
     delivered: AtomicU64,
+    stalled: AtomicI64,
+    /// The subscriptions recorded in the outbox's database, as last read.
+    subscriptions: Mutex<Vec<Subscription>>,
+    module: String,
     pending_gauge: metrics::Gauge,
     lag_gauge: metrics::Gauge,
     dead_letters_gauge: metrics::Gauge,
     published_counter: metrics::Counter,
     delivered_counter: metrics::Counter,
+    stalled_gauge: metrics::Gauge,
 }
 
 impl OutboxGauges {
@@ -392,6 +409,10 @@ impl OutboxGauges {
             sampled_at_us: AtomicI64::new(0),
             published: AtomicU64::new(0),
             delivered: AtomicU64::new(0),
+            stalled: AtomicI64::new(0),
+            subscriptions: Mutex::new(Vec::new()),
+            module: module.to_string(),
+            stalled_gauge: metrics::gauge!("tickbox_outbox_stalled", &labels),
             pending_gauge: metrics::gauge!("tickbox_outbox_pending", &labels),
             lag_gauge: metrics::gauge!("tickbox_outbox_lag_seconds", &labels),
             dead_letters_gauge: metrics::gauge!("tickbox_dead_letters", &labels),
@@ -428,9 +449,46 @@ impl OutboxGauges {
         self.dead_letters_gauge.set(dead_letters as f64);
     }
 
+    /// Stores the watchdog's count of stalled messages.
+    pub(crate) fn stalled(&self, count: i64) {
+        self.stalled.store(count, Relaxed);
+        self.stalled_gauge.set(count as f64);
+    }
+
+    /// Stores the subscriptions read from the database at `now_us`, and
+    /// their lags.
+    pub(crate) fn subscriptions_sampled(&self, subscriptions: Vec<Subscription>, now_us: i64) {
+        let gauge = |s: &Subscription| {
+            metrics::gauge!(
+                "tickbox_subscription_lag_seconds",
+                "module" => self.module.clone(),
+                "subscriber" => s.module.clone(),
+                "handler" => s.handler.clone()
+            )
+        };
+        let mut kept = self.subscriptions.lock().unwrap_or_else(|p| p.into_inner());
+        for gone in kept.iter().filter(|old| {
+            !subscriptions
+                .iter()
+                .any(|s| s.module == old.module && s.handler == old.handler)
+        }) {
+            gauge(gone).set(0.0);
+        }
+        for s in &subscriptions {
+            gauge(s).set(lag_seconds(s.oldest_pending_us.unwrap_or(0), now_us));
+        }
+        *kept = subscriptions;
+    }
+
     pub(crate) fn snapshot(&self) -> OutboxMetrics {
         let sampled_at_us = self.sampled_at_us.load(Relaxed);
         OutboxMetrics {
+            stalled: self.stalled.load(Relaxed),
+            subscriptions: self
+                .subscriptions
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
             pending: self.pending.load(Relaxed),
             lag_seconds: lag_seconds(self.oldest_pending_us.load(Relaxed), sampled_at_us),
             dead_letters: self.dead_letters.load(Relaxed),
@@ -445,7 +503,7 @@ fn lag_seconds(oldest_pending_us: i64, now_us: i64) -> f64 {
     if oldest_pending_us == 0 {
         0.0
     } else {
-        (now_us - oldest_pending_us).max(0) as f64 / 1e6
+        now_us.saturating_sub(oldest_pending_us).max(0) as f64 / 1e6
     }
 }
 
@@ -497,6 +555,13 @@ pub struct OutboxMetrics {
     /// When the database values were read (µs since the Unix epoch; 0 if
     /// never, e.g. before a bus runs).
     pub sampled_at_us: i64,
+    /// Messages pending for longer than the bus's stall threshold, as its
+    /// watchdog last counted (0 when no bus runs over the outbox).
+    pub stalled: i64,
+    /// The subscriptions recorded in the outbox's database — every handler,
+    /// in any process, that receives its messages — with the oldest message
+    /// each still owes.
+    pub subscriptions: Vec<Subscription>,
 }
 
 /// A point-in-time view of one module.

@@ -239,11 +239,20 @@ impl<B: Backend> ModuleBuilder<B> {
                 module: name.to_string(),
                 reason,
             })?;
-            if !B::has_tables(&mut conn).await? {
-                return Err(Error::NotATickboxDatabase {
-                    module: name.to_string(),
-                    url: crate::error::redact_url(&self.settings.url),
-                });
+            match B::count_tables(&mut conn).await? {
+                0 => {
+                    return Err(Error::NotATickboxDatabase {
+                        module: name.to_string(),
+                        url: crate::error::redact_url(&self.settings.url),
+                    })
+                }
+                crate::backend::TABLES => {}
+                _ => {
+                    return Err(Error::SchemaVersion {
+                        module: name.to_string(),
+                        reason: "has the tables of an older version of tickbox; start the application once with this version (it migrates its databases), then try again".into(),
+                    })
+                }
             }
         }
         let mut handlers = self.handlers;
@@ -461,8 +470,11 @@ async fn sample_outbox<B: Backend>(core: Arc<ModuleCore<B>>) {
         let mut conn = core.connection().await?;
         let (pending, oldest) = B::outbox_backlog(&mut conn).await?;
         let dead = B::count_dead_letters(&mut conn).await?;
-        core.outbox
-            .sampled(pending, oldest, dead, crate::message::now_us());
+        drop(conn);
+        let now = crate::message::now_us();
+        core.outbox.sampled(pending, oldest, dead, now);
+        let subscriptions = crate::subscription::read(&core).await?;
+        core.outbox.subscriptions_sampled(subscriptions, now);
         Ok::<_, Error>(())
     };
     if let Err(error) = sampled.await {

@@ -7,7 +7,7 @@
 //! a bus listens on that channel on a connection of its own.
 
 use crate::backend::{
-    build_pool, checkout, claim_with, has_tables_with, shared_queries, sweep_with,
+    build_pool, checkout, count_tables_with, refuse_newer_migrations, shared_queries, sweep_with,
     tick_inbox_statement, Backend, StoreSettings, WakeupChannel,
 };
 use crate::error::{redact_url, Error};
@@ -205,6 +205,11 @@ impl Backend for Postgres {
 
     const NAME: &'static str = "postgres";
     const DEFAULT_POOL_SIZE: usize = 8;
+    const PARAM: char = '$';
+    const SKIP_LOCKED: &'static str = "FOR UPDATE SKIP LOCKED";
+    const CLAIM_COLUMNS: &'static str =
+        "id, convert_to(topic, 'UTF8') AS topic, convert_to(payload, 'UTF8') AS payload, \
+         correlation_id, causation_id, created_at_us";
     const ONE_WRITER: bool = false;
 
     async fn open(settings: &StoreSettings) -> crate::Result<(Self::Pool, Option<WakeupChannel>)> {
@@ -259,6 +264,7 @@ impl Backend for Postgres {
             );
             migrated.map_err(|e| migration_error(e.to_string()))?;
             unlocked.map_err(|e| migration_error(e.to_string()))?;
+            refuse_newer_migrations(&mut conn, &MIGRATIONS, &module)?;
             Ok::<_, Error>(outbox_schema)
         })
         .await
@@ -365,16 +371,6 @@ impl Backend for Postgres {
 
     // SKIP LOCKED: rows another process is claiming right now are passed
     // over, not waited for.
-    claim_with!(
-        "UPDATE tickbox_outbox SET claimed_by = $1, claimed_until_us = $2 \
-         WHERE id IN (SELECT id FROM tickbox_outbox \
-             WHERE delivered_at_us IS NULL AND id > $3 \
-             AND (claimed_until_us IS NULL OR claimed_until_us < $4 OR claimed_by = $1) \
-             ORDER BY id LIMIT $5 FOR UPDATE SKIP LOCKED) \
-         RETURNING id, topic, payload, correlation_id, causation_id, created_at_us, \
-             claimed_by, claimed_until_us"
-    );
-
     sweep_with!(
         inbox: "DELETE FROM tickbox_inbox WHERE message_id IN \
             (SELECT message_id FROM tickbox_inbox \
@@ -385,10 +381,11 @@ impl Backend for Postgres {
              WHERE id < $1 AND delivered_at_us < $2 LIMIT $3)",
     );
 
-    has_tables_with!(
+    count_tables_with!(
         "SELECT count(*) AS n FROM information_schema.tables \
          WHERE table_schema = current_schema() \
-         AND table_name IN ('tickbox_outbox', 'tickbox_inbox', 'tickbox_dead_letters')"
+         AND table_name IN ('tickbox_outbox', 'tickbox_inbox', 'tickbox_dead_letters', \
+             'tickbox_subscriptions', 'tickbox_outbox_done')"
     );
 
     shared_queries!();

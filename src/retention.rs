@@ -98,17 +98,21 @@ impl<B: Backend> ModuleHandle<B> {
         let retention = &self.core.retention;
         let mut report = SweepReport::default();
         if let Some(window) = retention.inbox {
-            let before = now_us() - window.as_micros() as i64;
+            let before = now_us().saturating_sub(window.as_micros().min(i64::MAX as u128) as i64);
             report.inbox_rows = self
                 .sweep_in_batches(|conn| Box::pin(B::sweep_inbox(conn, before, BATCH)))
                 .await?;
         }
         if let Some(window) = retention.outbox {
-            let before = now_us() - window.as_micros() as i64;
+            let before = now_us().saturating_sub(window.as_micros().min(i64::MAX as u128) as i64);
             report.outbox_rows = self
                 .sweep_in_batches(|conn| Box::pin(B::sweep_outbox(conn, before, BATCH)))
                 .await?;
         }
+        // What subscriptions recorded done with messages since delivered.
+        let mut conn = self.write_connection().await?;
+        B::execute(&mut conn, crate::subscription::clear_done(B::PARAM)).await?;
+        drop(conn);
         if report != SweepReport::default() {
             tracing::info!(module = %self.name(), inbox_rows = report.inbox_rows, outbox_rows = report.outbox_rows, "retention sweep");
         }

@@ -91,6 +91,46 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    use diesel::sql_types::*;
+    use super::DbUuid;
+
+    /// The handlers, in any process, that subscribe to this outbox's topics.
+    tickbox_subscriptions (id) {
+        id -> DbUuid,
+        module -> Text,
+        handler -> Text,
+        topic -> Text,
+        subscribed_at_us -> BigInt,
+        seen_at_us -> BigInt,
+        alive_until_us -> BigInt,
+    }
+}
+
+diesel::table! {
+    use diesel::sql_types::*;
+    use super::DbUuid;
+
+    /// Subscriptions done with a pending message that others still owe.
+    tickbox_outbox_done (message_id, subscription) {
+        message_id -> DbUuid,
+        subscription -> DbUuid,
+    }
+}
+
+/// One subscription row.
+#[derive(Debug, Clone, diesel::Queryable, diesel::Insertable, diesel::Selectable)]
+#[diesel(table_name = tickbox_subscriptions)]
+pub struct SubscriptionRow {
+    pub(crate) id: Id,
+    pub(crate) module: String,
+    pub(crate) handler: String,
+    pub(crate) topic: String,
+    pub(crate) subscribed_at_us: i64,
+    pub(crate) seen_at_us: i64,
+    pub(crate) alive_until_us: i64,
+}
+
 /// One dead letter row.
 #[derive(Debug, Clone, diesel::Queryable, diesel::Insertable, diesel::Selectable)]
 #[diesel(table_name = tickbox_dead_letters, treat_none_as_default_value = false)]
@@ -123,6 +163,133 @@ pub struct OutboxRow {
     /// bus runs over the publishing module.
     pub(crate) claimed_by: Option<Id>,
     pub(crate) claimed_until_us: Option<i64>,
+}
+
+/// A column value read without failing: what diesel decoded, or why it
+/// could not. A scan reads rows one by one through this, so one row that
+/// cannot be read becomes a dead letter instead of failing the whole page.
+#[derive(Debug)]
+pub struct Lenient<T>(pub(crate) Result<T, String>);
+
+impl<T, ST, DB> diesel::deserialize::FromSql<ST, DB> for Lenient<T>
+where
+    DB: diesel::backend::Backend,
+    T: diesel::deserialize::FromSql<ST, DB>,
+{
+    fn from_sql(value: DB::RawValue<'_>) -> diesel::deserialize::Result<Self> {
+        Ok(Lenient(T::from_sql(value).map_err(|e| e.to_string())))
+    }
+
+    fn from_nullable_sql(value: Option<DB::RawValue<'_>>) -> diesel::deserialize::Result<Self> {
+        Ok(Lenient(
+            T::from_nullable_sql(value).map_err(|e| e.to_string()),
+        ))
+    }
+}
+
+/// An outbox row as a scan claims it: every column read leniently (text as
+/// raw bytes), so each row is decoded on its own.
+#[derive(Debug, diesel::QueryableByName)]
+pub struct ClaimedRow {
+    #[diesel(sql_type = DbUuid)]
+    pub(crate) id: Lenient<Id>,
+    #[diesel(sql_type = diesel::sql_types::Binary)]
+    pub(crate) topic: Lenient<Vec<u8>>,
+    #[diesel(sql_type = diesel::sql_types::Binary)]
+    pub(crate) payload: Lenient<Vec<u8>>,
+    #[diesel(sql_type = DbUuid)]
+    pub(crate) correlation_id: Lenient<Id>,
+    #[diesel(sql_type = diesel::sql_types::Nullable<DbUuid>)]
+    pub(crate) causation_id: Lenient<Option<Id>>,
+    /// NULL when the stored value is not an integer (SQLite stores any type
+    /// in any column).
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
+    pub(crate) created_at_us: Lenient<Option<i64>>,
+}
+
+/// An outbox row a scan could not turn into an envelope: a dead letter in
+/// the making, holding what could be read of it.
+#[derive(Debug, Clone)]
+pub(crate) struct MalformedRow {
+    /// The row's id, when even that could not be read: then it can only be
+    /// reported.
+    pub(crate) id: Option<uuid::Uuid>,
+    /// What could be read, with the unreadable parts replaced (text lossily,
+    /// ids by the nil id, the time by 0).
+    pub(crate) envelope: crate::Envelope,
+    /// Which columns could not be read, and why.
+    pub(crate) reason: String,
+}
+
+impl ClaimedRow {
+    /// The envelope, or what is wrong with the row.
+    pub(crate) fn decode(self) -> Result<crate::Envelope, MalformedRow> {
+        let mut problems = Vec::new();
+        let mut text = |column: &str, value: Lenient<Vec<u8>>| match value.0 {
+            Ok(bytes) => match String::from_utf8(bytes) {
+                Ok(text) => text,
+                Err(e) => {
+                    problems.push(format!("{column} is not valid UTF-8 ({})", e.utf8_error()));
+                    String::from_utf8_lossy(e.as_bytes()).into_owned()
+                }
+            },
+            Err(e) => {
+                problems.push(format!("{column} cannot be read ({e})"));
+                String::new()
+            }
+        };
+        let topic = text("topic", self.topic);
+        let payload = text("payload", self.payload);
+        let id = match self.id.0 {
+            Ok(id) => Some(id.0),
+            Err(e) => {
+                problems.push(format!("id cannot be read ({e})"));
+                None
+            }
+        };
+        let correlation_id = match self.correlation_id.0 {
+            Ok(id) => id.0,
+            Err(e) => {
+                problems.push(format!("correlation_id cannot be read ({e})"));
+                uuid::Uuid::nil()
+            }
+        };
+        let causation_id = match self.causation_id.0 {
+            Ok(id) => id.map(|id| id.0),
+            Err(e) => {
+                problems.push(format!("causation_id cannot be read ({e})"));
+                None
+            }
+        };
+        let created_at_us = match self.created_at_us.0 {
+            Ok(Some(us)) => us,
+            Ok(None) => {
+                problems.push("created_at_us is not an integer".to_string());
+                0
+            }
+            Err(e) => {
+                problems.push(format!("created_at_us cannot be read ({e})"));
+                0
+            }
+        };
+        let envelope = crate::Envelope {
+            id: id.unwrap_or_default(),
+            topic,
+            payload,
+            correlation_id,
+            causation_id,
+            created_at_us,
+        };
+        if problems.is_empty() {
+            Ok(envelope)
+        } else {
+            Err(MalformedRow {
+                id,
+                envelope,
+                reason: format!("malformed outbox row: {}", problems.join("; ")),
+            })
+        }
+    }
 }
 
 impl From<OutboxRow> for crate::Envelope {

@@ -5,7 +5,7 @@
 //! the bus's periodic outbox scan (`BusBuilder::sweep_interval`).
 
 use crate::backend::{
-    build_pool, checkout, claim_with, has_tables_with, shared_queries, sweep_with,
+    build_pool, checkout, count_tables_with, refuse_newer_migrations, shared_queries, sweep_with,
     tick_inbox_statement, Backend, StoreSettings, WakeupChannel,
 };
 use crate::error::Error;
@@ -76,6 +76,12 @@ impl Backend for Sqlite {
 
     const NAME: &'static str = "sqlite";
     const DEFAULT_POOL_SIZE: usize = 4;
+    const PARAM: char = '?';
+    const SKIP_LOCKED: &'static str = "";
+    const CLAIM_COLUMNS: &'static str =
+        "id, CAST(topic AS BLOB) AS topic, CAST(payload AS BLOB) AS payload, \
+         correlation_id, causation_id, \
+         CASE WHEN typeof(created_at_us) = 'integer' THEN created_at_us END AS created_at_us";
     const ONE_WRITER: bool = true;
 
     async fn open(settings: &StoreSettings) -> crate::Result<(Self::Pool, Option<WakeupChannel>)> {
@@ -109,7 +115,8 @@ impl Backend for Sqlite {
                 .map_err(|e| Error::Migration {
                     module: module.clone(),
                     reason: e.to_string(),
-                })
+                })?;
+            refuse_newer_migrations(&mut conn, &MIGRATIONS, &module)
         })
         .await
         .map_err(|e| Error::Config(format!("opening module `{}`: {e}", settings.module)))??;
@@ -208,16 +215,6 @@ impl Backend for Sqlite {
         .await
     }
 
-    claim_with!(
-        "UPDATE tickbox_outbox SET claimed_by = ?1, claimed_until_us = ?2 \
-         WHERE id IN (SELECT id FROM tickbox_outbox \
-             WHERE delivered_at_us IS NULL AND id > ?3 \
-             AND (claimed_until_us IS NULL OR claimed_until_us < ?4 OR claimed_by = ?1) \
-             ORDER BY id LIMIT ?5) \
-         RETURNING id, topic, payload, correlation_id, causation_id, created_at_us, \
-             claimed_by, claimed_until_us"
-    );
-
     sweep_with!(
         inbox: "DELETE FROM tickbox_inbox WHERE message_id IN \
             (SELECT message_id FROM tickbox_inbox \
@@ -228,9 +225,10 @@ impl Backend for Sqlite {
              WHERE id < ? AND delivered_at_us < ? LIMIT ?)",
     );
 
-    has_tables_with!(
+    count_tables_with!(
         "SELECT count(*) AS n FROM sqlite_master WHERE type = 'table' \
-         AND name IN ('tickbox_outbox', 'tickbox_inbox', 'tickbox_dead_letters')"
+         AND name IN ('tickbox_outbox', 'tickbox_inbox', 'tickbox_dead_letters', \
+             'tickbox_subscriptions', 'tickbox_outbox_done')"
     );
 
     shared_queries!();

@@ -62,6 +62,18 @@ macro_rules! suite {
         case!(faults::an_outbox_retention_of_zero_deletes_rows_as_they_are_delivered);
         case!(faults::messages_beyond_the_announcement_queue_are_delivered_without_waiting_for_a_lease);
 
+        case!(hostile::hostile_rows_end_as_dead_letters_while_good_messages_flow);
+        case!(hostile::a_stalled_message_is_counted_and_named);
+
+        case!(shared_outbox::processes_with_disjoint_handlers_each_get_every_message);
+        case!(shared_outbox::processes_with_overlapping_handlers_each_get_every_message);
+        case!(shared_outbox::three_processes_one_only_publishing_each_get_every_message);
+        case!(shared_outbox::replicas_with_identical_handlers_each_get_every_message_once);
+        case!(shared_outbox::a_late_subscriber_gets_what_commits_after_it_subscribed);
+        case!(shared_outbox::a_stopped_subscriber_keeps_its_messages_until_it_returns_or_is_retired);
+        case!(shared_outbox::a_handler_on_another_topic_in_a_running_process_is_refused);
+        case!(shared_outbox::a_database_migrated_by_a_newer_tickbox_is_refused);
+
         case!(observability::counters_move_exactly_as_deliveries_happen);
         case!(observability::lag_rises_while_the_bus_is_stopped_and_returns_to_zero);
         case!(observability::mailbox_depth_rises_under_a_slow_handler_and_falls_back);

@@ -525,7 +525,12 @@ fn parse(args: &[String], env_url: Option<String>) -> Result<Parsed, Failure> {
                 once(&mut options.outbox_retention, name, value(name)?, topic)?;
                 options.command_options.push("--outbox-retention");
             }
-            _ => return Err(Failure::usage(topic, format!("unknown option `{name}`"))),
+            _ => {
+                return Err(Failure::usage(
+                    topic,
+                    format!("unknown option `{}`", shown(name)),
+                ))
+            }
         }
     }
 
@@ -544,7 +549,7 @@ fn parse(args: &[String], env_url: Option<String>) -> Result<Parsed, Failure> {
             Some(topic) => Ok(Parsed::Help(topic)),
             None => Err(Failure::usage(
                 Topic::Help,
-                format!("no help for `{}`", words[1..].join(" ")),
+                format!("no help for `{}`", shown(&words[1..].join(" "))),
             )),
         };
     }
@@ -560,8 +565,9 @@ fn parse(args: &[String], env_url: Option<String>) -> Result<Parsed, Failure> {
                 return Err(Failure::usage(
                     Topic::DeadLetters,
                     format!(
-                    "unknown subcommand `dead-letters {other}`; use list, show, replay or discard"
-                ),
+                        "unknown subcommand `dead-letters {}`; use list, show, replay or discard",
+                        shown(other)
+                    ),
                 ))
             }
             None => {
@@ -574,7 +580,7 @@ fn parse(args: &[String], env_url: Option<String>) -> Result<Parsed, Failure> {
         other => {
             return Err(Failure::usage(
                 Topic::Main,
-                format!("unknown command `{other}`"),
+                format!("unknown command `{}`", shown(other)),
             ))
         }
     };
@@ -683,7 +689,7 @@ fn no_more(topic: Topic, args: &[String]) -> Result<(), Failure> {
         None => Ok(()),
         Some(extra) => Err(Failure::usage(
             topic,
-            format!("unexpected argument `{extra}`"),
+            format!("unexpected argument `{}`", shown(extra)),
         )),
     }
 }
@@ -708,7 +714,10 @@ fn key(topic: Topic, args: &[String]) -> Result<Key, Failure> {
             let message_id = Uuid::parse_str(id.trim()).map_err(|_| {
                 Failure::usage(
                     topic,
-                    format!("`{id}` is not a message id; a message id is a UUID such as 0190c2a4-5b1e-7d3c-9a4f-1e2d3c4b5a69"),
+                    format!(
+                        "`{}` is not a message id; a message id is a UUID such as 0190c2a4-5b1e-7d3c-9a4f-1e2d3c4b5a69",
+                        shown(id)
+                    ),
                 )
             })?;
             Ok(Key {
@@ -722,7 +731,7 @@ fn key(topic: Topic, args: &[String]) -> Result<Key, Failure> {
         )),
         [_, _, extra, ..] => Err(Failure::usage(
             topic,
-            format!("unexpected argument `{extra}`"),
+            format!("unexpected argument `{}`", shown(extra)),
         )),
     }
 }
@@ -743,6 +752,12 @@ fn handler_label(handler: &str) -> String {
     } else {
         format!("handler `{handler}`")
     }
+}
+
+/// A command-line word as an error message may show it: a database URL
+/// given in the wrong place keeps its password hidden.
+fn shown(word: &str) -> String {
+    tickbox::redact_url(word)
 }
 
 /// A retention option: a positive duration or `never`.
@@ -840,7 +855,10 @@ fn target(topic: Topic, url: String, schema: Option<String>) -> Result<Target, F
                 .map(str::to_string)
         }
         Kind::Postgres => schema.clone().or_else(|| {
-            let after_scheme = &trimmed[trimmed.find("://").map_or(0, |i| i + 3)..];
+            // Read from the redacted URL: a password that breaks the URL (a
+            // raw `/` in it) must not become the label of error messages.
+            let redacted = tickbox::redact_url(trimmed);
+            let after_scheme = &redacted[redacted.find("://").map_or(0, |i| i + 3)..];
             let path = after_scheme.split_once('/').map(|(_, path)| path)?;
             let database = path.split(['?', '#']).next().unwrap_or_default();
             Some(database.to_string())
@@ -878,7 +896,7 @@ async fn run_sqlite(invocation: &Invocation) -> Result<String, Failure> {
     Err(Failure::Failed(format!(
         "`{}` is an SQLite database, but this tickbox binary was built without SQLite \
          support; rebuild it with `--features sqlite`",
-        invocation.target.url
+        tickbox::redact_url(&invocation.target.url)
     )))
 }
 
@@ -929,9 +947,8 @@ async fn run<B: Backend>(invocation: &Invocation) -> Result<String, Failure> {
 /// `status`.
 async fn status<B: Backend>(module: &ModuleHandle<B>, json: bool) -> Result<String, Failure> {
     let stats = module.store_stats().await?;
-    let lag_us = stats
-        .oldest_pending_us
-        .map(|oldest| (now_us() - oldest).max(0));
+    let now = now_us();
+    let lag_us = stats.oldest_pending_us.map(|oldest| lag_us(oldest, now));
     if json {
         let mut value = to_json(&stats)?;
         if let Some(object) = value.as_object_mut() {
@@ -944,6 +961,11 @@ async fn status<B: Backend>(module: &ModuleHandle<B>, json: bool) -> Result<Stri
         return json_line(&value);
     }
     let lag = match (lag_us, stats.oldest_pending_us) {
+        (Some(_), Some(oldest)) if oldest > now => format!(
+            "0s (oldest pending message published {}, in the future: \
+             a clock ahead of this one, or a bad timestamp)",
+            iso8601(oldest, false)
+        ),
         (Some(lag), Some(oldest)) => format!(
             "{} (oldest pending message published {})",
             human_duration(lag),
@@ -1341,11 +1363,18 @@ fn indent(text: &str) -> String {
     out
 }
 
+/// How long ago (µs) a message stamped `created_at_us` was published, as
+/// seen at `now_us`: 0 for a timestamp in the future, and no overflow for
+/// any stored value (a row may hold 0, a negative number or `i64::MAX`).
+fn lag_us(created_at_us: i64, now_us: i64) -> i64 {
+    now_us.saturating_sub(created_at_us).max(0)
+}
+
 /// Microseconds since the Unix epoch, now.
 fn now_us() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
 }
 
 /// Microseconds since the Unix epoch as UTC ISO 8601:
@@ -1732,5 +1761,61 @@ mod tests {
         );
         assert_eq!(human_duration(90_000_000), "1m 30s");
         assert_eq!(human_duration(500_000), "500ms");
+    }
+
+    #[test]
+    fn shows_a_sane_lag_for_any_stored_timestamp() {
+        let now = 1_767_225_600_000_000; // 2026-01-01T00:00:00Z
+        assert_eq!(lag_us(now - 90_000_000, now), 90_000_000);
+        assert_eq!(lag_us(now, now), 0);
+        // In the future: no lag, not a negative one.
+        assert_eq!(lag_us(now + 1, now), 0);
+        assert_eq!(lag_us(i64::MAX, now), 0);
+        assert_eq!(lag_us(i64::MAX, i64::MIN), 0);
+        // Far in the past: saturates instead of overflowing.
+        assert_eq!(lag_us(0, now), now);
+        assert_eq!(lag_us(-1, now), now + 1);
+        assert_eq!(lag_us(i64::MIN, now), i64::MAX);
+        assert_eq!(lag_us(i64::MIN + 1, 0), i64::MAX);
+        assert_eq!(lag_us(i64::MIN, i64::MIN), 0);
+
+        assert_eq!(human_duration(0), "0ms");
+        assert_eq!(human_duration(-5), "0ms");
+        assert_eq!(human_duration(i64::MIN), "0ms");
+        assert_eq!(human_duration(3 * 86_400_000_000 + 7_200_000_000), "3d 2h");
+        assert_eq!(human_duration(now), "20454d 0h");
+        assert_eq!(human_duration(i64::MAX), "106751991d 4h");
+
+        assert_eq!(iso8601(i64::MAX, false), "294247-01-10T04:00:54Z");
+        assert_eq!(iso8601(i64::MAX, true), "294247-01-10T04:00:54.775807Z");
+        assert_eq!(iso8601(i64::MIN, false), "-290308-12-21T19:59:05Z");
+        assert_eq!(iso8601(i64::MIN, true), "-290308-12-21T19:59:05.224192Z");
+    }
+
+    #[test]
+    fn never_shows_a_password_in_a_label_or_a_usage_error() {
+        let invocation =
+            run_of("--database-url postgres://u@h:5432/nodb_x?password=S3cret! status");
+        assert_eq!(invocation.target.module, "nodb_x");
+        // A raw `/` in the password: the URL cannot be read, nor its database.
+        let invocation = run_of("--database-url postgres://u:S3/cret@h/shop status");
+        assert_eq!(invocation.target.module, "module");
+        for line in [
+            "--database-url x.db postgres://u:S3cret@h/db",
+            "--database-url x.db status postgres://u:S3cret@h/db",
+            "--database-url x.db dead-letters postgres://u:S3cret@h/db",
+            "--database-url x.db dead-letters show postgres://u:S3cret@h/db h",
+            "--database-url mysql://u:S3cret@h/db status",
+            "help postgres://u:S3cret@h/db",
+        ] {
+            let message = usage_error(line);
+            assert!(!message.contains("S3cret"), "{line}: {message}");
+            assert!(message.contains("u:***@h/db"), "{line}: {message}");
+        }
+        let message = usage_error("--database-url x.db status -postgres://u:S3cret@h/db");
+        assert!(
+            message.contains("unknown option `-postgres://***`"),
+            "{message}"
+        );
     }
 }

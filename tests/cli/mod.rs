@@ -626,7 +626,11 @@ async fn replay_requeues_and_the_bus_redelivers<B: CliBackend>(db: Db) {
         .fails(1, "no dead letter for message");
 
     // The application's bus delivers both on its scan.
-    let bus = Bus::builder().module(&module).start().expect("bus starts");
+    let bus = Bus::builder()
+        .module(&module)
+        .start()
+        .await
+        .expect("bus starts");
     eventually("the requeued messages are handled", || async {
         let stats = module.store_stats().await.expect("stats");
         stats.outbox_pending == 0 && stats.inbox_rows == 2

@@ -83,6 +83,7 @@ async fn the_prometheus_endpoint_passes_promtool() {
         .module(&warehouse)
         .retry_policy(crate::suite::fast_retries())
         .start()
+        .await
         .expect("bus");
     orders
         .transaction(async move |tx| tx.publish(&Ping { n: 1 }))

@@ -33,7 +33,7 @@ fn pg_url() -> String {
 }
 
 /// A bus over `orders` and `warehouse` that scans only once a minute.
-fn slow_scanning_bus(
+async fn slow_scanning_bus(
     orders: &ModuleHandle<Postgres>,
     warehouse: &ModuleHandle<Postgres>,
 ) -> BusHandle<Postgres> {
@@ -43,6 +43,7 @@ fn slow_scanning_bus(
         .retry_policy(crate::suite::fast_retries())
         .sweep_interval(SWEEP)
         .start()
+        .await
         .expect("bus starts")
 }
 
@@ -199,7 +200,7 @@ async fn a_commit_where_no_bus_runs_wakes_the_bus_at_once() {
     let db = TestDb::postgres();
     let handler = Record::new(Then::Succeed);
     let (orders, warehouse) = pair::<Postgres>(&db, &handler).await;
-    let bus = slow_scanning_bus(&orders, &warehouse);
+    let bus = slow_scanning_bus(&orders, &warehouse).await;
     let elsewhere = orders_elsewhere(&db).await;
     assert_eq!(orders.wakeup_channel(), elsewhere.wakeup_channel());
     until_listening(&orders).await;
@@ -227,7 +228,7 @@ async fn a_rolled_back_publish_notifies_nobody_and_a_commit_notifies_once() {
     let db = TestDb::postgres();
     let handler = Record::new(Then::Succeed);
     let (orders, warehouse) = pair::<Postgres>(&db, &handler).await;
-    let bus = slow_scanning_bus(&orders, &warehouse);
+    let bus = slow_scanning_bus(&orders, &warehouse).await;
     let elsewhere = orders_elsewhere(&db).await;
     let mut listener = Listener::on(wakeup_channel(&orders)).await;
 
@@ -280,7 +281,7 @@ async fn a_module_on_a_bus_commits_without_notifying() {
     let db = TestDb::postgres();
     let handler = Record::new(Then::Succeed);
     let (orders, warehouse) = pair::<Postgres>(&db, &handler).await;
-    let bus = slow_scanning_bus(&orders, &warehouse);
+    let bus = slow_scanning_bus(&orders, &warehouse).await;
     let mut listener = Listener::on(wakeup_channel(&orders)).await;
 
     // Claimed by its own bus and announced in memory: nobody is notified.
@@ -316,7 +317,7 @@ async fn the_listener_reconnects_when_its_connection_is_killed() {
     let db = TestDb::postgres();
     let handler = Record::new(Then::Succeed);
     let (orders, warehouse) = pair::<Postgres>(&db, &handler).await;
-    let bus = slow_scanning_bus(&orders, &warehouse);
+    let bus = slow_scanning_bus(&orders, &warehouse).await;
     let elsewhere = orders_elsewhere(&db).await;
     until_listening(&orders).await;
     delivered_promptly(&elsewhere, &warehouse, 1, 1).await;
@@ -357,7 +358,7 @@ async fn a_requeued_dead_letter_wakes_the_bus_at_once() {
         permanent: true,
     });
     let (orders, warehouse) = pair::<Postgres>(&db, &handler).await;
-    let bus = slow_scanning_bus(&orders, &warehouse);
+    let bus = slow_scanning_bus(&orders, &warehouse).await;
     let id = publish(&orders, 7).await;
     drained(&bus).await;
     let dead = warehouse.dead_letters(0, 10).await.expect("dead letters");
@@ -393,7 +394,7 @@ async fn a_module_whose_bus_stopped_hands_its_commits_to_another_process_at_once
     let db = TestDb::postgres();
     let handler = Record::new(Then::Succeed);
     let (orders, warehouse) = pair::<Postgres>(&db, &handler).await;
-    let stopped = slow_scanning_bus(&orders, &warehouse);
+    let stopped = slow_scanning_bus(&orders, &warehouse).await;
     stopped.stop().await;
 
     // Another process takes over both modules with a bus of its own.
@@ -404,7 +405,7 @@ async fn a_module_whose_bus_stopped_hands_its_commits_to_another_process_at_once
         .start()
         .await
         .expect("a second handle of warehouse starts");
-    let bus = slow_scanning_bus(&orders_there, &warehouse_there);
+    let bus = slow_scanning_bus(&orders_there, &warehouse_there).await;
     until_listening(&orders).await;
 
     // The first handle's bus stopped: its commits are no longer written

@@ -114,6 +114,7 @@ pub async fn waiting_messages_commit_together_in_batches_and_each_once<B: TestBa
         .retry_policy(fast_retries())
         .duplicate_rate(1.0)
         .start()
+        .await
         .expect("bus starts");
     publish_behind_the_gate(&orders, &warehouse, &gate, &bus, 40).await;
 
@@ -141,7 +142,7 @@ pub async fn a_failing_message_rolls_back_its_batch_and_only_it_is_dead_lettered
     db: TestDb,
 ) {
     let (orders, warehouse, gate) = gated_pair::<B>(&db, Some(7)).await;
-    let bus = super::bus(&[&orders, &warehouse]);
+    let bus = super::bus(&[&orders, &warehouse]).await;
     publish_behind_the_gate(&orders, &warehouse, &gate, &bus, 20).await;
 
     assert_eq!(

@@ -28,6 +28,7 @@ pub async fn a_poison_message_is_dead_lettered_while_others_flow_and_replayed_on
             ..fast_retries()
         })
         .start()
+        .await
         .expect("bus starts");
     let mut poison = None;
     for n in 10..30 {
@@ -101,7 +102,7 @@ pub async fn a_permanent_error_dead_letters_at_once_and_can_be_discarded<B: Test
         permanent: true,
     });
     let (orders, warehouse) = pair::<B>(&db, &handler).await;
-    let bus = bus(&[&orders, &warehouse]);
+    let bus = bus(&[&orders, &warehouse]).await;
     let id = publish(&orders, 5).await;
     drained(&bus).await;
     let dead = warehouse.dead_letters(0, 10).await.expect("dead letters");
@@ -150,7 +151,7 @@ pub async fn bad_rows_become_dead_letters_and_nothing_else_is_lost<B: TestBacken
         "{refused}"
     );
 
-    let bus = bus(&[&orders, &warehouse]);
+    let bus = bus(&[&orders, &warehouse]).await;
     for n in 0..5 {
         publish(&orders, n).await;
     }
@@ -299,6 +300,7 @@ pub async fn retention_sweeps_old_rows_and_keeps_recent_duplicates_out<B: TestBa
         .module(&orders)
         .module(&short)
         .start()
+        .await
         .err()
         .expect("too short");
     assert!(
@@ -314,6 +316,7 @@ pub async fn retention_sweeps_old_rows_and_keeps_recent_duplicates_out<B: TestBa
             ..RetryPolicy::default()
         })
         .start()
+        .await
         .err()
         .expect("unbounded retries with a window");
     assert!(unbounded.to_string().contains("unbounded"), "{unbounded}");
@@ -329,6 +332,7 @@ pub async fn stopping_with_deliveries_in_flight_loses_and_doubles_nothing<B: Tes
         .module(&warehouse)
         .max_concurrent_deliveries(2)
         .start()
+        .await
         .expect("bus starts");
     for n in 0..20 {
         publish(&orders, n).await;
@@ -367,7 +371,7 @@ pub async fn stopping_with_deliveries_in_flight_loses_and_doubles_nothing<B: Tes
         .await
         .expect("warehouse");
     drop((orders, warehouse));
-    let second = bus(&[&restarted_orders, &restarted_warehouse]);
+    let second = bus(&[&restarted_orders, &restarted_warehouse]).await;
     drained(&second).await;
     assert_eq!(
         effects(&restarted_warehouse, "warehouse.record").await,
@@ -413,6 +417,7 @@ pub async fn a_dead_process_claims_are_taken_over_when_they_expire<B: TestBacken
         .claim_lease(Duration::from_millis(500))
         .sweep_interval(Duration::from_millis(100))
         .start()
+        .await
         .expect("bus starts");
     eventually("the expired claim is taken over", WAIT, || async {
         effects(&warehouse, "warehouse.record").await == 1
@@ -449,6 +454,7 @@ pub async fn two_buses_on_one_set_of_databases_handle_each_message_once<B: TestB
             .sweep_interval(Duration::from_millis(100))
             .max_concurrent_deliveries(4)
             .start()
+            .await
             .expect("bus starts");
         (orders, warehouse, bus)
     };
@@ -491,6 +497,7 @@ pub async fn messages_beyond_the_announcement_queue_are_delivered_without_waitin
         .claim_lease(Duration::from_secs(120))
         .sweep_interval(Duration::from_millis(200))
         .start()
+        .await
         .expect("bus starts");
     for batch in 0..45u64 {
         orders
@@ -532,7 +539,7 @@ pub async fn an_outbox_retention_of_zero_deletes_rows_as_they_are_delivered<B: T
         .await
         .expect("warehouse");
     create_effects(&warehouse).await;
-    let bus = bus(&[&orders, &warehouse]);
+    let bus = bus(&[&orders, &warehouse]).await;
     for n in 0..5 {
         publish(&orders, n).await;
     }

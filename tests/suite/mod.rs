@@ -3,7 +3,9 @@
 
 pub mod batches;
 pub mod faults;
+pub mod hostile;
 pub mod observability;
+pub mod shared_outbox;
 
 use crate::support::*;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
@@ -40,13 +42,14 @@ pub(crate) async fn pair<B: TestBackend>(
     (orders, warehouse)
 }
 
-pub(crate) fn bus<B: TestBackend>(modules: &[&ModuleHandle<B>]) -> BusHandle<B> {
+pub(crate) async fn bus<B: TestBackend>(modules: &[&ModuleHandle<B>]) -> BusHandle<B> {
     modules
         .iter()
         .fold(Bus::builder(), |b, m| b.module(m))
         .retry_policy(fast_retries())
         .sweep_interval(Duration::from_millis(200))
         .start()
+        .await
         .expect("bus starts")
 }
 
@@ -69,7 +72,7 @@ pub async fn rolled_back_publish_is_never_delivered_and_committed_one_is<B: Test
 ) {
     let handler = Record::new(Then::Succeed);
     let (orders, warehouse) = pair::<B>(&db, &handler).await;
-    let bus = bus(&[&orders, &warehouse]);
+    let bus = bus(&[&orders, &warehouse]).await;
 
     let rolled_back: Result<(), Error> = orders
         .transaction(async move |tx| {
@@ -111,6 +114,7 @@ pub async fn a_redelivered_message_is_skipped_and_counted<B: TestBackend>(db: Te
         .module(&warehouse)
         .duplicate_rate(1.0)
         .start()
+        .await
         .expect("bus starts");
     for n in 0..5 {
         publish(&orders, n).await;
@@ -186,7 +190,7 @@ async fn failing_handler_rolls_back_then_succeeds<B: TestBackend>(
     );
 
     // Through the bus: retried until it succeeds, exactly one effect.
-    let bus = bus(&[&orders, &warehouse]);
+    let bus = bus(&[&orders, &warehouse]).await;
     publish(&orders, 8).await;
     drained(&bus).await;
     assert_eq!(effects(&warehouse, "warehouse.record").await, 1);
@@ -224,7 +228,7 @@ pub async fn each_handler_ticks_its_own_inbox_row<B: TestBackend>(db: TestDb) {
         .expect("warehouse starts");
     create_effects(&orders).await;
     create_effects(&warehouse).await;
-    let bus = bus(&[&orders, &warehouse]);
+    let bus = bus(&[&orders, &warehouse]).await;
     let id = publish(&orders, 1).await;
     drained(&bus).await;
 
@@ -265,7 +269,7 @@ pub async fn a_message_published_by_a_handler_exists_only_if_it_commits<B: TestB
         .expect("warehouse starts");
     create_effects(&orders).await;
     create_effects(&warehouse).await;
-    let bus = bus(&[&orders, &warehouse]);
+    let bus = bus(&[&orders, &warehouse]).await;
     let ping = publish(&orders, 1).await;
 
     eventually("the chain reaches orders.confirm", WAIT, || async {
@@ -330,7 +334,7 @@ pub async fn a_crash_between_handler_commit_and_outbox_mark_redelivers_without_d
     let (orders, warehouse) = start_modules().await;
     create_effects(&orders).await;
     create_effects(&warehouse).await;
-    let first = bus(&[&orders, &warehouse]);
+    let first = bus(&[&orders, &warehouse]).await;
     publish(&orders, 1).await;
     eventually("good has committed and flaky has failed", WAIT, || async {
         effects(&warehouse, "warehouse.good").await == 1 && flaky.calls.load(SeqCst) >= 1
@@ -348,7 +352,7 @@ pub async fn a_crash_between_handler_commit_and_outbox_mark_redelivers_without_d
     // delivered again; good skips it, flaky handles it.
     BROKEN.store(false, SeqCst);
     let (orders, warehouse) = start_modules().await;
-    let second = bus(&[&orders, &warehouse]);
+    let second = bus(&[&orders, &warehouse]).await;
     drained(&second).await;
     assert_eq!(
         effects(&warehouse, "warehouse.good").await,
@@ -398,6 +402,7 @@ pub async fn configuration_mistakes_fail_at_start_with_clear_errors<B: TestBacke
         .module(&orders)
         .module(&listener)
         .start()
+        .await
         .err()
         .expect("nobody publishes Pong");
     assert!(
@@ -436,6 +441,7 @@ pub async fn configuration_mistakes_fail_at_start_with_clear_errors<B: TestBacke
         .module(&big)
         .duplicate_rate(1.5)
         .start()
+        .await
         .err()
         .expect("bad rate");
     assert!(

@@ -27,6 +27,7 @@ pub async fn counters_move_exactly_as_deliveries_happen<B: TestBackend>(db: Test
         })
         .duplicate_rate(1.0)
         .start()
+        .await
         .expect("bus starts");
     for n in 0..5 {
         publish(&orders, n).await;
@@ -92,7 +93,7 @@ pub async fn lag_rises_while_the_bus_is_stopped_and_returns_to_zero<B: TestBacke
     })
     .await;
 
-    let bus = bus(&[&orders, &warehouse]);
+    let bus = bus(&[&orders, &warehouse]).await;
     eventually("the lag returns to zero once drained", WAIT, || async {
         let outbox = orders.metrics().outbox;
         outbox.pending == 0 && outbox.lag_seconds == 0.0
@@ -116,7 +117,7 @@ pub async fn mailbox_depth_rises_under_a_slow_handler_and_falls_back<B: TestBack
         .await
         .expect("warehouse");
     create_effects(&warehouse).await;
-    let bus = bus(&[&orders, &warehouse]);
+    let bus = bus(&[&orders, &warehouse]).await;
     for n in 0..8 {
         publish(&orders, n).await;
     }

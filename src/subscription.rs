@@ -1,0 +1,448 @@
+//! Subscriptions: which handlers, in any process, subscribe to an outbox's
+//! topics, recorded in the outbox's own database where every process sees
+//! them, and the statements that deliver a shared outbox by them.
+//!
+//! A pending message is owed to every subscription of its topic. A bus
+//! finishes a message (marks it delivered, or deletes it) only if no
+//! subscription it does not serve still owes it — checked inside the marking
+//! statement itself, so a subscription recorded by another process a moment
+//! earlier is never missed. When one is still owed, the bus records that its
+//! own subscriptions are done with the message (`tickbox_outbox_done`) and
+//! releases its claim; the bus serving the rest finishes it.
+//!
+//! A subscription's id is derived from `(module, handler)`, the same pair
+//! that keys the inbox, so every process computes the same one.
+
+use crate::backend::{Backend, Claim};
+use crate::error::{Error, Result};
+use crate::module::{ModuleCore, ModuleHandle};
+use crate::schema::{Id, SubscriptionRow};
+use crate::statement::{Statement, StatementBuilder};
+use serde::Serialize;
+use std::sync::Arc;
+use uuid::Uuid;
+
+/// The namespace of subscription ids (UUIDv5).
+const NAMESPACE: Uuid = Uuid::from_u128(0x7469_636b_626f_7800_8000_0000_0000_0001);
+
+/// The id of the subscription of handler `handler` of module `module`.
+pub(crate) fn subscription_id(module: &str, handler: &str) -> Uuid {
+    let mut name = Vec::with_capacity(module.len() + handler.len() + 1);
+    name.extend_from_slice(module.as_bytes());
+    name.push(0);
+    name.extend_from_slice(handler.as_bytes());
+    Uuid::new_v5(&NAMESPACE, &name)
+}
+
+/// A handler's subscription to an outbox, as recorded in the outbox's
+/// database.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Subscription {
+    /// The module whose handler it is.
+    pub module: String,
+    /// The handler's name.
+    pub handler: String,
+    /// The topic it receives.
+    pub topic: String,
+    /// When it was first recorded (µs since the Unix epoch): it receives
+    /// every message still pending then and every one committed since.
+    pub subscribed_at_us: i64,
+    /// When a running bus serving it last said so.
+    pub seen_at_us: i64,
+    /// Until when that holds; a bus that stops sets it to the moment it
+    /// stopped.
+    pub alive_until_us: i64,
+    /// When the oldest message still owed to it was published, if any.
+    pub oldest_pending_us: Option<i64>,
+}
+
+impl Subscription {
+    /// Whether a running bus serves it (it said so recently enough).
+    pub fn is_alive(&self, now_us: i64) -> bool {
+        self.alive_until_us > now_us
+    }
+}
+
+/// A subscription a bus serves: one of its handlers whose topic an outbox on
+/// the bus publishes.
+#[derive(Debug, Clone)]
+pub(crate) struct Served {
+    pub(crate) id: Uuid,
+    pub(crate) module: Arc<str>,
+    pub(crate) handler: Arc<str>,
+    pub(crate) topic: &'static str,
+}
+
+impl Served {
+    pub(crate) fn new(module: Arc<str>, handler: Arc<str>, topic: &'static str) -> Self {
+        Served {
+            id: subscription_id(&module, &handler),
+            module,
+            handler,
+            topic,
+        }
+    }
+}
+
+/// Records in `outbox`'s database that these subscriptions are served by a
+/// running bus until `alive_until_us`, and returns whether the outbox has
+/// subscriptions this bus does not serve (other processes' handlers).
+///
+/// With `refuse_conflicts` (at bus start), a handler that a process still
+/// running records on another topic is refused: two versions of one handler
+/// would each miss the other's messages.
+pub(crate) async fn record<B: Backend>(
+    outbox: &ModuleCore<B>,
+    served: &[Served],
+    now_us: i64,
+    alive_until_us: i64,
+    refuse_conflicts: bool,
+) -> Result<bool> {
+    let mut conn = outbox.write_connection().await?;
+    let recorded = B::subscriptions(&mut conn).await?;
+    if refuse_conflicts {
+        for mine in served {
+            let clash = recorded
+                .iter()
+                .find(|r| r.id.0 == mine.id && r.topic != mine.topic && r.alive_until_us > now_us);
+            if let Some(clash) = clash {
+                return Err(Error::SubscriptionConflict {
+                    outbox: outbox.name.to_string(),
+                    module: mine.module.to_string(),
+                    handler: mine.handler.to_string(),
+                    topic: mine.topic.to_string(),
+                    recorded: clash.topic.clone(),
+                });
+            }
+        }
+    }
+    let rows = served
+        .iter()
+        .map(|s| SubscriptionRow {
+            id: Id(s.id),
+            module: s.module.to_string(),
+            handler: s.handler.to_string(),
+            topic: s.topic.to_string(),
+            subscribed_at_us: now_us,
+            seen_at_us: now_us,
+            alive_until_us,
+        })
+        .collect();
+    B::record_subscriptions(&mut conn, rows).await?;
+    Ok(recorded
+        .iter()
+        .any(|r| !served.iter().any(|s| s.id == r.id.0)))
+}
+
+/// Records that no running bus serves these subscriptions any more (its bus
+/// stopped): they stay, and keep their messages, until served again or
+/// retired.
+pub(crate) fn stopped(prefix: char, served: &[Uuid], now_us: i64) -> Statement {
+    let mut b = StatementBuilder::new(prefix);
+    let now = b.int(now_us);
+    let listed = b.in_ids("id", served);
+    b.finish(format!(
+        "UPDATE tickbox_subscriptions SET alive_until_us = {now} WHERE {listed}"
+    ))
+}
+
+#[derive(diesel::QueryableByName)]
+struct OldestOwed {
+    #[diesel(sql_type = crate::schema::DbUuid)]
+    id: Id,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
+    oldest: Option<i64>,
+}
+
+#[derive(diesel::QueryableByName)]
+struct Finished {
+    #[diesel(sql_type = crate::schema::DbUuid)]
+    #[allow(dead_code)] // counted only
+    id: Id,
+}
+
+/// The subscriptions recorded in `outbox`'s database, with the oldest
+/// message each still owes.
+pub(crate) async fn read<B: Backend>(outbox: &ModuleCore<B>) -> Result<Vec<Subscription>> {
+    let mut conn = outbox.connection().await?;
+    let rows = B::subscriptions(&mut conn).await?;
+    let oldest: Vec<OldestOwed> = B::load(&mut conn, oldest_owed(B::PARAM)).await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| Subscription {
+            oldest_pending_us: oldest
+                .iter()
+                .find(|o| o.id == row.id)
+                .and_then(|o| o.oldest),
+            module: row.module,
+            handler: row.handler,
+            topic: row.topic,
+            subscribed_at_us: row.subscribed_at_us,
+            seen_at_us: row.seen_at_us,
+            alive_until_us: row.alive_until_us,
+        })
+        .collect())
+}
+
+impl<B: Backend> ModuleHandle<B> {
+    /// The subscriptions recorded in this module's outbox: every handler, in
+    /// any process, that receives its messages, and the oldest message each
+    /// still owes.
+    ///
+    /// A subscription stays when its process stops, and its messages wait
+    /// for it (they are delivered when it runs again). One whose handler is
+    /// gone for good is retired with
+    /// [`ModuleHandle::retire_subscription`].
+    pub async fn subscriptions(&self) -> Result<Vec<Subscription>> {
+        read(&self.core).await
+    }
+
+    /// Retires the subscription of handler `handler` of module `module` from
+    /// this module's outbox: its messages are no longer kept for it, and
+    /// those only it still owed are marked delivered. Returns how many.
+    ///
+    /// For a handler removed from the code (or a process gone for good).
+    /// Refused ([`Error::SubscriptionInUse`]) while a running process serves
+    /// it; a process started later with the handler subscribes it again,
+    /// from then on.
+    pub async fn retire_subscription(&self, module: &str, handler: &str) -> Result<usize> {
+        let now = crate::message::now_us();
+        let recorded = self.subscriptions().await?;
+        let Some(subscription) = recorded
+            .iter()
+            .find(|s| s.module == module && s.handler == handler)
+        else {
+            return Err(Error::NoSuchSubscription {
+                outbox: self.name().to_string(),
+                module: module.to_string(),
+                handler: handler.to_string(),
+            });
+        };
+        if subscription.is_alive(now) {
+            return Err(Error::SubscriptionInUse {
+                module: module.to_string(),
+                handler: handler.to_string(),
+                seen_seconds: now.saturating_sub(subscription.seen_at_us) / 1_000_000,
+            });
+        }
+        let delete = self.core.retention.outbox == Some(std::time::Duration::ZERO);
+        let id = subscription_id(module, handler);
+        let mut conn = self.write_connection().await?;
+        for statement in retire(B::PARAM, id) {
+            B::execute(&mut conn, statement).await?;
+        }
+        let finished: Vec<Finished> = B::load(&mut conn, complete(B::PARAM, now, delete)).await?;
+        B::execute(&mut conn, clear_done(B::PARAM)).await?;
+        tracing::info!(outbox = %self.name(), module, handler, finished = finished.len(), "subscription retired");
+        Ok(finished.len())
+    }
+}
+
+/// `EXISTS` a subscription of the message `outer` (a table name or alias
+/// with `id` and `topic`) that none of `served` is and that is not done with
+/// it: the message is still owed elsewhere.
+fn owed_elsewhere(b: &mut StatementBuilder, outer: &str, served: &[Uuid]) -> String {
+    let others = b.not_in_ids("s.id", served);
+    format!(
+        "EXISTS (SELECT 1 FROM tickbox_subscriptions s \
+         WHERE s.topic = {outer}.topic AND {others} \
+         AND NOT EXISTS (SELECT 1 FROM tickbox_outbox_done d \
+             WHERE d.message_id = {outer}.id AND d.subscription = s.id))"
+    )
+}
+
+/// Finishes those of `ids` that no subscription outside `served` still owes:
+/// marks them delivered at `now_us`, or deletes them (`delete`, an outbox
+/// retention of zero). Returns the ids finished.
+pub(crate) fn finish(
+    prefix: char,
+    ids: &[Uuid],
+    served: &[Uuid],
+    now_us: i64,
+    delete: bool,
+) -> Statement {
+    let mut b = StatementBuilder::new(prefix);
+    let listed = b.in_ids("id", ids);
+    let owed = owed_elsewhere(&mut b, "tickbox_outbox", served);
+    let sql = if delete {
+        format!("DELETE FROM tickbox_outbox WHERE {listed} AND NOT {owed} RETURNING id")
+    } else {
+        let now = b.int(now_us);
+        format!(
+            "UPDATE tickbox_outbox SET delivered_at_us = {now}, claimed_until_us = NULL \
+             WHERE {listed} AND NOT {owed} RETURNING id"
+        )
+    };
+    b.finish(sql)
+}
+
+/// Records that the subscriptions in `served` are done with `ids` (those of
+/// them whose topic each subscribes to).
+pub(crate) fn record_done(prefix: char, ids: &[Uuid], served: &[Uuid]) -> Statement {
+    let mut b = StatementBuilder::new(prefix);
+    let listed = b.in_ids("o.id", ids);
+    let mine = b.in_ids("s.id", served);
+    b.finish(format!(
+        "INSERT INTO tickbox_outbox_done (message_id, subscription) \
+         SELECT o.id, s.id FROM tickbox_outbox o \
+         JOIN tickbox_subscriptions s ON s.topic = o.topic \
+         WHERE {listed} AND {mine} \
+         ON CONFLICT DO NOTHING"
+    ))
+}
+
+/// Gives up `bus`'s claims on those of `ids` still pending.
+pub(crate) fn release(prefix: char, ids: &[Uuid], bus: Uuid) -> Statement {
+    let mut b = StatementBuilder::new(prefix);
+    let listed = b.in_ids("id", ids);
+    let bus = b.id(bus);
+    b.finish(format!(
+        "UPDATE tickbox_outbox SET claimed_by = NULL, claimed_until_us = NULL \
+         WHERE {listed} AND claimed_by = {bus} AND delivered_at_us IS NULL"
+    ))
+}
+
+/// Finishes every pending message that some subscription is done with and
+/// none still owes (when the last two buses recorded their parts at the same
+/// moment, neither saw the other's). Returns the ids finished.
+pub(crate) fn complete(prefix: char, now_us: i64, delete: bool) -> Statement {
+    let mut b = StatementBuilder::new(prefix);
+    let owed = owed_elsewhere(&mut b, "tickbox_outbox", &[]);
+    let done = "id IN (SELECT message_id FROM tickbox_outbox_done)";
+    let sql = if delete {
+        format!(
+            "DELETE FROM tickbox_outbox WHERE delivered_at_us IS NULL AND {done} \
+             AND NOT {owed} RETURNING id"
+        )
+    } else {
+        let now = b.int(now_us);
+        format!(
+            "UPDATE tickbox_outbox SET delivered_at_us = {now}, claimed_until_us = NULL \
+             WHERE delivered_at_us IS NULL AND {done} AND NOT {owed} RETURNING id"
+        )
+    };
+    b.finish(sql)
+}
+
+/// Deletes the done rows of messages `ids` (just finished).
+pub(crate) fn forget_done(prefix: char, ids: &[Uuid]) -> Statement {
+    let mut b = StatementBuilder::new(prefix);
+    let listed = b.in_ids("message_id", ids);
+    b.finish(format!("DELETE FROM tickbox_outbox_done WHERE {listed}"))
+}
+
+/// Deletes the done rows of messages no longer pending.
+pub(crate) fn clear_done(prefix: char) -> Statement {
+    StatementBuilder::new(prefix).finish(
+        "DELETE FROM tickbox_outbox_done WHERE NOT EXISTS \
+         (SELECT 1 FROM tickbox_outbox o \
+          WHERE o.id = tickbox_outbox_done.message_id AND o.delivered_at_us IS NULL)"
+            .to_string(),
+    )
+}
+
+/// Claims, for `claim.bus`, up to `claim.limit` pending rows past the cursor
+/// that are unclaimed, claimed by it, or whose claim expired, and that it
+/// has work for: a subscription it serves is not done with them, or their
+/// topic has no subscription at all (it then finds the topic unknown, or
+/// without subscribers, itself). `lock` is the dialect's row locking
+/// (`FOR UPDATE SKIP LOCKED` on PostgreSQL), `columns` its `RETURNING` list
+/// for a [`ClaimedRow`](crate::schema::ClaimedRow).
+pub(crate) fn claim(prefix: char, lock: &str, columns: &str, claim: &Claim) -> Statement {
+    let mut b = StatementBuilder::new(prefix);
+    let bus = b.id(claim.bus);
+    let until = b.int(claim.until_us);
+    let now = b.int(claim.now_us);
+    let limit = b.int(claim.limit);
+    let beyond = b.int(claim.beyond_us);
+    let after = match claim.after {
+        Some(after) => format!("AND o.id > {}", b.id(after)),
+        None => String::new(),
+    };
+    let mine = b.in_ids("s.id", &claim.served);
+    b.finish(format!(
+        "UPDATE tickbox_outbox SET claimed_by = {bus}, claimed_until_us = {until} \
+         WHERE id IN (SELECT o.id FROM tickbox_outbox o \
+             WHERE o.delivered_at_us IS NULL {after} \
+             AND (o.claimed_until_us IS NULL OR o.claimed_until_us < {now} \
+                  OR o.claimed_until_us > {beyond} OR o.claimed_by = {bus}) \
+             AND (NOT EXISTS (SELECT 1 FROM tickbox_subscriptions s WHERE s.topic = o.topic) \
+                  OR EXISTS (SELECT 1 FROM tickbox_subscriptions s \
+                      WHERE s.topic = o.topic AND {mine} \
+                      AND NOT EXISTS (SELECT 1 FROM tickbox_outbox_done d \
+                          WHERE d.message_id = o.id AND d.subscription = s.id))) \
+             ORDER BY o.id LIMIT {limit} {lock}) \
+         RETURNING {columns}"
+    ))
+}
+
+/// Each subscription's id and the publication time of the oldest message it
+/// still owes (`oldest`, NULL if none).
+pub(crate) fn oldest_owed(prefix: char) -> Statement {
+    StatementBuilder::new(prefix).finish(
+        "SELECT s.id AS id, (SELECT o.created_at_us FROM tickbox_outbox o \
+             WHERE o.delivered_at_us IS NULL AND o.topic = s.topic \
+             AND NOT EXISTS (SELECT 1 FROM tickbox_outbox_done d \
+                 WHERE d.message_id = o.id AND d.subscription = s.id) \
+             ORDER BY o.id LIMIT 1) AS oldest \
+         FROM tickbox_subscriptions s"
+            .to_string(),
+    )
+}
+
+/// The subscriptions that still owe message `id` (`module`, `handler`,
+/// `alive_until_us`).
+pub(crate) fn owing(prefix: char, id: Uuid) -> Statement {
+    let mut b = StatementBuilder::new(prefix);
+    let id = b.id(id);
+    b.finish(format!(
+        "SELECT s.module AS module, s.handler AS handler, s.alive_until_us AS alive_until_us \
+         FROM tickbox_subscriptions s JOIN tickbox_outbox o ON s.topic = o.topic \
+         WHERE o.id = {id} AND NOT EXISTS (SELECT 1 FROM tickbox_outbox_done d \
+             WHERE d.message_id = o.id AND d.subscription = s.id) \
+         ORDER BY s.module, s.handler"
+    ))
+}
+
+/// Deletes subscription `id` and what it recorded as done.
+pub(crate) fn retire(prefix: char, id: Uuid) -> [Statement; 2] {
+    let statement = |sql: &str| {
+        let mut b = StatementBuilder::new(prefix);
+        let id = b.id(id);
+        b.finish(sql.replace("{id}", &id))
+    };
+    [
+        statement("DELETE FROM tickbox_outbox_done WHERE subscription = {id}"),
+        statement("DELETE FROM tickbox_subscriptions WHERE id = {id}"),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_subscription_id_depends_on_module_and_handler_only() {
+        let id = subscription_id("warehouse", "warehouse.reserve_stock");
+        assert_eq!(id, subscription_id("warehouse", "warehouse.reserve_stock"));
+        assert_ne!(id, subscription_id("warehouse", "warehouse.release_stock"));
+        assert_ne!(id, subscription_id("journeys", "warehouse.reserve_stock"));
+        // The separator keeps apart pairs whose concatenations agree.
+        assert_ne!(subscription_id("ab", "c"), subscription_id("a", "bc"));
+        assert_eq!(id.get_version_num(), 5);
+    }
+
+    #[test]
+    fn finishing_with_nothing_served_waits_for_every_subscription() {
+        let st = finish('?', &[Uuid::nil()], &[], 7, false);
+        assert!(st.sql.contains("1 = 1"), "{}", st.sql);
+        assert!(st
+            .sql
+            .starts_with("UPDATE tickbox_outbox SET delivered_at_us = ?2"));
+        let st = finish('$', &[Uuid::nil()], &[Uuid::max()], 7, true);
+        assert!(st
+            .sql
+            .starts_with("DELETE FROM tickbox_outbox WHERE id IN ($1)"));
+        assert!(st.sql.contains("s.id NOT IN ($2)"), "{}", st.sql);
+    }
+}
