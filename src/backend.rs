@@ -7,7 +7,7 @@
 //! written per backend, in `sqlite.rs` and `postgres.rs`.
 
 use crate::schema::{DeadLetterRow, OutboxRow, SubscriptionRow};
-use crate::statement::{Row, Statement};
+use crate::statement::{Dialect, Row, Statement};
 use diesel::QueryResult;
 use diesel_async::AsyncConnection;
 use std::future::Future;
@@ -151,10 +151,9 @@ pub trait Backend: Sized + Send + Sync + 'static {
         now_us: i64,
     ) -> impl Future<Output = QueryResult<bool>> + Send;
 
-    /// How the dialect spells a numbered placeholder: `?` (SQLite, `?1`) or
-    /// `$` (PostgreSQL, `$1`).
+    /// How the dialect spells what tickbox's [`Statement`]s need.
     #[doc(hidden)]
-    const PARAM: char;
+    const DIALECT: Dialect;
 
     /// What a claim's row selection ends with: `FOR UPDATE SKIP LOCKED` on
     /// PostgreSQL, so concurrent claims skip each other's rows instead of
@@ -359,7 +358,7 @@ macro_rules! shared_queries {
             statement: $crate::statement::Statement,
         ) -> diesel::QueryResult<Vec<R>> {
             use diesel_async::RunQueryDsl;
-            $crate::backend::bound!(statement).load(conn).await
+            statement.load(conn).await
         }
 
         async fn execute(
@@ -367,7 +366,7 @@ macro_rules! shared_queries {
             statement: $crate::statement::Statement,
         ) -> diesel::QueryResult<usize> {
             use diesel_async::RunQueryDsl;
-            $crate::backend::bound!(statement).execute(conn).await
+            statement.execute(conn).await
         }
 
         async fn record_subscriptions(
@@ -726,27 +725,6 @@ macro_rules! count_tables_with {
     };
 }
 pub(crate) use count_tables_with;
-
-/// A [`Statement`] as a boxed diesel query with its values bound, for the
-/// backend whose impl this expands in.
-macro_rules! bound {
-    ($statement:expr) => {{
-        let statement: $crate::statement::Statement = $statement;
-        let mut query = diesel::sql_query(statement.sql).into_boxed();
-        for bind in statement.binds {
-            query = match bind {
-                $crate::statement::Bind::Id(id) => {
-                    query.bind::<$crate::schema::DbUuid, _>($crate::schema::Id(id))
-                }
-                $crate::statement::Bind::Int(value) => {
-                    query.bind::<diesel::sql_types::BigInt, _>(value)
-                }
-            };
-        }
-        query
-    }};
-}
-pub(crate) use bound;
 
 /// Refuses a database migrated by a newer tickbox: a migration applied there
 /// that this build does not know means that version records things this one

@@ -345,7 +345,7 @@ async fn mark<B: Backend>(
     let result = async {
         let mut conn = source.write_connection().await?;
         let delete = source.core.retention.outbox == Some(Duration::ZERO);
-        let finish = subscription::finish(B::PARAM, &ids, &served, now_us(), delete);
+        let finish = subscription::finish(B::DIALECT, &ids, &served, now_us(), delete);
         let finished: HashSet<Uuid> = B::load::<IdRow>(&mut conn, finish)
             .await?
             .into_iter()
@@ -355,7 +355,7 @@ async fn mark<B: Backend>(
         if others && !finished_ids.is_empty() {
             B::execute(
                 &mut conn,
-                subscription::forget_done(B::PARAM, &finished_ids),
+                subscription::forget_done(B::DIALECT, &finished_ids),
             )
             .await?;
         }
@@ -367,10 +367,10 @@ async fn mark<B: Backend>(
         if !rest.is_empty() {
             B::execute(
                 &mut conn,
-                subscription::record_done(B::PARAM, &rest, &served),
+                subscription::record_done(B::DIALECT, &rest, &served),
             )
             .await?;
-            B::execute(&mut conn, subscription::release(B::PARAM, &rest, bus)).await?;
+            B::execute(&mut conn, subscription::release(B::DIALECT, &rest, bus)).await?;
             if let Some(wakeup) = &source.core.wakeup {
                 B::notify(&mut conn, &wakeup.channel).await?;
             }
@@ -405,11 +405,12 @@ async fn upkeep<B: Backend>(
         .await?;
         let mut conn = source.write_connection().await?;
         let delete = source.core.retention.outbox == Some(Duration::ZERO);
-        let completed = B::load::<IdRow>(&mut conn, subscription::complete(B::PARAM, now, delete))
-            .await?
-            .len();
+        let completed =
+            B::load::<IdRow>(&mut conn, subscription::complete(B::DIALECT, now, delete))
+                .await?
+                .len();
         if others || completed > 0 {
-            B::execute(&mut conn, subscription::clear_done(B::PARAM)).await?;
+            B::execute(&mut conn, subscription::clear_done(B::DIALECT)).await?;
         }
         if completed > 0 {
             source.core.outbox.delivered(completed as u64);
@@ -471,7 +472,8 @@ impl<B: Backend> State<B> {
                 served: self.served_ids.clone(),
             };
             let limit = claim.limit;
-            let statement = subscription::claim(B::PARAM, B::SKIP_LOCKED, B::CLAIM_COLUMNS, &claim);
+            let statement =
+                subscription::claim(B::DIALECT, B::SKIP_LOCKED, B::CLAIM_COLUMNS, &claim);
             return Some(tokio::spawn(async move {
                 let rows = async {
                     let mut conn = source.write_connection().await?;
@@ -638,7 +640,7 @@ impl<B: Backend> State<B> {
         if self.served_ids.is_empty() {
             return;
         }
-        let statement = subscription::stopped(B::PARAM, &self.served_ids, now_us());
+        let statement = subscription::stopped(B::DIALECT, &self.served_ids, now_us());
         let stopped = async {
             let mut conn = self.source.write_connection().await?;
             Ok::<_, crate::Error>(B::execute(&mut conn, statement).await?)

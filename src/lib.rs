@@ -44,7 +44,7 @@
 //!         .handler("warehouse.reserve_stock", ReserveStock)
 //!         .start()
 //!         .await?;
-//!     let bus = Bus::builder().module(&orders).module(&warehouse).start()?;
+//!     let bus = Bus::builder().module(&orders).module(&warehouse).start().await?;
 //!
 //!     orders
 //!         .transaction(async move |tx| {
@@ -76,7 +76,63 @@
 //! - SQLite has no notifications: commits made by another process are found
 //!   by the periodic scan ([`BusBuilder::sweep_interval`], 2 s by default).
 //! - Every bus scans its outboxes at start and every sweep interval, which
-//!   finishes what a crash left behind.
+//!   finishes what a crash left behind. A row a scan cannot read (text that
+//!   is not UTF-8, a creation time that is not an integer: SQLite stores any
+//!   value in any column) becomes a dead letter of the outbox's module with
+//!   the reason, and is marked delivered; the other rows keep flowing.
+//!
+//! # Several processes
+//!
+//! Processes may share a module's database: replicas of one program, or a
+//! modular monolith whose modules move to processes of their own before they
+//! move to database servers of their own. Every handler, in whichever
+//! process, receives every message of its topic committed after its
+//! subscription was first recorded (and every one still pending then).
+//!
+//! - **Subscriptions are recorded where every process sees them**: in the
+//!   publishing module's database (`tickbox_subscriptions`), one row per
+//!   handler — its module, its name and its topic — keyed by an id derived
+//!   from `(module, handler)`, the same pair that keys the inbox. A bus
+//!   records the handlers it serves in each outbox on it when it starts, and
+//!   says again that they are served every sweep interval (so each row shows
+//!   whether a running process serves it).
+//! - **A message is finished only when every subscription is done with it.**
+//!   When the subscribers on a bus are done with a message, the bus marks it
+//!   delivered in one statement that also checks that no subscription it does
+//!   not serve still owes it. The check is in the statement, against the
+//!   table as committed, so a subscription another process recorded a moment
+//!   earlier is never missed; in the common case (one process serves every
+//!   subscription) it costs an index lookup and nothing else changes.
+//! - **Otherwise the message is handed over**: the bus records that its own
+//!   subscriptions are done with it (`tickbox_outbox_done`), releases its
+//!   claim, and (PostgreSQL) wakes the other processes' buses. A bus claims
+//!   only rows one of its subscriptions still owes (or rows of a topic nobody
+//!   subscribes to, which it finds without subscribers or unknown), so the
+//!   bus serving the rest takes the message next and finishes it. Should the
+//!   last two parts be recorded at the same moment, the periodic upkeep
+//!   finishes the message. Each handler's inbox keeps its effect single
+//!   whatever happens in between, replicas included.
+//! - **A stopped process keeps its messages**: its subscriptions stay and
+//!   the messages they owe wait for it, so a restart (or a deployment)
+//!   loses nothing. A handler removed for good is retired with
+//!   [`ModuleHandle::retire_subscription`] (or `tickbox subscriptions
+//!   retire`); until then it shows in [`ModuleHandle::subscriptions`], in
+//!   `tickbox status`, in the `tickbox_subscription_lag_seconds` gauge and in
+//!   the watchdog's warnings ([`BusBuilder::stalled_after`]). A subscription
+//!   a running process serves cannot be retired.
+//! - **What is refused at start**: a handler that a running process records
+//!   on another topic ([`Error::SubscriptionConflict`]: two versions of one
+//!   handler would each miss the other's messages), a handler whose topic no
+//!   module on the bus publishes ([`Error::UnsubscribableTopic`]: a process
+//!   running a subscriber must also open the publishing module, whose outbox
+//!   it reads), and a database migrated by a newer tickbox
+//!   ([`Error::SchemaVersion`]: this version would not honour what that one
+//!   records).
+//! - Claims keep processes from delivering the same row at once: a message
+//!   is written claimed by the publishing process's bus, scans claim other
+//!   rows (`FOR UPDATE SKIP LOCKED` on PostgreSQL), a running bus renews its
+//!   claims, and a dead process's claims are taken over when their lease
+//!   ([`BusBuilder::claim_lease`]) expires.
 //!
 //! # Features
 //!
@@ -107,6 +163,11 @@
 //! - `retention` — [`Retention`]: the inbox window and the outbox sweep.
 //! - `metrics` — counters, histograms and gauges, their snapshots, and the
 //!   names they are exported under; `prometheus` serves them.
+//! - `subscription` — [`Subscription`]s: which handlers of which processes
+//!   an outbox owes its messages to, and the statements that finish or hand
+//!   over a message by them; `statement` writes such statements once for
+//!   both dialects.
+//! - `watchdog` — reports messages pending for too long, and why.
 //! - `backend`, `schema`, `sqlite`, `postgres` — storage, one file per
 //!   backend for what differs (`postgres` also holds the LISTEN/NOTIFY
 //!   wake-ups).

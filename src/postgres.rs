@@ -12,6 +12,7 @@ use crate::backend::{
 };
 use crate::error::{redact_url, Error};
 use crate::schema::{tickbox_outbox, OutboxRow};
+use crate::statement::Dialect;
 use diesel::QueryResult;
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::pooled_connection::deadpool::{Object, Pool};
@@ -205,7 +206,13 @@ impl Backend for Postgres {
 
     const NAME: &'static str = "postgres";
     const DEFAULT_POOL_SIZE: usize = 8;
-    const PARAM: char = '$';
+    const DIALECT: Dialect = Dialect {
+        id_list: |param| format!("(SELECT unnest(CAST({param} AS uuid[])))"),
+        ids_text: |ids| {
+            let ids: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
+            format!("{{{}}}", ids.join(","))
+        },
+    };
     const SKIP_LOCKED: &'static str = "FOR UPDATE SKIP LOCKED";
     const CLAIM_COLUMNS: &'static str =
         "id, convert_to(topic, 'UTF8') AS topic, convert_to(payload, 'UTF8') AS payload, \

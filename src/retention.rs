@@ -111,7 +111,7 @@ impl<B: Backend> ModuleHandle<B> {
         }
         // What subscriptions recorded done with messages since delivered.
         let mut conn = self.write_connection().await?;
-        B::execute(&mut conn, crate::subscription::clear_done(B::PARAM)).await?;
+        B::execute(&mut conn, crate::subscription::clear_done(B::DIALECT)).await?;
         drop(conn);
         if report != SweepReport::default() {
             tracing::info!(module = %self.name(), inbox_rows = report.inbox_rows, outbox_rows = report.outbox_rows, "retention sweep");

@@ -10,6 +10,7 @@ use crate::backend::{
 };
 use crate::error::Error;
 use crate::schema::{tickbox_outbox, OutboxRow};
+use crate::statement::Dialect;
 use diesel::connection::{
     AnsiTransactionManager, Connection, SimpleConnection, TransactionManager,
 };
@@ -76,7 +77,17 @@ impl Backend for Sqlite {
 
     const NAME: &'static str = "sqlite";
     const DEFAULT_POOL_SIZE: usize = 4;
-    const PARAM: char = '?';
+    const DIALECT: Dialect = Dialect {
+        // A JSON array of the ids in hex (SQLite has no arrays).
+        id_list: |param| format!("(SELECT unhex(value) FROM json_each({param}))"),
+        ids_text: |ids| {
+            let hex: Vec<String> = ids
+                .iter()
+                .map(|id| format!("\"{}\"", id.simple()))
+                .collect();
+            format!("[{}]", hex.join(","))
+        },
+    };
     const SKIP_LOCKED: &'static str = "";
     const CLAIM_COLUMNS: &'static str =
         "id, CAST(topic AS BLOB) AS topic, CAST(payload AS BLOB) AS payload, \

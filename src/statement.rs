@@ -7,26 +7,91 @@
 //!
 //! [`Backend::load`]: crate::Backend
 
+use crate::schema::{DbUuid, Id};
+use diesel::backend::Backend as DieselBackend;
+use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
+use diesel::serialize::ToSql;
+use diesel::sql_types::{BigInt, HasSqlType, Text, Untyped};
 use uuid::Uuid;
 
-/// A value bound to a placeholder.
+/// How a backend spells what a [`Statement`] needs beyond plain SQL: a
+/// list of ids passed as one text value, so that the statement's text does
+/// not depend on how many ids there are and is prepared once per
+/// connection.
 #[derive(Debug, Clone, Copy)]
+#[allow(unreachable_pub)] // named only by the sealed trait's hidden methods
+pub struct Dialect {
+    /// The list of ids in the text parameter `param`, as a subquery.
+    pub(crate) id_list: fn(param: &str) -> String,
+    /// The ids as that text parameter's value.
+    pub(crate) ids_text: fn(ids: &[Uuid]) -> String,
+}
+
+/// A value bound to a placeholder.
+#[derive(Debug, Clone)]
 #[allow(unreachable_pub)] // named only by the sealed trait's hidden methods
 pub enum Bind {
     /// A UUID column value.
-    Id(Uuid),
+    Id(Id),
     /// A BIGINT column value.
     Int(i64),
+    /// A text value (a list of ids, spelled by the [`Dialect`]).
+    Text(String),
 }
 
-/// SQL text with numbered placeholders and the values bound to them.
+/// Marks a placeholder in a statement's text: the bind's index between two
+/// of these. Never part of SQL.
+const MARK: char = '\u{1}';
+
+/// SQL text with placeholders and the values bound to them: a diesel query
+/// of its own, which the connection prepares once and keeps (diesel's
+/// `sql_query` is prepared again on every call).
 #[derive(Debug, Clone)]
 #[allow(unreachable_pub)] // named only by the sealed trait's hidden methods
 pub struct Statement {
-    /// The text, placeholders spelled for one backend.
+    /// The text, placeholders marked.
     pub(crate) sql: String,
-    /// The values, in placeholder order.
+    /// The values, by placeholder index.
     pub(crate) binds: Vec<Bind>,
+}
+
+impl QueryId for Statement {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl Query for Statement {
+    type SqlType = Untyped;
+}
+
+impl<Conn> diesel::RunQueryDsl<Conn> for Statement {}
+
+impl<DB> QueryFragment<DB> for Statement
+where
+    DB: DieselBackend + HasSqlType<DbUuid>,
+    Id: ToSql<DbUuid, DB>,
+    i64: ToSql<BigInt, DB>,
+    String: ToSql<Text, DB>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> diesel::QueryResult<()> {
+        let mut parts = self.sql.split(MARK);
+        if let Some(first) = parts.next() {
+            out.push_sql(first);
+        }
+        // After the first part they alternate: an index, then SQL.
+        while let (Some(index), Some(sql)) = (parts.next(), parts.next()) {
+            let index: usize = index.parse().map_err(|_| {
+                diesel::result::Error::QueryBuilderError("a malformed placeholder".into())
+            })?;
+            match &self.binds[index] {
+                Bind::Id(id) => out.push_bind_param::<DbUuid, _>(id)?,
+                Bind::Int(value) => out.push_bind_param::<BigInt, _>(value)?,
+                Bind::Text(text) => out.push_bind_param::<Text, _>(text)?,
+            }
+            out.push_sql(sql);
+        }
+        Ok(())
+    }
 }
 
 /// A row a [`Statement`] returns, readable on every enabled backend
@@ -65,17 +130,17 @@ pub trait PgRow {}
 #[cfg(not(feature = "postgres"))]
 impl<T> PgRow for T {}
 
-/// Builds a [`Statement`]: each bound value gets the next placeholder.
+/// Builds a [`Statement`]: each bound value gets a placeholder, which may
+/// appear in the text more than once.
 pub(crate) struct StatementBuilder {
-    /// `?` (SQLite) or `$` (PostgreSQL).
-    prefix: char,
+    dialect: Dialect,
     binds: Vec<Bind>,
 }
 
 impl StatementBuilder {
-    pub(crate) fn new(prefix: char) -> Self {
+    pub(crate) fn new(dialect: Dialect) -> Self {
         StatementBuilder {
-            prefix,
+            dialect,
             binds: Vec::new(),
         }
     }
@@ -83,12 +148,12 @@ impl StatementBuilder {
     /// Binds a value; returns its placeholder.
     pub(crate) fn bind(&mut self, value: Bind) -> String {
         self.binds.push(value);
-        format!("{}{}", self.prefix, self.binds.len())
+        format!("{MARK}{}{MARK}", self.binds.len() - 1)
     }
 
     /// Binds a UUID; returns its placeholder.
     pub(crate) fn id(&mut self, id: Uuid) -> String {
-        self.bind(Bind::Id(id))
+        self.bind(Bind::Id(Id(id)))
     }
 
     /// Binds an integer; returns its placeholder.
@@ -96,23 +161,20 @@ impl StatementBuilder {
         self.bind(Bind::Int(value))
     }
 
-    /// `column IN (…ids)`, or a constant false for no ids (an empty list is
-    /// not valid SQL on PostgreSQL).
+    /// `column IN (…ids)`, the ids bound as one value whatever their number
+    /// (none included).
     pub(crate) fn in_ids(&mut self, column: &str, ids: &[Uuid]) -> String {
-        if ids.is_empty() {
-            return "1 = 0".to_string();
-        }
-        let list: Vec<String> = ids.iter().map(|id| self.id(*id)).collect();
-        format!("{column} IN ({})", list.join(", "))
+        format!("{column} IN {}", self.list(ids))
     }
 
-    /// `column NOT IN (…ids)`, or a constant true for no ids.
+    /// `column NOT IN (…ids)`, likewise.
     pub(crate) fn not_in_ids(&mut self, column: &str, ids: &[Uuid]) -> String {
-        if ids.is_empty() {
-            return "1 = 1".to_string();
-        }
-        let list: Vec<String> = ids.iter().map(|id| self.id(*id)).collect();
-        format!("{column} NOT IN ({})", list.join(", "))
+        format!("{column} NOT IN {}", self.list(ids))
+    }
+
+    fn list(&mut self, ids: &[Uuid]) -> String {
+        let param = self.bind(Bind::Text((self.dialect.ids_text)(ids)));
+        (self.dialect.id_list)(&param)
     }
 
     /// The statement with this text.
@@ -128,17 +190,22 @@ impl StatementBuilder {
 mod tests {
     use super::*;
 
+    const TEST: Dialect = Dialect {
+        id_list: |param| format!("(LIST {param})"),
+        ids_text: |ids| format!("{}", ids.len()),
+    };
+
     #[test]
-    fn placeholders_are_numbered_in_bind_order_in_the_backends_spelling() {
-        let mut sqlite = StatementBuilder::new('?');
-        let a = sqlite.int(1);
-        let list = sqlite.in_ids("id", &[Uuid::nil(), Uuid::max()]);
-        assert_eq!(a, "?1");
-        assert_eq!(list, "id IN (?2, ?3)");
-        let mut pg = StatementBuilder::new('$');
-        assert_eq!(pg.not_in_ids("s.id", &[Uuid::nil()]), "s.id NOT IN ($1)");
-        assert_eq!(pg.in_ids("id", &[]), "1 = 0");
-        assert_eq!(pg.not_in_ids("id", &[]), "1 = 1");
-        assert_eq!(pg.finish(String::new()).binds.len(), 1);
+    fn placeholders_are_marked_in_bind_order_and_lists_are_one_value() {
+        let mut b = StatementBuilder::new(TEST);
+        let a = b.int(1);
+        let list = b.in_ids("id", &[Uuid::nil(), Uuid::max()]);
+        let none = b.not_in_ids("s.id", &[]);
+        assert_eq!(a, "\u{1}0\u{1}");
+        assert_eq!(list, "id IN (LIST \u{1}1\u{1})");
+        assert_eq!(none, "s.id NOT IN (LIST \u{1}2\u{1})");
+        let statement = b.finish(format!("{a} {list} {a}"));
+        assert!(matches!(statement.binds[1], Bind::Text(ref t) if t == "2"));
+        assert!(matches!(statement.binds[2], Bind::Text(ref t) if t == "0"));
     }
 }

@@ -17,7 +17,7 @@ use crate::backend::{Backend, Claim};
 use crate::error::{Error, Result};
 use crate::module::{ModuleCore, ModuleHandle};
 use crate::schema::{Id, SubscriptionRow};
-use crate::statement::{Statement, StatementBuilder};
+use crate::statement::{Dialect, Statement, StatementBuilder};
 use serde::Serialize;
 use std::sync::Arc;
 use uuid::Uuid;
@@ -137,8 +137,8 @@ pub(crate) async fn record<B: Backend>(
 /// Records that no running bus serves these subscriptions any more (its bus
 /// stopped): they stay, and keep their messages, until served again or
 /// retired.
-pub(crate) fn stopped(prefix: char, served: &[Uuid], now_us: i64) -> Statement {
-    let mut b = StatementBuilder::new(prefix);
+pub(crate) fn stopped(dialect: Dialect, served: &[Uuid], now_us: i64) -> Statement {
+    let mut b = StatementBuilder::new(dialect);
     let now = b.int(now_us);
     let listed = b.in_ids("id", served);
     b.finish(format!(
@@ -166,7 +166,7 @@ struct Finished {
 pub(crate) async fn read<B: Backend>(outbox: &ModuleCore<B>) -> Result<Vec<Subscription>> {
     let mut conn = outbox.connection().await?;
     let rows = B::subscriptions(&mut conn).await?;
-    let oldest: Vec<OldestOwed> = B::load(&mut conn, oldest_owed(B::PARAM)).await?;
+    let oldest: Vec<OldestOwed> = B::load(&mut conn, oldest_owed(B::DIALECT)).await?;
     Ok(rows
         .into_iter()
         .map(|row| Subscription {
@@ -228,11 +228,11 @@ impl<B: Backend> ModuleHandle<B> {
         let delete = self.core.retention.outbox == Some(std::time::Duration::ZERO);
         let id = subscription_id(module, handler);
         let mut conn = self.write_connection().await?;
-        for statement in retire(B::PARAM, id) {
+        for statement in retire(B::DIALECT, id) {
             B::execute(&mut conn, statement).await?;
         }
-        let finished: Vec<Finished> = B::load(&mut conn, complete(B::PARAM, now, delete)).await?;
-        B::execute(&mut conn, clear_done(B::PARAM)).await?;
+        let finished: Vec<Finished> = B::load(&mut conn, complete(B::DIALECT, now, delete)).await?;
+        B::execute(&mut conn, clear_done(B::DIALECT)).await?;
         tracing::info!(outbox = %self.name(), module, handler, finished = finished.len(), "subscription retired");
         Ok(finished.len())
     }
@@ -255,13 +255,13 @@ fn owed_elsewhere(b: &mut StatementBuilder, outer: &str, served: &[Uuid]) -> Str
 /// marks them delivered at `now_us`, or deletes them (`delete`, an outbox
 /// retention of zero). Returns the ids finished.
 pub(crate) fn finish(
-    prefix: char,
+    dialect: Dialect,
     ids: &[Uuid],
     served: &[Uuid],
     now_us: i64,
     delete: bool,
 ) -> Statement {
-    let mut b = StatementBuilder::new(prefix);
+    let mut b = StatementBuilder::new(dialect);
     let listed = b.in_ids("id", ids);
     let owed = owed_elsewhere(&mut b, "tickbox_outbox", served);
     let sql = if delete {
@@ -278,8 +278,8 @@ pub(crate) fn finish(
 
 /// Records that the subscriptions in `served` are done with `ids` (those of
 /// them whose topic each subscribes to).
-pub(crate) fn record_done(prefix: char, ids: &[Uuid], served: &[Uuid]) -> Statement {
-    let mut b = StatementBuilder::new(prefix);
+pub(crate) fn record_done(dialect: Dialect, ids: &[Uuid], served: &[Uuid]) -> Statement {
+    let mut b = StatementBuilder::new(dialect);
     let listed = b.in_ids("o.id", ids);
     let mine = b.in_ids("s.id", served);
     b.finish(format!(
@@ -292,8 +292,8 @@ pub(crate) fn record_done(prefix: char, ids: &[Uuid], served: &[Uuid]) -> Statem
 }
 
 /// Gives up `bus`'s claims on those of `ids` still pending.
-pub(crate) fn release(prefix: char, ids: &[Uuid], bus: Uuid) -> Statement {
-    let mut b = StatementBuilder::new(prefix);
+pub(crate) fn release(dialect: Dialect, ids: &[Uuid], bus: Uuid) -> Statement {
+    let mut b = StatementBuilder::new(dialect);
     let listed = b.in_ids("id", ids);
     let bus = b.id(bus);
     b.finish(format!(
@@ -305,8 +305,8 @@ pub(crate) fn release(prefix: char, ids: &[Uuid], bus: Uuid) -> Statement {
 /// Finishes every pending message that some subscription is done with and
 /// none still owes (when the last two buses recorded their parts at the same
 /// moment, neither saw the other's). Returns the ids finished.
-pub(crate) fn complete(prefix: char, now_us: i64, delete: bool) -> Statement {
-    let mut b = StatementBuilder::new(prefix);
+pub(crate) fn complete(dialect: Dialect, now_us: i64, delete: bool) -> Statement {
+    let mut b = StatementBuilder::new(dialect);
     let owed = owed_elsewhere(&mut b, "tickbox_outbox", &[]);
     let done = "id IN (SELECT message_id FROM tickbox_outbox_done)";
     let sql = if delete {
@@ -325,15 +325,15 @@ pub(crate) fn complete(prefix: char, now_us: i64, delete: bool) -> Statement {
 }
 
 /// Deletes the done rows of messages `ids` (just finished).
-pub(crate) fn forget_done(prefix: char, ids: &[Uuid]) -> Statement {
-    let mut b = StatementBuilder::new(prefix);
+pub(crate) fn forget_done(dialect: Dialect, ids: &[Uuid]) -> Statement {
+    let mut b = StatementBuilder::new(dialect);
     let listed = b.in_ids("message_id", ids);
     b.finish(format!("DELETE FROM tickbox_outbox_done WHERE {listed}"))
 }
 
 /// Deletes the done rows of messages no longer pending.
-pub(crate) fn clear_done(prefix: char) -> Statement {
-    StatementBuilder::new(prefix).finish(
+pub(crate) fn clear_done(dialect: Dialect) -> Statement {
+    StatementBuilder::new(dialect).finish(
         "DELETE FROM tickbox_outbox_done WHERE NOT EXISTS \
          (SELECT 1 FROM tickbox_outbox o \
           WHERE o.id = tickbox_outbox_done.message_id AND o.delivered_at_us IS NULL)"
@@ -348,8 +348,8 @@ pub(crate) fn clear_done(prefix: char) -> Statement {
 /// without subscribers, itself). `lock` is the dialect's row locking
 /// (`FOR UPDATE SKIP LOCKED` on PostgreSQL), `columns` its `RETURNING` list
 /// for a [`ClaimedRow`](crate::schema::ClaimedRow).
-pub(crate) fn claim(prefix: char, lock: &str, columns: &str, claim: &Claim) -> Statement {
-    let mut b = StatementBuilder::new(prefix);
+pub(crate) fn claim(dialect: Dialect, lock: &str, columns: &str, claim: &Claim) -> Statement {
+    let mut b = StatementBuilder::new(dialect);
     let bus = b.id(claim.bus);
     let until = b.int(claim.until_us);
     let now = b.int(claim.now_us);
@@ -378,8 +378,8 @@ pub(crate) fn claim(prefix: char, lock: &str, columns: &str, claim: &Claim) -> S
 
 /// Each subscription's id and the publication time of the oldest message it
 /// still owes (`oldest`, NULL if none).
-pub(crate) fn oldest_owed(prefix: char) -> Statement {
-    StatementBuilder::new(prefix).finish(
+pub(crate) fn oldest_owed(dialect: Dialect) -> Statement {
+    StatementBuilder::new(dialect).finish(
         "SELECT s.id AS id, (SELECT o.created_at_us FROM tickbox_outbox o \
              WHERE o.delivered_at_us IS NULL AND o.topic = s.topic \
              AND NOT EXISTS (SELECT 1 FROM tickbox_outbox_done d \
@@ -392,8 +392,8 @@ pub(crate) fn oldest_owed(prefix: char) -> Statement {
 
 /// The subscriptions that still owe message `id` (`module`, `handler`,
 /// `alive_until_us`).
-pub(crate) fn owing(prefix: char, id: Uuid) -> Statement {
-    let mut b = StatementBuilder::new(prefix);
+pub(crate) fn owing(dialect: Dialect, id: Uuid) -> Statement {
+    let mut b = StatementBuilder::new(dialect);
     let id = b.id(id);
     b.finish(format!(
         "SELECT s.module AS module, s.handler AS handler, s.alive_until_us AS alive_until_us \
@@ -405,9 +405,9 @@ pub(crate) fn owing(prefix: char, id: Uuid) -> Statement {
 }
 
 /// Deletes subscription `id` and what it recorded as done.
-pub(crate) fn retire(prefix: char, id: Uuid) -> [Statement; 2] {
+pub(crate) fn retire(dialect: Dialect, id: Uuid) -> [Statement; 2] {
     let statement = |sql: &str| {
-        let mut b = StatementBuilder::new(prefix);
+        let mut b = StatementBuilder::new(dialect);
         let id = b.id(id);
         b.finish(sql.replace("{id}", &id))
     };
@@ -433,16 +433,24 @@ mod tests {
     }
 
     #[test]
-    fn finishing_with_nothing_served_waits_for_every_subscription() {
-        let st = finish('?', &[Uuid::nil()], &[], 7, false);
-        assert!(st.sql.contains("1 = 1"), "{}", st.sql);
-        assert!(st
+    fn finishing_excludes_only_the_served_subscriptions_and_updates_or_deletes() {
+        const TEST: Dialect = Dialect {
+            id_list: |param| format!("(LIST {param})"),
+            ids_text: |ids| ids.len().to_string(),
+        };
+        let update = finish(TEST, &[Uuid::nil()], &[], 7, false);
+        assert!(update
             .sql
-            .starts_with("UPDATE tickbox_outbox SET delivered_at_us = ?2"));
-        let st = finish('$', &[Uuid::nil()], &[Uuid::max()], 7, true);
-        assert!(st
+            .starts_with("UPDATE tickbox_outbox SET delivered_at_us"));
+        assert!(update.sql.contains("s.id NOT IN (LIST"), "{}", update.sql);
+        assert!(
+            update.sql.contains("d.subscription = s.id"),
+            "{}",
+            update.sql
+        );
+        let delete = finish(TEST, &[Uuid::nil()], &[Uuid::max()], 7, true);
+        assert!(delete
             .sql
-            .starts_with("DELETE FROM tickbox_outbox WHERE id IN ($1)"));
-        assert!(st.sql.contains("s.id NOT IN ($2)"), "{}", st.sql);
+            .starts_with("DELETE FROM tickbox_outbox WHERE id IN (LIST"));
     }
 }

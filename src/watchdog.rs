@@ -63,7 +63,7 @@ pub(crate) async fn look<B: Backend>(
     threshold: Duration,
 ) -> crate::Result<Stalled> {
     let before = Id::earliest_at(now_us.saturating_sub(threshold.as_micros() as i64)).0;
-    let mut b = StatementBuilder::new(B::PARAM);
+    let mut b = StatementBuilder::new(B::DIALECT);
     let cutoff = b.id(before);
     let count: Vec<Count> = B::load(
         conn,
@@ -77,7 +77,7 @@ pub(crate) async fn look<B: Backend>(
     if count == 0 {
         return Ok(Stalled::default());
     }
-    let mut b = StatementBuilder::new(B::PARAM);
+    let mut b = StatementBuilder::new(B::DIALECT);
     let cutoff = b.id(before);
     let oldest: Vec<OldestRow> = B::load(
         conn,
@@ -91,7 +91,7 @@ pub(crate) async fn look<B: Backend>(
         return Ok(Stalled::default());
     };
     let owing: Vec<OwingRow> =
-        B::load(conn, crate::subscription::owing(B::PARAM, row.id.0)).await?;
+        B::load(conn, crate::subscription::owing(B::DIALECT, row.id.0)).await?;
     let claim = match (row.claimed_by.0, row.claimed_until_us.0) {
         (Ok(Some(bus)), Ok(Some(until))) => Some((bus.0, until)),
         _ => None,

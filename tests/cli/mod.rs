@@ -406,6 +406,50 @@ async fn status_counts_what_the_tables_hold<B: CliBackend>(db: Db) {
     assert_eq!(from_env["outbox_pending"], 2, "{from_env}");
 }
 
+/// Outbox rows can hold any timestamp (a bad clock, a hand-written row):
+/// `status` reports a lag for each without overflowing, a huge one in days
+/// and a future one as none.
+async fn status_shows_a_sane_lag_for_any_timestamp<B: CliBackend>(db: Db) {
+    let module = orders::<B>(&db).await;
+    // `status` takes the oldest pending message to be the one with the
+    // lowest id (ids are UUIDv7s): first the i64::MIN one, then, once that
+    // is gone, the i64::MAX one.
+    insert_outbox(&module, uuid_ago(DAY), i64::MIN, None).await;
+    insert_outbox(&module, Uuid::now_v7(), i64::MAX, None).await;
+
+    // The oldest is i64::MIN: some 292,000 years ago.
+    let stats = status::<B>(&db).await;
+    assert_eq!(stats["outbox_pending"], 2, "{stats}");
+    assert_eq!(stats["oldest_pending_us"], i64::MIN, "{stats}");
+    let lag = stats["lag_seconds"].as_f64().expect("a lag");
+    assert!(lag.is_finite() && lag > 9.0e12, "lag {lag}");
+    let text = on::<B>(&db, &["status"]).await;
+    let out = text.ok();
+    assert!(out.contains("outbox lag       106751991d "), "{out}");
+    assert!(out.contains("-290308-12-21T19:59:05Z"), "{out}");
+
+    // The oldest is i64::MAX: published in the future, so no lag.
+    execute(
+        &module,
+        format!(
+            "DELETE FROM tickbox_outbox WHERE created_at_us = {}",
+            i64::MIN
+        ),
+    )
+    .await;
+    let stats = status::<B>(&db).await;
+    assert_eq!(stats["outbox_pending"], 1, "{stats}");
+    assert_eq!(stats["oldest_pending_us"], i64::MAX, "{stats}");
+    assert_eq!(stats["lag_seconds"], 0.0, "{stats}");
+    let text = on::<B>(&db, &["status"]).await;
+    let out = text.ok();
+    assert!(out.contains("outbox lag       0s "), "{out}");
+    assert!(
+        out.contains("294247-01-10T04:00:54Z, in the future"),
+        "{out}"
+    );
+}
+
 async fn dead_letters_are_listed_and_shown<B: CliBackend>(db: Db) {
     let module = orders::<B>(&db).await;
     let empty = on::<B>(&db, &["dead-letters", "list"]).await;
@@ -799,6 +843,7 @@ macro_rules! cli_tests {
         }
 
         case!(status_counts_what_the_tables_hold);
+        case!(status_shows_a_sane_lag_for_any_timestamp);
         case!(dead_letters_are_listed_and_shown);
         case!(replay_requeues_and_the_bus_redelivers);
         case!(discard_requires_yes);
@@ -889,6 +934,77 @@ mod postgres {
             run.stderr.contains("Usage: tickbox [OPTIONS] status"),
             "{run:#?}"
         );
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod postgres_passwords {
+    use super::run_cli;
+
+    /// The test server's URL with another database and path, e.g.
+    /// `postgres://postgres@127.0.0.1:5432/nodb_x?password=S3cret!`.
+    fn server_url(path: &str, query: Option<&str>) -> (url::Url, String) {
+        let server = super::Db::postgres().pg_url.expect("a URL");
+        let mut url = url::Url::parse(&server).expect("TICKBOX_PG_URL parses");
+        url.set_path(path);
+        url.set_query(query);
+        (url.clone(), url.to_string())
+    }
+
+    /// A password in the URL's query is never printed, by any command, in
+    /// text or with --json, and the error still names the host and the
+    /// database.
+    #[actix::test]
+    async fn a_password_in_the_query_is_never_shown() {
+        let (url, text) = server_url("/nodb_x", Some("password=S3cret!"));
+        let host = format!(
+            "{}:{}",
+            url.host_str().expect("a host"),
+            url.port().unwrap_or(5432)
+        );
+        for command in [
+            &["status"][..],
+            &["--json", "status"],
+            &["dead-letters", "list"],
+            &["--json", "dead-letters", "list"],
+            &["--json", "sweep"],
+        ] {
+            let mut args = vec!["--database-url".to_string(), text.clone()];
+            args.extend(command.iter().map(|c| c.to_string()));
+            let run = run_cli(args).await;
+            run.fails(1, "cannot open the database of module `nodb_x`");
+            assert!(!run.stderr.contains("S3cret"), "password shown: {run:#?}");
+            assert!(run.stderr.contains(&host), "{command:?}: {run:#?}");
+            assert!(
+                run.stderr.contains("/nodb_x?password=***"),
+                "{command:?}: {run:#?}"
+            );
+        }
+        // The same URL from the environment.
+        let run = super::run_cli_with_env(vec!["--json".into(), "status".into()], Some(text)).await;
+        run.fails(1, "cannot open the database");
+        assert!(!run.stderr.contains("S3cret"), "password shown: {run:#?}");
+    }
+
+    /// A raw `/` in a password breaks the URL: nothing after the scheme is
+    /// shown, not even as the module's name.
+    #[actix::test]
+    async fn a_password_that_breaks_the_url_is_never_shown() {
+        let (url, _) = server_url("/nodb_x", None);
+        let text = format!(
+            "postgres://postgres:S3/cret@{}:{}/nodb_x",
+            url.host_str().expect("a host"),
+            url.port().unwrap_or(5432)
+        );
+        for command in [&["status"][..], &["--json", "status"]] {
+            let mut args = vec!["--database-url".to_string(), text.clone()];
+            args.extend(command.iter().map(|c| c.to_string()));
+            let run = run_cli(args).await;
+            assert_eq!(run.code, 1, "{run:#?}");
+            assert!(run.stdout.is_empty(), "{run:#?}");
+            assert!(!run.stderr.contains("cret"), "password shown: {run:#?}");
+            assert!(run.stderr.contains("postgres://***"), "{run:#?}");
+        }
     }
 }
 
