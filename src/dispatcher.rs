@@ -346,24 +346,28 @@ async fn mark<B: Backend>(
         let mut conn = source.write_connection().await?;
         let delete = source.core.retention.outbox == Some(Duration::ZERO);
         let finish = subscription::finish(B::DIALECT, &ids, &served, now_us(), delete);
-        let finished: HashSet<Uuid> = B::load::<IdRow>(&mut conn, finish)
-            .await?
-            .into_iter()
-            .map(|row| row.id.0)
-            .collect();
-        let finished_ids: Vec<Uuid> = finished.iter().copied().collect();
-        if others && !finished_ids.is_empty() {
-            B::execute(
-                &mut conn,
-                subscription::forget_done(B::DIALECT, &finished_ids),
-            )
-            .await?;
+        let changed = B::execute(&mut conn, finish).await?;
+        // The common case: every message finished. Otherwise, those still
+        // pending are owed elsewhere (the others were finished, or were
+        // already gone).
+        let rest: Vec<Uuid> = if changed >= ids.len() {
+            Vec::new()
+        } else {
+            let pending = subscription::pending_among(B::DIALECT, &ids);
+            B::load::<IdRow>(&mut conn, pending)
+                .await?
+                .into_iter()
+                .map(|row| row.id.0)
+                .collect()
+        };
+        if others {
+            let finished: Vec<Uuid> = ids
+                .iter()
+                .filter(|id| !rest.contains(id))
+                .copied()
+                .collect();
+            B::execute(&mut conn, subscription::forget_done(B::DIALECT, &finished)).await?;
         }
-        let rest: Vec<Uuid> = ids
-            .iter()
-            .filter(|id| !finished.contains(id))
-            .copied()
-            .collect();
         if !rest.is_empty() {
             B::execute(
                 &mut conn,
@@ -375,7 +379,7 @@ async fn mark<B: Backend>(
                 B::notify(&mut conn, &wakeup.channel).await?;
             }
         }
-        Ok::<_, crate::Error>(finished.len())
+        Ok::<_, crate::Error>(ids.len() - rest.len())
     }
     .await;
     Done::Marked(match result {
@@ -542,7 +546,7 @@ impl<B: Backend> State<B> {
                 for row in rows {
                     match row.decode() {
                         Ok(envelope) => self.start(Arc::new(envelope)),
-                        Err(malformed) => self.reject(malformed),
+                        Err(malformed) => self.reject(*malformed),
                     }
                 }
             }

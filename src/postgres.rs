@@ -79,6 +79,12 @@ fn check_schema(settings: &StoreSettings) -> crate::Result<Option<String>> {
     }
 }
 
+/// Ids as a PostgreSQL array literal, `{…,…}`.
+fn uuid_array(ids: &[Uuid]) -> String {
+    let ids: Vec<String> = ids.iter().map(Uuid::to_string).collect();
+    format!("{{{}}}", ids.join(","))
+}
+
 /// Every wake-up channel's name starts with this.
 const CHANNEL_PREFIX: &str = "tickbox.";
 
@@ -207,11 +213,10 @@ impl Backend for Postgres {
     const NAME: &'static str = "postgres";
     const DEFAULT_POOL_SIZE: usize = 8;
     const DIALECT: Dialect = Dialect {
-        id_list: |param| format!("(SELECT unnest(CAST({param} AS uuid[])))"),
-        ids_text: |ids| {
-            let ids: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
-            format!("{{{}}}", ids.join(","))
-        },
+        id_rows: |param| format!("(SELECT unnest(CAST({param} AS uuid[])))"),
+        id_rows_text: uuid_array,
+        id_among: |column, param| format!("{column} = ANY(CAST({param} AS uuid[]))"),
+        id_among_text: uuid_array,
     };
     const SKIP_LOCKED: &'static str = "FOR UPDATE SKIP LOCKED";
     const CLAIM_COLUMNS: &'static str =

@@ -223,7 +223,7 @@ pub(crate) struct MalformedRow {
 
 impl ClaimedRow {
     /// The envelope, or what is wrong with the row.
-    pub(crate) fn decode(self) -> Result<crate::Envelope, MalformedRow> {
+    pub(crate) fn decode(self) -> Result<crate::Envelope, Box<MalformedRow>> {
         let mut problems = Vec::new();
         let mut text = |column: &str, value: Lenient<Vec<u8>>| match value.0 {
             Ok(bytes) => match String::from_utf8(bytes) {
@@ -283,11 +283,11 @@ impl ClaimedRow {
         if problems.is_empty() {
             Ok(envelope)
         } else {
-            Err(MalformedRow {
+            Err(Box::new(MalformedRow {
                 id,
                 envelope,
                 reason: format!("malformed outbox row: {}", problems.join("; ")),
-            })
+            }))
         }
     }
 }

@@ -78,14 +78,20 @@ impl Backend for Sqlite {
     const NAME: &'static str = "sqlite";
     const DEFAULT_POOL_SIZE: usize = 4;
     const DIALECT: Dialect = Dialect {
-        // A JSON array of the ids in hex (SQLite has no arrays).
-        id_list: |param| format!("(SELECT unhex(value) FROM json_each({param}))"),
-        ids_text: |ids| {
+        // SQLite has no arrays: a JSON array of the ids in hex to look up,
+        // and ",HEX,HEX," to search in (no temporary table per row).
+        id_rows: |param| format!("(SELECT unhex(value) FROM json_each({param}))"),
+        id_rows_text: |ids| {
             let hex: Vec<String> = ids
                 .iter()
                 .map(|id| format!("\"{}\"", id.simple()))
                 .collect();
             format!("[{}]", hex.join(","))
+        },
+        id_among: |column, param| format!("instr({param}, ',' || hex({column}) || ',') > 0"),
+        id_among_text: |ids| {
+            let hex: String = ids.iter().map(|id| format!("{:X},", id.simple())).collect();
+            format!(",{hex}")
         },
     };
     const SKIP_LOCKED: &'static str = "";

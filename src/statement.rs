@@ -14,17 +14,23 @@ use diesel::serialize::ToSql;
 use diesel::sql_types::{BigInt, HasSqlType, Text, Untyped};
 use uuid::Uuid;
 
-/// How a backend spells what a [`Statement`] needs beyond plain SQL: a
-/// list of ids passed as one text value, so that the statement's text does
-/// not depend on how many ids there are and is prepared once per
-/// connection.
+/// How a backend spells what a [`Statement`] needs beyond plain SQL: lists
+/// of ids passed as one text value, so that the statement's text does not
+/// depend on how many ids there are and is prepared once per connection.
 #[derive(Debug, Clone, Copy)]
 #[allow(unreachable_pub)] // named only by the sealed trait's hidden methods
 pub struct Dialect {
-    /// The list of ids in the text parameter `param`, as a subquery.
-    pub(crate) id_list: fn(param: &str) -> String,
-    /// The ids as that text parameter's value.
-    pub(crate) ids_text: fn(ids: &[Uuid]) -> String,
+    /// A subquery yielding the ids in the text parameter `param`, to drive
+    /// an index lookup (`id IN (…)`).
+    pub(crate) id_rows: fn(param: &str) -> String,
+    /// The ids as that parameter's value.
+    pub(crate) id_rows_text: fn(ids: &[Uuid]) -> String,
+    /// A test that `column` is one of the ids in the text parameter `param`:
+    /// cheap to repeat for every row of a correlated subquery (no temporary
+    /// table).
+    pub(crate) id_among: fn(column: &str, param: &str) -> String,
+    /// The ids as that parameter's value.
+    pub(crate) id_among_text: fn(ids: &[Uuid]) -> String,
 }
 
 /// A value bound to a placeholder.
@@ -162,19 +168,22 @@ impl StatementBuilder {
     }
 
     /// `column IN (…ids)`, the ids bound as one value whatever their number
-    /// (none included).
+    /// (none included), read once to look each up: for the rows a statement
+    /// works on.
     pub(crate) fn in_ids(&mut self, column: &str, ids: &[Uuid]) -> String {
-        format!("{column} IN {}", self.list(ids))
+        let param = self.bind(Bind::Text((self.dialect.id_rows_text)(ids)));
+        format!("{column} IN {}", (self.dialect.id_rows)(&param))
     }
 
-    /// `column NOT IN (…ids)`, likewise.
-    pub(crate) fn not_in_ids(&mut self, column: &str, ids: &[Uuid]) -> String {
-        format!("{column} NOT IN {}", self.list(ids))
+    /// Whether `column` is one of `ids`, as a test to repeat row by row.
+    pub(crate) fn among(&mut self, column: &str, ids: &[Uuid]) -> String {
+        let param = self.bind(Bind::Text((self.dialect.id_among_text)(ids)));
+        (self.dialect.id_among)(column, &param)
     }
 
-    fn list(&mut self, ids: &[Uuid]) -> String {
-        let param = self.bind(Bind::Text((self.dialect.ids_text)(ids)));
-        (self.dialect.id_list)(&param)
+    /// Whether `column` is none of `ids`, likewise.
+    pub(crate) fn not_among(&mut self, column: &str, ids: &[Uuid]) -> String {
+        format!("NOT ({})", self.among(column, ids))
     }
 
     /// The statement with this text.
@@ -191,8 +200,10 @@ mod tests {
     use super::*;
 
     const TEST: Dialect = Dialect {
-        id_list: |param| format!("(LIST {param})"),
-        ids_text: |ids| format!("{}", ids.len()),
+        id_rows: |param| format!("(ROWS {param})"),
+        id_rows_text: |ids| format!("{}", ids.len()),
+        id_among: |column, param| format!("{column} AMONG {param}"),
+        id_among_text: |ids| format!("{}", ids.len()),
     };
 
     #[test]
@@ -200,10 +211,10 @@ mod tests {
         let mut b = StatementBuilder::new(TEST);
         let a = b.int(1);
         let list = b.in_ids("id", &[Uuid::nil(), Uuid::max()]);
-        let none = b.not_in_ids("s.id", &[]);
+        let none = b.not_among("s.id", &[]);
         assert_eq!(a, "\u{1}0\u{1}");
-        assert_eq!(list, "id IN (LIST \u{1}1\u{1})");
-        assert_eq!(none, "s.id NOT IN (LIST \u{1}2\u{1})");
+        assert_eq!(list, "id IN (ROWS \u{1}1\u{1})");
+        assert_eq!(none, "NOT (s.id AMONG \u{1}2\u{1})");
         let statement = b.finish(format!("{a} {list} {a}"));
         assert!(matches!(statement.binds[1], Bind::Text(ref t) if t == "2"));
         assert!(matches!(statement.binds[2], Bind::Text(ref t) if t == "0"));

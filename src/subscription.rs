@@ -242,7 +242,7 @@ impl<B: Backend> ModuleHandle<B> {
 /// with `id` and `topic`) that none of `served` is and that is not done with
 /// it: the message is still owed elsewhere.
 fn owed_elsewhere(b: &mut StatementBuilder, outer: &str, served: &[Uuid]) -> String {
-    let others = b.not_in_ids("s.id", served);
+    let others = b.not_among("s.id", served);
     format!(
         "EXISTS (SELECT 1 FROM tickbox_subscriptions s \
          WHERE s.topic = {outer}.topic AND {others} \
@@ -253,7 +253,9 @@ fn owed_elsewhere(b: &mut StatementBuilder, outer: &str, served: &[Uuid]) -> Str
 
 /// Finishes those of `ids` that no subscription outside `served` still owes:
 /// marks them delivered at `now_us`, or deletes them (`delete`, an outbox
-/// retention of zero). Returns the ids finished.
+/// retention of zero). Returns no rows (SQLite would gather `RETURNING` rows
+/// in a temporary table on every call): when it changes fewer rows than
+/// `ids`, [`pending_among`] tells which are left.
 pub(crate) fn finish(
     dialect: Dialect,
     ids: &[Uuid],
@@ -265,15 +267,24 @@ pub(crate) fn finish(
     let listed = b.in_ids("id", ids);
     let owed = owed_elsewhere(&mut b, "tickbox_outbox", served);
     let sql = if delete {
-        format!("DELETE FROM tickbox_outbox WHERE {listed} AND NOT {owed} RETURNING id")
+        format!("DELETE FROM tickbox_outbox WHERE {listed} AND NOT {owed}")
     } else {
         let now = b.int(now_us);
         format!(
             "UPDATE tickbox_outbox SET delivered_at_us = {now}, claimed_until_us = NULL \
-             WHERE {listed} AND NOT {owed} RETURNING id"
+             WHERE {listed} AND NOT {owed}"
         )
     };
     b.finish(sql)
+}
+
+/// Which of `ids` are still pending.
+pub(crate) fn pending_among(dialect: Dialect, ids: &[Uuid]) -> Statement {
+    let mut b = StatementBuilder::new(dialect);
+    let listed = b.in_ids("id", ids);
+    b.finish(format!(
+        "SELECT id FROM tickbox_outbox WHERE {listed} AND delivered_at_us IS NULL"
+    ))
 }
 
 /// Records that the subscriptions in `served` are done with `ids` (those of
@@ -281,7 +292,7 @@ pub(crate) fn finish(
 pub(crate) fn record_done(dialect: Dialect, ids: &[Uuid], served: &[Uuid]) -> Statement {
     let mut b = StatementBuilder::new(dialect);
     let listed = b.in_ids("o.id", ids);
-    let mine = b.in_ids("s.id", served);
+    let mine = b.among("s.id", served);
     b.finish(format!(
         "INSERT INTO tickbox_outbox_done (message_id, subscription) \
          SELECT o.id, s.id FROM tickbox_outbox o \
@@ -359,7 +370,7 @@ pub(crate) fn claim(dialect: Dialect, lock: &str, columns: &str, claim: &Claim) 
         Some(after) => format!("AND o.id > {}", b.id(after)),
         None => String::new(),
     };
-    let mine = b.in_ids("s.id", &claim.served);
+    let mine = b.among("s.id", &claim.served);
     b.finish(format!(
         "UPDATE tickbox_outbox SET claimed_by = {bus}, claimed_until_us = {until} \
          WHERE id IN (SELECT o.id FROM tickbox_outbox o \
@@ -435,22 +446,28 @@ mod tests {
     #[test]
     fn finishing_excludes_only_the_served_subscriptions_and_updates_or_deletes() {
         const TEST: Dialect = Dialect {
-            id_list: |param| format!("(LIST {param})"),
-            ids_text: |ids| ids.len().to_string(),
+            id_rows: |param| format!("(ROWS {param})"),
+            id_rows_text: |ids| ids.len().to_string(),
+            id_among: |column, param| format!("{column} AMONG {param}"),
+            id_among_text: |ids| ids.len().to_string(),
         };
         let update = finish(TEST, &[Uuid::nil()], &[], 7, false);
         assert!(update
             .sql
             .starts_with("UPDATE tickbox_outbox SET delivered_at_us"));
-        assert!(update.sql.contains("s.id NOT IN (LIST"), "{}", update.sql);
+        assert!(update.sql.contains("NOT (s.id AMONG"), "{}", update.sql);
         assert!(
             update.sql.contains("d.subscription = s.id"),
             "{}",
             update.sql
         );
         let delete = finish(TEST, &[Uuid::nil()], &[Uuid::max()], 7, true);
-        assert!(delete
-            .sql
-            .starts_with("DELETE FROM tickbox_outbox WHERE id IN (LIST"));
+        assert!(
+            delete
+                .sql
+                .starts_with("DELETE FROM tickbox_outbox WHERE id IN (ROWS"),
+            "{}",
+            delete.sql
+        );
     }
 }
