@@ -127,6 +127,14 @@ const ORDERS_DDL: &str = "
         confirmations   INTEGER NOT NULL DEFAULT 0,
         placed_at_us    BIGINT NOT NULL,
         confirmed_at_us BIGINT
+    );
+    -- One row per run that places orders, so that processes running other
+    -- modules know whether more orders are coming.
+    CREATE TABLE IF NOT EXISTS placing_runs (
+        id            TEXT PRIMARY KEY NOT NULL,
+        planned       BIGINT NOT NULL,
+        started_at_us BIGINT NOT NULL,
+        ended_at_us   BIGINT
     );";
 
 const WAREHOUSE_DDL: &str = "
@@ -166,6 +174,15 @@ mod schema {
             confirmations -> Integer,
             placed_at_us -> BigInt,
             confirmed_at_us -> Nullable<BigInt>,
+        }
+    }
+
+    diesel::table! {
+        placing_runs (id) {
+            id -> Text,
+            planned -> BigInt,
+            started_at_us -> BigInt,
+            ended_at_us -> Nullable<BigInt>,
         }
     }
 
@@ -297,6 +314,25 @@ trait Shop: Backend {
         conn: &mut Self::Connection,
     ) -> impl Future<Output = diesel::QueryResult<i64>> + Send;
 
+    /// Records that run `id` starts placing `planned` orders.
+    fn start_run(
+        conn: &mut Self::Connection,
+        id: String,
+        planned: i64,
+    ) -> impl Future<Output = diesel::QueryResult<()>> + Send;
+
+    /// Records that run `id` (every open run if `None`) places no more
+    /// orders.
+    fn end_runs(
+        conn: &mut Self::Connection,
+        id: Option<String>,
+    ) -> impl Future<Output = diesel::QueryResult<usize>> + Send;
+
+    /// Every run that ever placed orders: (id, planned, ended).
+    fn load_runs(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = diesel::QueryResult<Vec<(String, i64, bool)>>> + Send;
+
     fn load_orders(
         conn: &mut Self::Connection,
     ) -> impl Future<Output = diesel::QueryResult<Vec<(String, String, i32)>>> + Send;
@@ -427,6 +463,57 @@ macro_rules! shop_queries {
             use diesel::QueryDsl;
             use diesel_async::RunQueryDsl;
             schema::sent_emails::table.count().get_result(conn).await
+        }
+
+        async fn start_run(
+            conn: &mut Self::Connection,
+            id: String,
+            planned: i64,
+        ) -> diesel::QueryResult<()> {
+            use diesel::ExpressionMethods;
+            use diesel_async::RunQueryDsl;
+            use schema::placing_runs::dsl as r;
+            diesel::insert_into(r::placing_runs)
+                .values((
+                    r::id.eq(id),
+                    r::planned.eq(planned),
+                    r::started_at_us.eq(now_us()),
+                ))
+                .execute(conn)
+                .await
+                .map(drop)
+        }
+
+        async fn end_runs(
+            conn: &mut Self::Connection,
+            id: Option<String>,
+        ) -> diesel::QueryResult<usize> {
+            use diesel::{ExpressionMethods, QueryDsl};
+            use diesel_async::RunQueryDsl;
+            use schema::placing_runs::dsl as r;
+            let open = r::placing_runs.filter(r::ended_at_us.is_null());
+            let ended = r::ended_at_us.eq(now_us());
+            match id {
+                Some(id) => {
+                    diesel::update(open.filter(r::id.eq(id)))
+                        .set(ended)
+                        .execute(conn)
+                        .await
+                }
+                None => diesel::update(open).set(ended).execute(conn).await,
+            }
+        }
+
+        async fn load_runs(
+            conn: &mut Self::Connection,
+        ) -> diesel::QueryResult<Vec<(String, i64, bool)>> {
+            use diesel::{ExpressionMethods, QueryDsl};
+            use diesel_async::RunQueryDsl;
+            use schema::placing_runs::dsl as r;
+            r::placing_runs
+                .select((r::id, r::planned, r::ended_at_us.is_not_null()))
+                .load(conn)
+                .await
         }
 
         async fn load_orders(
@@ -674,13 +761,22 @@ fn flaky<H>(inner: H, fail_rate: f64) -> Flaky<H> {
 
 const USAGE: &str = "\
 usage: minishop [--orders N] [--data-dir DIR | --database-url postgres://...] [--resume]
+                [--modules LIST] [--timeout SECONDS]
                 [--duplicate-rate P] [--fail-rate P] [--metrics-addr HOST:PORT] [--json]
 
-  --orders N            place N new orders, then run until every outbox is drained (default 100)
+  --orders N            place N new orders, then run until every outbox is drained (default 100;
+                        only a process running the orders module places orders)
   --data-dir DIR        SQLite: one database file per module in DIR (default ./minishop-data)
   --database-url URL    PostgreSQL (needs the `postgres` feature): one schema per module,
                         minishop_orders, minishop_warehouse, minishop_notifications
-  --resume              place no orders; only finish pending work (after a crash)
+  --resume              place no orders; only finish pending work (after a crash): earlier
+                        runs cut short while placing orders count as ended
+  --modules LIST        run only these modules' handlers, comma-separated from orders,
+                        warehouse, notifications (default all three); other processes over the
+                        same databases run the rest, and each runs until the whole flow is done
+  --timeout SECONDS     give up after this long: exit 1 naming what is unfinished (default: a
+                        deadline that grows with the orders when running all three modules,
+                        none otherwise)
   --duplicate-rate P    deliver each message a second time with probability P (0..=1)
   --fail-rate P         make each handler invocation fail before COMMIT with probability P (0..=1)
   --metrics-addr HOST:PORT
@@ -705,12 +801,72 @@ enum Store {
     Postgres(String),
 }
 
+/// Which modules' handlers this process runs (`--modules`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Roles {
+    orders: bool,
+    warehouse: bool,
+    notifications: bool,
+}
+
+impl Roles {
+    const ALL: Roles = Roles {
+        orders: true,
+        warehouse: true,
+        notifications: true,
+    };
+
+    /// `orders,warehouse`, say.
+    fn parse(list: &str) -> Result<Roles, String> {
+        let mut roles = Roles {
+            orders: false,
+            warehouse: false,
+            notifications: false,
+        };
+        for name in list.split(',').map(str::trim) {
+            match name {
+                "orders" => roles.orders = true,
+                "warehouse" => roles.warehouse = true,
+                "notifications" => roles.notifications = true,
+                _ => {
+                    return Err(format!(
+                    "--modules takes a comma-separated list of orders, warehouse, notifications; \
+                         `{name}` is none of them"
+                ))
+                }
+            }
+        }
+        Ok(roles)
+    }
+
+    fn all(self) -> bool {
+        self == Roles::ALL
+    }
+
+    /// The modules' names, as `--modules` takes them.
+    fn names(self) -> Vec<&'static str> {
+        [
+            (self.orders, "orders"),
+            (self.warehouse, "warehouse"),
+            (self.notifications, "notifications"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect()
+    }
+}
+
 #[derive(Debug)]
 struct Options {
-    /// New orders to place (0 with `--resume`).
+    /// New orders to place (0 with `--resume`, or without the orders
+    /// module).
     orders: u64,
     store: Store,
     resume: bool,
+    /// The modules whose handlers run here.
+    modules: Roles,
+    /// Give up after this long.
+    timeout: Option<Duration>,
     duplicate_rate: f64,
     fail_rate: f64,
     /// Where to serve the Prometheus endpoint.
@@ -732,6 +888,8 @@ fn parse_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Pars
     let mut duplicate_rate = None;
     let mut fail_rate = None;
     let mut metrics_addr = None;
+    let mut modules = None;
+    let mut timeout = None;
     let mut json = false;
 
     fn set<T>(slot: &mut Option<T>, flag: &str, value: T) -> Result<(), String> {
@@ -765,6 +923,8 @@ fn parse_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Pars
                 | "--duplicate-rate"
                 | "--fail-rate"
                 | "--metrics-addr"
+                | "--modules"
+                | "--timeout"
         );
         if !takes_value && inline.is_some() {
             return Err(format!("{flag} takes no value"));
@@ -823,6 +983,18 @@ fn parse_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Pars
                     .ok_or_else(|| bad("the host has no address".into()))?;
                 set(&mut metrics_addr, "--metrics-addr", addr)?;
             }
+            "--modules" => set(&mut modules, "--modules", Roles::parse(&value)?)?,
+            "--timeout" => {
+                let seconds = match value.parse::<f64>() {
+                    Ok(s) if s > 0.0 && s <= 1e9 => s,
+                    _ => {
+                        return Err(format!(
+                            "--timeout takes a number of seconds greater than 0, not `{value}`"
+                        ))
+                    }
+                };
+                set(&mut timeout, "--timeout", Duration::from_secs_f64(seconds))?;
+            }
             "--resume" => resume = true,
             "--json" => json = true,
             "-h" | "--help" => return Ok(Parsed::Help),
@@ -834,6 +1006,12 @@ fn parse_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Pars
     if resume && orders.is_some() {
         return Err("--resume places no orders; leave out --orders".into());
     }
+    let modules = modules.unwrap_or(Roles::ALL);
+    if !modules.orders && orders.is_some() {
+        return Err(
+            "--orders needs the orders module, which places them: add orders to --modules".into(),
+        );
+    }
     let store = match (data_dir, database_url) {
         (Some(_), Some(_)) => {
             return Err("--data-dir and --database-url exclude each other".into());
@@ -842,9 +1020,15 @@ fn parse_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Pars
         (dir, None) => Store::Sqlite(dir.unwrap_or_else(|| "./minishop-data".into())),
     };
     Ok(Parsed::Run(Options {
-        orders: if resume { 0 } else { orders.unwrap_or(100) },
+        orders: if resume || !modules.orders {
+            0
+        } else {
+            orders.unwrap_or(100)
+        },
         store,
         resume,
+        modules,
+        timeout,
         duplicate_rate: duplicate_rate.unwrap_or(0.0),
         fail_rate: fail_rate.unwrap_or(0.0),
         metrics_addr,
@@ -1100,6 +1284,10 @@ struct Report {
     dead_letters: i64,
     problems: Vec<Problem>,
     drained: bool,
+    /// What was still unfinished when the deadline came.
+    unfinished: Option<String>,
+    /// The modules whose handlers ran here.
+    modules: Roles,
     /// Ctrl-C cut the run short.
     interrupted: bool,
     metrics: BusMetrics,
@@ -1192,34 +1380,41 @@ async fn execute<B: Backend>(module: &ModuleHandle<B>, sql: String) -> tickbox::
     .await
 }
 
+/// Opens the three modules, with the handlers of those `--modules` lists:
+/// a module whose handlers run elsewhere is still opened here, for its
+/// outbox (this process may publish to, or deliver from, it) and for the
+/// final check.
 async fn start_modules<B: Shop>(options: &Options, location: &str) -> tickbox::Result<Modules<B>> {
     let fail = options.fail_rate;
+    let run = options.modules;
     // The outbox gauges (pending, lag, dead letters) are read from each
     // database every second, for the progress display and the Prometheus
     // endpoint: two indexed queries per module, never one per message.
     let module = |name| B::module(location, name).metrics_interval(Duration::from_secs(1));
-    let orders = module("orders")
+    let mut orders = module("orders")
         .publishes::<OrderPlaced>()
-        .publishes::<OrderConfirmed>()
-        .handler(CONFIRM_ORDER, flaky(ConfirmOrder, fail))
-        .start()
-        .await?;
+        .publishes::<OrderConfirmed>();
+    if run.orders {
+        orders = orders.handler(CONFIRM_ORDER, flaky(ConfirmOrder, fail));
+    }
     // The warehouse reserves stock for up to 32 waiting orders per
     // transaction (one COMMIT for all); when one of them fails, that batch
     // rolls back and its orders are reserved one per transaction.
-    let warehouse = module("warehouse")
-        .publishes::<StockReserved>()
-        .handler_with(
+    let mut warehouse = module("warehouse").publishes::<StockReserved>();
+    if run.warehouse {
+        warehouse = warehouse.handler_with(
             RESERVE_STOCK,
             flaky(ReserveStock, fail),
             HandlerOptions::new().batch(32),
-        )
-        .start()
-        .await?;
-    let notifications = module("notifications")
-        .handler(SEND_CONFIRMATION, flaky(SendConfirmation, fail))
-        .start()
-        .await?;
+        );
+    }
+    let mut notifications = module("notifications");
+    if run.notifications {
+        notifications = notifications.handler(SEND_CONFIRMATION, flaky(SendConfirmation, fail));
+    }
+    let orders = orders.start().await?;
+    let warehouse = warehouse.start().await?;
+    let notifications = notifications.start().await?;
 
     // The modules' own tables, before the bus starts delivering to them.
     execute(&orders, ORDERS_DDL.into()).await?;
@@ -1246,7 +1441,53 @@ async fn start_modules<B: Shop>(options: &Options, location: &str) -> tickbox::R
 
 /// Places `n` orders, each in its own transaction publishing `OrderPlaced`,
 /// until done or interrupted; returns how many it placed.
+///
+/// The run is recorded in `placing_runs` while it places, so that processes
+/// running the other modules wait for its orders; it ends there when the
+/// placing ends, however it ends (a run killed meanwhile is ended by the
+/// next `--resume` of a process running the orders module).
 async fn place_orders<B: Shop>(
+    orders: &ModuleHandle<B>,
+    bus: &BusHandle<B>,
+    n: u64,
+    interrupt: &Interrupt,
+    progress: &mut Progress,
+) -> tickbox::Result<u64> {
+    let run = uuid::Uuid::now_v7().to_string();
+    let planned = i64::try_from(n).unwrap_or(i64::MAX);
+    retrying("recording the run", nothing_else, || {
+        let run = run.clone();
+        orders.transaction(async move |tx| {
+            Ok::<_, tickbox::Error>(B::start_run(tx.conn(), run, planned).await?)
+        })
+    })
+    .await?;
+    let placed = place(orders, bus, n, interrupt, progress).await;
+    let ended = retrying("recording the end of the run", nothing_else, || {
+        let run = run.clone();
+        orders.transaction(async move |tx| {
+            Ok::<_, tickbox::Error>(B::end_runs(tx.conn(), Some(run)).await?)
+        })
+    })
+    .await;
+    let placed = placed?;
+    ended?;
+    Ok(placed)
+}
+
+/// Ends the runs a crash cut short while they placed orders: no more
+/// orders come from them.
+async fn end_open_runs<B: Shop>(orders: &ModuleHandle<B>) -> tickbox::Result<usize> {
+    retrying("ending runs cut short", nothing_else, || {
+        orders.transaction(async move |tx| {
+            Ok::<_, tickbox::Error>(B::end_runs(tx.conn(), None).await?)
+        })
+    })
+    .await
+}
+
+/// The placing itself, for [`place_orders`].
+async fn place<B: Shop>(
     orders: &ModuleHandle<B>,
     bus: &BusHandle<B>,
     n: u64,
@@ -1371,29 +1612,154 @@ fn final_metrics<B: Backend>(bus: &BusHandle<B>, stores: &[(String, StoreStats)]
 }
 
 /// How waiting for the work to finish ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Drain {
     /// Done, or nothing left but what dead letters hold up.
     Finished,
-    TimedOut,
+    /// The deadline came first; what was still unfinished.
+    TimedOut(String),
     Interrupted,
 }
 
-/// Waits until the work is finished, polling with a deadline: the bus idle
-/// (`BusHandle::wait_idle`: nothing in memory, announced or pending) with
-/// every order confirmed and e-mailed — or idle while dead letters hold up
-/// the rest.
+/// The handlers of the whole flow, each with the module whose outbox it
+/// receives from: (outbox, module, handler). A message committed before a
+/// handler's subscription is first recorded is not kept for it, so a
+/// process waits until all of them are subscribed before placing orders.
+const FLOW: [(&str, &str, &str); 3] = [
+    ("orders", "warehouse", RESERVE_STOCK),
+    ("warehouse", "orders", CONFIRM_ORDER),
+    ("orders", "notifications", SEND_CONFIRMATION),
+];
+
+/// Every subscription recorded in the outboxes of the flow, with the outbox
+/// it is in.
+async fn subscriptions<B: Shop>(
+    shop: &Modules<B>,
+) -> tickbox::Result<Vec<(&'static str, tickbox::Subscription)>> {
+    let mut all = Vec::new();
+    for (outbox, module) in [("orders", &shop.orders), ("warehouse", &shop.warehouse)] {
+        let recorded = retrying("reading subscriptions", nothing_else, || {
+            module.subscriptions()
+        })
+        .await?;
+        all.extend(recorded.into_iter().map(|s| (outbox, s)));
+    }
+    Ok(all)
+}
+
+/// Waits until every handler of the [`FLOW`] is subscribed (each process
+/// subscribes its own when its bus starts), until `deadline` or Ctrl-C.
+async fn await_subscriptions<B: Shop>(
+    shop: &Modules<B>,
+    deadline: Option<Instant>,
+    interrupt: &Interrupt,
+) -> tickbox::Result<Drain> {
+    let mut said = None::<Instant>;
+    loop {
+        let recorded = subscriptions(shop).await?;
+        let missing: Vec<String> = FLOW
+            .iter()
+            .filter(|(outbox, module, handler)| {
+                !recorded
+                    .iter()
+                    .any(|(o, s)| o == outbox && s.module == *module && s.handler == *handler)
+            })
+            .map(|(outbox, module, handler)| {
+                format!(
+                    "{handler} (start `minishop --modules {module}` over the same databases) \
+                     has not subscribed to the {outbox} outbox"
+                )
+            })
+            .collect();
+        if missing.is_empty() {
+            return Ok(Drain::Finished);
+        }
+        let waiting = format!(
+            "no orders placed yet, waiting for the flow's handlers: {}",
+            missing.join("; ")
+        );
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(Drain::TimedOut(waiting));
+        }
+        if said.is_none_or(|at| at.elapsed() >= Duration::from_secs(10)) {
+            tracing::info!("{waiting}");
+            said = Some(Instant::now());
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            () = interrupt.wait() => return Ok(Drain::Interrupted),
+        }
+    }
+}
+
+/// What keeps the flow from being done, for a run that gave up waiting.
+async fn unfinished<B: Shop>(
+    shop: &Modules<B>,
+    counts: (i64, i64, i64, i64),
+    runs: &[(String, i64, bool)],
+    roles: Roles,
+) -> tickbox::Result<String> {
+    let (orders, confirmed, emails, pending) = counts;
+    let mut parts = vec![format!(
+        "{confirmed}/{orders} orders confirmed, {emails} e-mails, {pending} messages pending"
+    )];
+    if runs.is_empty() && !roles.all() {
+        parts.push(
+            "no run has placed orders yet (start `minishop --modules orders --orders N` over \
+             the same databases)"
+                .into(),
+        );
+    }
+    let open: Vec<_> = runs.iter().filter(|(_, _, ended)| !ended).collect();
+    if !open.is_empty() {
+        parts.push(format!(
+            "{} runs still placing orders ({} planned); a run cut short ends when \
+             `minishop --modules orders --resume` runs",
+            open.len(),
+            open.iter().map(|(_, planned, _)| planned).sum::<i64>()
+        ));
+    }
+    let now = now_us();
+    for (outbox, s) in subscriptions(shop).await? {
+        if let (false, Some(oldest)) = (s.is_alive(now), s.oldest_pending_us) {
+            parts.push(format!(
+                "handler {} of module {} owes messages of the {outbox} outbox (the oldest {} s old) \
+                 and no running process serves it (start `minishop --modules {}`)",
+                s.handler,
+                s.module,
+                now.saturating_sub(oldest) / 1_000_000,
+                s.module
+            ));
+        }
+    }
+    Ok(parts.join("; "))
+}
+
+/// Waits until the whole flow is finished, polling until `deadline`: the
+/// bus idle (`BusHandle::wait_idle`: nothing in memory, announced or pending
+/// in any of the three outboxes, whichever process owes it) with every order
+/// confirmed and e-mailed, and no run still placing orders — or idle while
+/// dead letters hold up the rest. A process running only some modules also
+/// waits for a first run to place orders.
 ///
-/// Ctrl-C ends the wait at the next poll. Progress is drawn from the counts
-/// read for the polls.
+/// Without a deadline, a process running all three modules gives itself a
+/// minute plus 20 ms per order; one running some of them waits as long as it
+/// takes the others. Ctrl-C ends the wait at the next poll. Progress is
+/// drawn from the counts read for the polls.
 async fn wait_until_drained<B: Shop>(
     shop: &Modules<B>,
     bus: &BusHandle<B>,
+    roles: Roles,
+    deadline: Option<Instant>,
     interrupt: &Interrupt,
     progress: &mut Progress,
 ) -> tickbox::Result<Drain> {
     let (orders, _, _) = progress_counts(shop).await?;
-    let timeout = Duration::from_secs(60) + Duration::from_millis(20) * orders as u32;
+    let deadline = deadline.or_else(|| {
+        roles.all().then(|| {
+            Instant::now() + Duration::from_secs(60) + Duration::from_millis(20) * orders as u32
+        })
+    });
     let started = Instant::now();
     let mut last = (orders, 0, 0, 0);
     let drain = loop {
@@ -1408,7 +1774,15 @@ async fn wait_until_drained<B: Shop>(
             bus.wait_idle(Duration::ZERO)
         })
         .await?;
-        if idle && complete {
+        // Read last: a run that starts after the counts were read shows here.
+        let runs = retrying("reading the runs", nothing_else, || {
+            shop.orders
+                .read(async move |tx| Ok::<_, tickbox::Error>(B::load_runs(tx.conn()).await?))
+        })
+        .await?;
+        let placing_done =
+            runs.iter().all(|(_, _, ended)| *ended) && (roles.all() || !runs.is_empty());
+        if idle && complete && placing_done {
             break Drain::Finished;
         }
         if idle && dead_letters(bus).await? > 0 {
@@ -1418,11 +1792,13 @@ async fn wait_until_drained<B: Shop>(
             );
             break Drain::Finished;
         }
-        if started.elapsed() >= timeout {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            let what = unfinished(shop, last, &runs, roles).await?;
             tracing::error!(
-                "timed out after {timeout:?}: {confirmed}/{orders} orders confirmed, {emails} e-mails, {pending} messages pending"
+                "timed out after waiting {:.0} s: {what}",
+                started.elapsed().as_secs_f64()
             );
-            break Drain::TimedOut;
+            break Drain::TimedOut(what);
         }
         if progress.due() {
             progress.draining(orders, confirmed, emails, pending);
@@ -1571,20 +1947,43 @@ async fn run<B: Shop>(
 
     // Stop the bus whatever happens from here on.
     let mut progress = Progress::new();
+    let deadline = options.timeout.map(|timeout| started + timeout);
     let outcome = async {
         if options.resume {
             tracing::info!("resuming: placing no orders, finishing pending work");
+            if options.modules.orders {
+                let ended = end_open_runs(&shop.orders).await?;
+                if ended > 0 {
+                    tracing::info!("{ended} earlier runs were cut short while placing orders; they place no more");
+                }
+            }
         }
         let placing = Instant::now();
-        let placed =
-            place_orders(&shop.orders, &bus, options.orders, interrupt, &mut progress).await?;
+        let mut drain = Drain::Finished;
+        let mut placed = 0;
+        if options.orders > 0 {
+            drain = await_subscriptions(&shop, deadline, interrupt).await?;
+            if drain == Drain::Finished {
+                placed = place_orders(&shop.orders, &bus, options.orders, interrupt, &mut progress)
+                    .await?;
+                if placed < options.orders {
+                    drain = Drain::Interrupted;
+                }
+            }
+        }
         let place_seconds = placing.elapsed().as_secs_f64();
         let draining = Instant::now();
-        let drain = if placed < options.orders {
-            Drain::Interrupted
-        } else {
-            wait_until_drained(&shop, &bus, interrupt, &mut progress).await?
-        };
+        if drain == Drain::Finished {
+            drain = wait_until_drained(
+                &shop,
+                &bus,
+                options.modules,
+                deadline,
+                interrupt,
+                &mut progress,
+            )
+            .await?;
+        }
         Ok::<_, tickbox::Error>((
             placed,
             place_seconds,
@@ -1617,6 +2016,11 @@ async fn run<B: Shop>(
         problems: verify(&snapshot),
         drained: drain == Drain::Finished,
         interrupted: drain == Drain::Interrupted,
+        unfinished: match drain {
+            Drain::TimedOut(what) => Some(what),
+            _ => None,
+        },
+        modules: options.modules,
         metrics,
         place_seconds,
         drain_seconds,
@@ -1653,6 +2057,12 @@ fn print_report(report: &Report, options: &Options) {
             report.place_seconds,
             report.drain_seconds,
             report.total_seconds
+        );
+    }
+    if !report.modules.all() {
+        println!(
+            "  modules:   ran the handlers of {} here; the rest run in other processes",
+            report.modules.names().join(", ")
         );
     }
     println!(
@@ -1705,8 +2115,8 @@ fn print_report(report: &Report, options: &Options) {
         println!("  check:     OK — every order has exactly one reservation, one confirmation and one e-mail; no message pending");
     } else {
         println!("  check:     FAILED");
-        if !report.drained {
-            println!("    - the work did not finish before the deadline");
+        if let Some(what) = &report.unfinished {
+            println!("    - the work did not finish before the deadline: {what}");
         }
         if report.pending != 0 {
             println!("    - {} outbox messages still pending", report.pending);
@@ -1743,6 +2153,8 @@ fn print_report(report: &Report, options: &Options) {
             "dead_letters": report.dead_letters,
             "drained": report.drained,
             "interrupted": report.interrupted,
+            "unfinished": report.unfinished,
+            "modules": report.modules.names(),
             "problems": report.problems.iter().map(|p| &p.text).collect::<Vec<_>>(),
             "place_seconds": report.place_seconds,
             "drain_seconds": report.drain_seconds,

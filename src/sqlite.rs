@@ -127,13 +127,19 @@ impl Backend for Sqlite {
             if !migrate {
                 return Ok(());
             }
-            conn.run_pending_migrations(MIGRATIONS)
-                .map(drop)
-                .map_err(|e| Error::Migration {
-                    module: module.clone(),
-                    reason: e.to_string(),
-                })?;
-            refuse_newer_migrations(&mut conn, &MIGRATIONS, &module)
+            // One process migrates at a time: the write lock BEGIN IMMEDIATE
+            // takes is held across every migration (each runs in a
+            // savepoint), so a process starting beside another waits for it
+            // (the busy timeout) and then finds them applied.
+            conn.immediate_transaction(|conn| {
+                conn.run_pending_migrations(MIGRATIONS)
+                    .map(drop)
+                    .map_err(|e| Error::Migration {
+                        module: module.clone(),
+                        reason: e.to_string(),
+                    })?;
+                refuse_newer_migrations(conn, &MIGRATIONS, &module)
+            })
         })
         .await
         .map_err(|e| Error::Config(format!("opening module `{}`: {e}", settings.module)))??;
