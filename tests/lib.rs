@@ -73,6 +73,7 @@ macro_rules! suite {
         case!(shared_outbox::a_stopped_subscriber_keeps_its_messages_until_it_returns_or_is_retired);
         case!(shared_outbox::a_handler_on_another_topic_in_a_running_process_is_refused);
         case!(shared_outbox::a_database_migrated_by_a_newer_tickbox_is_refused);
+        case!(shared_outbox::processes_starting_together_on_a_new_database_migrate_once);
 
         case!(observability::counters_move_exactly_as_deliveries_happen);
         case!(observability::lag_rises_while_the_bus_is_stopped_and_returns_to_zero);

@@ -376,6 +376,39 @@ pub async fn a_database_migrated_by_a_newer_tickbox_is_refused<B: TestBackend>(d
     );
 }
 
+/// Processes starting together on a new database: one migrates, the others
+/// wait for it and find the tables made (none fails on "table already
+/// exists").
+pub async fn processes_starting_together_on_a_new_database_migrate_once<B: TestBackend>(
+    db: TestDb,
+) {
+    let starts = (0..8).map(|_| B::module(&db, "orders").publishes::<Ping>().start());
+    let opened = futures_util::future::join_all(starts).await;
+    let mut modules = Vec::new();
+    for module in opened {
+        modules.push(module.expect("every process starts"));
+    }
+    let applied = count(
+        &modules[0],
+        "SELECT count(*) AS n FROM __diesel_schema_migrations",
+    )
+    .await;
+    let distinct = count(
+        &modules[0],
+        "SELECT count(DISTINCT version) AS n FROM __diesel_schema_migrations",
+    )
+    .await;
+    assert!(applied > 0, "the migrations were recorded");
+    assert_eq!(applied, distinct, "each migration was applied once");
+    for module in &modules {
+        publish(module, 1).await;
+    }
+    assert_eq!(
+        count(&modules[0], "SELECT count(*) AS n FROM tickbox_outbox").await,
+        8
+    );
+}
+
 fn now_us() -> i64 {
     micros_ago(Duration::ZERO)
 }
