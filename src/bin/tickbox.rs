@@ -4,12 +4,19 @@
 //! It attaches to the database of one module (an SQLite file, or a
 //! PostgreSQL database and schema) without running migrations and without
 //! any handler code, so it is safe to run while the application runs. It
-//! shows the outbox backlog and its lag, the inbox size and the dead letters;
-//! it puts dead letters back in the outbox for redelivery or discards them;
-//! and it runs the retention sweep once.
+//! shows the outbox backlog, its lag and its stalled messages, the inbox size
+//! and the dead letters; it lists the subscriptions recorded in the outbox
+//! (the handlers, in any process, that receive its messages) and retires one
+//! whose handler is gone for good; it puts dead letters back in the outbox
+//! for redelivery or discards them; and it runs the retention sweep once.
+//!
+//! It runs no bus, so what a bus would count itself it counts from the
+//! database: a message is stalled when it has been pending for longer than
+//! `--stalled-after` (60 s, the default of `BusBuilder::stalled_after`).
 //!
 //! ```text
 //! cargo run --bin tickbox -- --database-url minishop-data/orders.db status
+//! cargo run --bin tickbox -- --database-url minishop-data/orders.db subscriptions
 //! cargo run --bin tickbox -- --database-url minishop-data/orders.db dead-letters list
 //! cargo run --features postgres --bin tickbox -- \
 //!     --database-url postgres://postgres@127.0.0.1/shop --schema minishop_orders status
@@ -18,12 +25,13 @@
 //!
 //! Exit status: 0 on success, 1 when the operation failed (the database
 //! cannot be opened or has no tickbox tables, a query failed, the dead letter
-//! does not exist), 2 on a usage error.
+//! or the subscription does not exist, a running process still serves the
+//! subscription), 2 on a usage error.
 
 use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tickbox::{Backend, DeadLetter, Module, ModuleHandle, Retention};
+use tickbox::{Backend, DeadLetter, Module, ModuleHandle, Retention, Subscription};
 use uuid::Uuid;
 
 /// The environment variable read when `--database-url` is not given.
@@ -39,6 +47,11 @@ const REASON_WIDTH: usize = 60;
 /// the microsecond arithmetic of the sweep.
 const MAX_RETENTION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
+/// How long a message is pending before `status` counts it as stalled,
+/// unless `--stalled-after` says otherwise: the default of the bus's
+/// `BusBuilder::stalled_after`, so that both count the same messages.
+const DEFAULT_STALLED_AFTER: Duration = Duration::from_secs(60);
+
 // ---------------------------------------------------------------------------
 // Help texts
 
@@ -52,6 +65,9 @@ enum Topic {
     Show,
     Replay,
     Discard,
+    Subscriptions,
+    SubscriptionsList,
+    Retire,
     Sweep,
     Help,
 }
@@ -67,6 +83,9 @@ impl Topic {
             Topic::Show => "dead-letters show",
             Topic::Replay => "dead-letters replay",
             Topic::Discard => "dead-letters discard",
+            Topic::Subscriptions => "subscriptions",
+            Topic::SubscriptionsList => "subscriptions list",
+            Topic::Retire => "subscriptions retire",
             Topic::Sweep => "sweep",
             Topic::Help => "help",
         }
@@ -76,7 +95,7 @@ impl Topic {
     fn usage(self) -> &'static str {
         match self {
             Topic::Main => "tickbox [OPTIONS] <COMMAND> [ARGS]",
-            Topic::Status => "tickbox [OPTIONS] status",
+            Topic::Status => "tickbox [OPTIONS] status [--stalled-after DURATION]",
             Topic::DeadLetters => {
                 "tickbox [OPTIONS] dead-letters <list|show|replay|discard> [ARGS]"
             }
@@ -84,6 +103,9 @@ impl Topic {
             Topic::Show => "tickbox [OPTIONS] dead-letters show MESSAGE_ID HANDLER",
             Topic::Replay => "tickbox [OPTIONS] dead-letters replay MESSAGE_ID HANDLER",
             Topic::Discard => "tickbox [OPTIONS] dead-letters discard MESSAGE_ID HANDLER --yes",
+            Topic::Subscriptions => "tickbox [OPTIONS] subscriptions [list|retire] [ARGS]",
+            Topic::SubscriptionsList => "tickbox [OPTIONS] subscriptions [list]",
+            Topic::Retire => "tickbox [OPTIONS] subscriptions retire MODULE HANDLER --yes",
             Topic::Sweep => {
                 "tickbox [OPTIONS] sweep [--inbox-retention DURATION]\n                               [--outbox-retention DURATION]"
             }
@@ -101,6 +123,9 @@ impl Topic {
             Topic::Show => SHOW_HELP,
             Topic::Replay => REPLAY_HELP,
             Topic::Discard => DISCARD_HELP,
+            Topic::Subscriptions => SUBSCRIPTIONS_HELP,
+            Topic::SubscriptionsList => SUBSCRIPTIONS_LIST_HELP,
+            Topic::Retire => RETIRE_HELP,
             Topic::Sweep => SWEEP_HELP,
             Topic::Help => HELP_HELP,
         }
@@ -160,6 +185,9 @@ impl Topic {
             ["dead-letters", "show"] => Topic::Show,
             ["dead-letters", "replay"] => Topic::Replay,
             ["dead-letters", "discard"] => Topic::Discard,
+            ["subscriptions"] => Topic::Subscriptions,
+            ["subscriptions", "list"] => Topic::SubscriptionsList,
+            ["subscriptions", "retire"] => Topic::Retire,
             ["sweep"] => Topic::Sweep,
             ["help"] => Topic::Help,
             _ => return None,
@@ -173,7 +201,12 @@ database and schema - without running migrations or any handler code, so it
 is safe to use while the application runs.
 
 Commands:
-  status                 Outbox backlog and lag, inbox size, dead letter count
+  status                 Outbox backlog, lag and stalled messages, subscriptions,
+                         inbox size, dead letter count
+  subscriptions [list]   List the handlers, in any process, that receive this outbox's
+                         messages: alive or stopped, and the oldest message each still owes
+  subscriptions retire   Retire a stopped subscription whose handler is gone for good
+                         (requires --yes)
   dead-letters list      List dead letters, oldest first
   dead-letters show      Show one dead letter in full, payload included
   dead-letters replay    Put a dead letter's message back in the outbox for redelivery
@@ -183,6 +216,7 @@ Commands:
 
 Examples:
   tickbox --database-url minishop-data/orders.db status
+  tickbox --database-url minishop-data/orders.db subscriptions
   tickbox --database-url minishop-data/warehouse.db dead-letters list --limit 20
   tickbox --database-url minishop-data/warehouse.db dead-letters replay \\
       0190c2a4-5b1e-7d3c-9a4f-1e2d3c4b5a69 warehouse.reserve_stock
@@ -193,23 +227,118 @@ Examples:
 Exit status:
   0  Success
   1  The operation failed: the database cannot be opened or has no tickbox
-     tables, a query failed, or the dead letter does not exist
+     tables, a query failed, the dead letter or the subscription does not
+     exist, or a running process still serves the subscription to retire
   2  Usage error: unknown command or option, missing or malformed argument,
      or a destructive command without --yes
 ";
 
 const STATUS_HELP: &str = "\
 Shows the module's outbox backlog (messages not yet delivered to every
-subscriber) and its lag (the age of the oldest of them), the number of inbox
+subscriber), its lag (the age of the oldest of them) and how many of them are
+stalled (pending for longer than --stalled-after); the subscriptions recorded
+in the outbox (how many are alive and stopped, and the largest lag of one:
+the age of the oldest message a subscription still owes); the number of inbox
 rows (the duplicate-detection window) and the number of dead letters.
 
-With --json: one object with outbox_pending, oldest_pending_us (microseconds
-since the Unix epoch, or null), lag_seconds (or null), inbox_rows and
-dead_letters.
+The application's bus counts stalled messages too (tickbox_outbox_stalled),
+by its own threshold, BusBuilder::stalled_after; this tool runs no bus and
+counts them in the database. Give the application's threshold if it changed
+the default.
+
+Options:
+      --stalled-after DURATION   Count a message pending this long as stalled
+                                 [default: 60s, the bus's default]
+
+A DURATION is a number with a unit - s, m, h, d or w - or several of them
+(1h30m).
+
+With --json: one object with backend, outbox_pending, oldest_pending_us
+(microseconds since the Unix epoch, or null), lag_seconds (or null), stalled,
+stalled_after_seconds, subscriptions_alive, subscriptions_stopped,
+subscription_lag_seconds (or null when no subscription owes a message),
+lagging_subscription (the module and handler of the subscription owed the
+oldest message, or null), inbox_rows and dead_letters.
 
 Examples:
   tickbox --database-url minishop-data/orders.db status
+  tickbox --database-url minishop-data/orders.db status --stalled-after 5m
   tickbox --database-url minishop-data/orders.db --json status
+";
+
+const SUBSCRIPTIONS_HELP: &str = "\
+A subscription is a handler - of any module, in any process - that receives
+this module's messages of one topic. Each bus records the handlers it serves
+in the publishing module's database, and says every sweep interval that they
+are still served: the subscription is alive. A message is finished only when
+no subscription still owes it, so the subscription of a process that stopped
+keeps the messages it owes until that process runs again: it is stopped. One
+whose handler is gone for good is retired.
+
+Subcommands:
+  list      List the subscriptions: state, and the oldest message each still owes
+            (the default: `tickbox subscriptions` alone lists them)
+  retire    Retire a stopped subscription whose handler is gone (requires --yes)
+
+Run `tickbox help subscriptions <SUBCOMMAND>` for a subcommand's options.
+
+Examples:
+  tickbox --database-url minishop-data/orders.db subscriptions
+  tickbox --database-url minishop-data/orders.db subscriptions retire \\
+      warehouse warehouse.reserve_stock --yes
+";
+
+const SUBSCRIPTIONS_LIST_HELP: &str = "\
+Lists the subscriptions recorded in this module's outbox, by module and
+handler: the subscribing module, the handler, the topic it receives, its
+state - alive (a running bus serves it) or stopped (no running bus has since
+it was last seen) - when it was first recorded (UTC, ISO 8601), and the age
+of the oldest message it still owes (- when it owes none).
+
+A stopped subscription keeps its messages until a process serving it runs
+again; `tickbox subscriptions retire` gives up on one whose handler is gone.
+
+With --json: an array of subscription objects (module, handler, topic,
+subscribed_at_us, seen_at_us, alive_until_us, oldest_pending_us - times in
+microseconds since the Unix epoch, null when none - alive, and lag_seconds,
+the age of the oldest message it owes or null).
+
+Examples:
+  tickbox --database-url minishop-data/orders.db subscriptions
+  tickbox --database-url minishop-data/orders.db --json subscriptions list
+";
+
+const RETIRE_HELP: &str = "\
+Retires the subscription of handler HANDLER of module MODULE from this
+module's outbox, for a handler removed from the code or a process gone for
+good: its messages are no longer kept for it, and those only it still owed
+are marked delivered - it will never receive them. Messages that other
+subscriptions still owe stay pending for them. There is no prompt; the
+command refuses to run without --yes.
+
+Refused while a running process serves the subscription (it would miss
+messages, and its process records it again): stop that process, or remove
+the handler from it, first. A process started later with the handler
+subscribes it again.
+
+Arguments:
+  MODULE    The subscribing module, as `tickbox subscriptions` prints it
+  HANDLER   The handler's name
+
+Options:
+  -y, --yes     Confirm the retirement
+
+When it was the last subscription of its topic, the messages of the topic
+still pending are left to the application's bus: it delivers them to the
+handlers it then has for the topic, or finishes them if it has none.
+
+With --json: one object with module, handler, topic, retired, finished (the
+number of messages only it owed, now marked delivered) and
+topic_subscriptions_left (the subscriptions of its topic still recorded).
+
+Examples:
+  tickbox --database-url minishop-data/orders.db subscriptions retire \\
+      warehouse warehouse.reserve_stock --yes
 ";
 
 const DEAD_LETTERS_HELP: &str = "\
@@ -422,10 +551,19 @@ struct Key {
     handler: String,
 }
 
+/// A subscription's key as given on the command line.
+#[derive(Debug, Clone, PartialEq)]
+struct SubscriptionKey {
+    module: String,
+    handler: String,
+}
+
 /// The commands.
 #[derive(Debug, PartialEq)]
 enum Command {
-    Status,
+    Status { stalled_after: Duration },
+    Subscriptions,
+    Retire(SubscriptionKey),
     List { offset: u64, limit: u64 },
     Show(Key),
     Replay(Key),
@@ -437,7 +575,9 @@ impl Command {
     /// The command's help page.
     fn topic(&self) -> Topic {
         match self {
-            Command::Status => Topic::Status,
+            Command::Status { .. } => Topic::Status,
+            Command::Subscriptions => Topic::SubscriptionsList,
+            Command::Retire(_) => Topic::Retire,
             Command::List { .. } => Topic::List,
             Command::Show(_) => Topic::Show,
             Command::Replay(_) => Topic::Replay,
@@ -461,6 +601,7 @@ struct Options {
     yes: bool,
     inbox_retention: Option<String>,
     outbox_retention: Option<String>,
+    stalled_after: Option<String>,
     /// Command-specific options seen, by their long name, to check that they
     /// apply to the command.
     command_options: Vec<&'static str>,
@@ -525,6 +666,10 @@ fn parse(args: &[String], env_url: Option<String>) -> Result<Parsed, Failure> {
                 once(&mut options.outbox_retention, name, value(name)?, topic)?;
                 options.command_options.push("--outbox-retention");
             }
+            "--stalled-after" => {
+                once(&mut options.stalled_after, name, value(name)?, topic)?;
+                options.command_options.push("--stalled-after");
+            }
             _ => {
                 return Err(Failure::usage(
                     topic,
@@ -556,6 +701,20 @@ fn parse(args: &[String], env_url: Option<String>) -> Result<Parsed, Failure> {
     let (topic, args) = match first.as_str() {
         "status" => (Topic::Status, &words[1..]),
         "sweep" => (Topic::Sweep, &words[1..]),
+        "subscriptions" => match words.get(1).map(String::as_str) {
+            None => (Topic::SubscriptionsList, &words[1..]),
+            Some("list") => (Topic::SubscriptionsList, &words[2..]),
+            Some("retire") => (Topic::Retire, &words[2..]),
+            Some(other) => {
+                return Err(Failure::usage(
+                    Topic::Subscriptions,
+                    format!(
+                        "unknown subcommand `subscriptions {}`; use list or retire",
+                        shown(other)
+                    ),
+                ))
+            }
+        },
         "dead-letters" => match words.get(1).map(String::as_str) {
             Some("list") => (Topic::List, &words[2..]),
             Some("show") => (Topic::Show, &words[2..]),
@@ -586,8 +745,9 @@ fn parse(args: &[String], env_url: Option<String>) -> Result<Parsed, Failure> {
     };
 
     let applies: &[&str] = match topic {
+        Topic::Status => &["--stalled-after"],
         Topic::List => &["--offset", "--limit"],
-        Topic::Discard => &["--yes"],
+        Topic::Discard | Topic::Retire => &["--yes"],
         Topic::Sweep => &["--inbox-retention", "--outbox-retention"],
         _ => &[],
     };
@@ -605,7 +765,31 @@ fn parse(args: &[String], env_url: Option<String>) -> Result<Parsed, Failure> {
     let command = match topic {
         Topic::Status => {
             no_more(topic, args)?;
-            Command::Status
+            let stalled_after = match &options.stalled_after {
+                Some(text) => stalled_after_arg(topic, text)?,
+                None => DEFAULT_STALLED_AFTER,
+            };
+            Command::Status { stalled_after }
+        }
+        Topic::SubscriptionsList => {
+            no_more(topic, args)?;
+            Command::Subscriptions
+        }
+        Topic::Retire => {
+            let key = subscription_key(topic, args)?;
+            if !options.yes {
+                return Err(Failure::usage(
+                    topic,
+                    format!(
+                        "refusing to retire the subscription of handler `{}` of module `{}` \
+                         without --yes: the messages only it still owes would be marked \
+                         delivered, and it would never receive them; add --yes to confirm",
+                        shown(&key.handler),
+                        shown(&key.module)
+                    ),
+                ));
+            }
+            Command::Retire(key)
         }
         Topic::List => {
             no_more(topic, args)?;
@@ -642,7 +826,9 @@ fn parse(args: &[String], env_url: Option<String>) -> Result<Parsed, Failure> {
             }
             Command::Sweep(retention)
         }
-        Topic::Main | Topic::DeadLetters | Topic::Help => unreachable!("not a command"),
+        Topic::Main | Topic::DeadLetters | Topic::Subscriptions | Topic::Help => {
+            unreachable!("not a command")
+        }
     };
 
     let url = options
@@ -677,6 +863,9 @@ fn topic_of(words: &[String]) -> Topic {
         Some("help") => Topic::from_words(&words[1..]).unwrap_or(Topic::Help),
         Some("dead-letters") => {
             Topic::from_words(&words[..words.len().min(2)]).unwrap_or(Topic::DeadLetters)
+        }
+        Some("subscriptions") => {
+            Topic::from_words(&words[..words.len().min(2)]).unwrap_or(Topic::Subscriptions)
         }
         Some(_) => Topic::from_words(&words[..1]).unwrap_or(Topic::Main),
         None => Topic::Main,
@@ -736,6 +925,28 @@ fn key(topic: Topic, args: &[String]) -> Result<Key, Failure> {
     }
 }
 
+/// `MODULE HANDLER`.
+fn subscription_key(topic: Topic, args: &[String]) -> Result<SubscriptionKey, Failure> {
+    match args {
+        [module, handler] if !module.is_empty() && !handler.is_empty() => Ok(SubscriptionKey {
+            module: module.clone(),
+            handler: handler.clone(),
+        }),
+        [_, _] => Err(Failure::usage(
+            topic,
+            "MODULE and HANDLER must not be empty; `tickbox subscriptions` lists them",
+        )),
+        [] | [_] => Err(Failure::usage(
+            topic,
+            "expected MODULE and HANDLER, as `tickbox subscriptions` lists them",
+        )),
+        [_, _, extra, ..] => Err(Failure::usage(
+            topic,
+            format!("unexpected argument `{}`", shown(extra)),
+        )),
+    }
+}
+
 /// A handler argument: `-`, `''` and an empty argument mean "no handler".
 fn handler_arg(text: &str) -> String {
     match text {
@@ -773,6 +984,22 @@ fn retention_arg(topic: Topic, name: &str, text: &str) -> Result<Option<Duration
         Some(window) if window.is_zero() => Err(bad("must be above zero (never keeps every row)")),
         Some(window) if window > MAX_RETENTION => Err(bad("is longer than 100 years")),
         window => Ok(window),
+    }
+}
+
+/// `--stalled-after`: a positive duration.
+fn stalled_after_arg(topic: Topic, text: &str) -> Result<Duration, Failure> {
+    let bad = |why: &str| {
+        Failure::usage(
+            topic,
+            format!("--stalled-after `{text}`: {why}; write e.g. 60s, 5m, 1h or 1h30m"),
+        )
+    };
+    match parse_duration(text).map_err(|why| bad(&why))? {
+        None => Err(bad("a message is stalled after some time, not never")),
+        Some(window) if window.is_zero() => Err(bad("must be above zero")),
+        Some(window) if window > MAX_RETENTION => Err(bad("is longer than 100 years")),
+        Some(window) => Ok(window),
     }
 }
 
@@ -915,8 +1142,75 @@ async fn run_postgres(invocation: &Invocation) -> Result<String, Failure> {
     )))
 }
 
+/// What the tool reads from a module's database with SQL of its own, where
+/// the library offers no call: written once per backend.
+trait Inspect: Backend {
+    /// The number of outbox messages still pending that were published
+    /// before `before_us` (µs since the Unix epoch).
+    async fn pending_before(module: &ModuleHandle<Self>, before_us: i64) -> tickbox::Result<i64>;
+}
+
+/// A row of `SELECT count(*) AS n`.
+#[derive(diesel::QueryableByName)]
+struct Count {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    n: i64,
+}
+
+/// The smallest UUIDv7 of the millisecond holding `unix_us`: every UUIDv7
+/// made before that millisecond compares lower. Pending messages are told
+/// by their ids, as the bus's watchdog tells them (so the pending index
+/// answers, and `status` counts what `tickbox_outbox_stalled` counts).
+fn earliest_id_at(unix_us: i64) -> Uuid {
+    let ms = (unix_us / 1000).max(0) as u64;
+    let mut bytes = [0u8; 16];
+    bytes[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
+    bytes[6] = 0x70;
+    Uuid::from_bytes(bytes)
+}
+
+#[cfg(feature = "sqlite")]
+impl Inspect for tickbox::Sqlite {
+    async fn pending_before(module: &ModuleHandle<Self>, before_us: i64) -> tickbox::Result<i64> {
+        use diesel_async::RunQueryDsl as _;
+        let cutoff = earliest_id_at(before_us).as_bytes().to_vec();
+        module
+            .read(async move |tx| {
+                let count: Count = diesel::sql_query(
+                    "SELECT count(*) AS n FROM tickbox_outbox \
+                     WHERE delivered_at_us IS NULL AND id < ?",
+                )
+                .bind::<diesel::sql_types::Binary, _>(cutoff)
+                .get_result(tx.conn())
+                .await?;
+                Ok::<_, tickbox::Error>(count.n)
+            })
+            .await
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Inspect for tickbox::Postgres {
+    async fn pending_before(module: &ModuleHandle<Self>, before_us: i64) -> tickbox::Result<i64> {
+        use diesel_async::RunQueryDsl as _;
+        let cutoff = earliest_id_at(before_us);
+        module
+            .read(async move |tx| {
+                let count: Count = diesel::sql_query(
+                    "SELECT count(*) AS n FROM tickbox_outbox \
+                     WHERE delivered_at_us IS NULL AND id < $1",
+                )
+                .bind::<diesel::sql_types::Uuid, _>(cutoff)
+                .get_result(tx.conn())
+                .await?;
+                Ok::<_, tickbox::Error>(count.n)
+            })
+            .await
+    }
+}
+
 /// Attaches to the module's database and runs the command, for any backend.
-async fn run<B: Backend>(invocation: &Invocation) -> Result<String, Failure> {
+async fn run<B: Inspect>(invocation: &Invocation) -> Result<String, Failure> {
     let target = &invocation.target;
     let mut builder = Module::<B>::builder(target.module.clone(), target.url.clone())
         .pool_size(2)
@@ -935,7 +1229,9 @@ async fn run<B: Backend>(invocation: &Invocation) -> Result<String, Failure> {
     })?;
     let json = invocation.json;
     match &invocation.command {
-        Command::Status => status(&module, json).await,
+        Command::Status { stalled_after } => status(&module, *stalled_after, json).await,
+        Command::Subscriptions => subscriptions(&module, json).await,
+        Command::Retire(key) => retire(&module, key, json).await,
         Command::List { offset, limit } => list(&module, *offset, *limit, json).await,
         Command::Show(key) => show(&module, key, json).await,
         Command::Replay(key) => replay(&module, key, json).await,
@@ -945,17 +1241,48 @@ async fn run<B: Backend>(invocation: &Invocation) -> Result<String, Failure> {
 }
 
 /// `status`.
-async fn status<B: Backend>(module: &ModuleHandle<B>, json: bool) -> Result<String, Failure> {
+async fn status<B: Inspect>(
+    module: &ModuleHandle<B>,
+    stalled_after: Duration,
+    json: bool,
+) -> Result<String, Failure> {
     let stats = module.store_stats().await?;
+    let subscriptions = module.subscriptions().await?;
     let now = now_us();
+    let stalled_before =
+        now.saturating_sub(i64::try_from(stalled_after.as_micros()).unwrap_or(i64::MAX));
+    let stalled = B::pending_before(module, stalled_before).await?;
+    let alive = subscriptions.iter().filter(|s| s.is_alive(now)).count();
+    let stopped = subscriptions.len() - alive;
+    // The subscription owed the oldest message: the largest lag.
+    let lagging = subscriptions
+        .iter()
+        .filter_map(|s| s.oldest_pending_us.map(|oldest| (oldest, s)))
+        .min_by(|(a, x), (b, y)| (a, &x.module, &x.handler).cmp(&(b, &y.module, &y.handler)))
+        .map(|(oldest, s)| (lag_us(oldest, now), s));
     let lag_us = stats.oldest_pending_us.map(|oldest| lag_us(oldest, now));
     if json {
         let mut value = to_json(&stats)?;
         if let Some(object) = value.as_object_mut() {
             object.insert("backend".into(), B::NAME.into());
+            object.insert("lag_seconds".into(), lag_us.map(seconds_of).into());
+            object.insert("stalled".into(), stalled.into());
             object.insert(
-                "lag_seconds".into(),
-                lag_us.map(|us| (us / 1000) as f64 / 1e3).into(),
+                "stalled_after_seconds".into(),
+                stalled_after.as_secs().into(),
+            );
+            object.insert("subscriptions_alive".into(), alive.into());
+            object.insert("subscriptions_stopped".into(), stopped.into());
+            object.insert(
+                "subscription_lag_seconds".into(),
+                lagging.map(|(lag, _)| seconds_of(lag)).into(),
+            );
+            object.insert(
+                "lagging_subscription".into(),
+                lagging.map_or(
+                    serde_json::Value::Null,
+                    |(_, s)| serde_json::json!({ "module": s.module, "handler": s.handler }),
+                ),
             );
         }
         return json_line(&value);
@@ -980,12 +1307,194 @@ async fn status<B: Backend>(module: &ModuleHandle<B>, json: bool) -> Result<Stri
         plural(stats.outbox_pending, "message")
     ));
     out.push_str(&format!("outbox lag       {lag}\n"));
+    out.push_str(&format!(
+        "outbox stalled   {} pending longer than {}\n",
+        plural(stalled, "message"),
+        compact_duration(stalled_after)
+    ));
+    if subscriptions.is_empty() {
+        out.push_str(
+            "subscriptions    none recorded (no bus with a handler of this outbox's topics has run)\n",
+        );
+    } else {
+        out.push_str(&format!(
+            "subscriptions    {}: {alive} alive, {stopped} stopped",
+            subscriptions.len()
+        ));
+        if stopped > 0 {
+            out.push_str("  (see `tickbox subscriptions`)");
+        }
+        out.push('\n');
+        let lag = match lagging {
+            Some((lag, s)) => format!(
+                "{} (handler `{}` of module `{}`, {})",
+                human_duration(lag),
+                s.handler,
+                s.module,
+                if s.is_alive(now) { "alive" } else { "stopped" }
+            ),
+            None => "0s (no subscription owes a message)".to_string(),
+        };
+        out.push_str(&format!("subscription lag {lag}\n"));
+    }
     out.push_str(&format!("inbox rows       {}\n", stats.inbox_rows));
     out.push_str(&format!("dead letters     {}", stats.dead_letters));
     if stats.dead_letters > 0 {
         out.push_str("  (see `tickbox dead-letters list`)");
     }
     out.push('\n');
+    Ok(out)
+}
+
+/// `subscriptions [list]`.
+async fn subscriptions<B: Backend>(
+    module: &ModuleHandle<B>,
+    json: bool,
+) -> Result<String, Failure> {
+    let mut subscriptions = module.subscriptions().await?;
+    subscriptions.sort_by(|a, b| (&a.module, &a.handler).cmp(&(&b.module, &b.handler)));
+    let now = now_us();
+    if json {
+        let mut all = Vec::with_capacity(subscriptions.len());
+        for subscription in &subscriptions {
+            let mut value = to_json(subscription)?;
+            if let Some(object) = value.as_object_mut() {
+                object.insert("alive".into(), subscription.is_alive(now).into());
+                object.insert(
+                    "lag_seconds".into(),
+                    subscription
+                        .oldest_pending_us
+                        .map(|oldest| seconds_of(lag_us(oldest, now)))
+                        .into(),
+                );
+            }
+            all.push(value);
+        }
+        return json_line(&serde_json::Value::Array(all));
+    }
+    if subscriptions.is_empty() {
+        return Ok(
+            "no subscriptions recorded in this outbox: no bus with a handler of its topics has run\n"
+                .to_string(),
+        );
+    }
+    let header = [
+        "MODULE",
+        "HANDLER",
+        "TOPIC",
+        "STATE",
+        "SUBSCRIBED SINCE (UTC)",
+        "OLDEST OWED",
+    ];
+    let rows: Vec<[String; 6]> = subscriptions
+        .iter()
+        .map(|s| {
+            let seen = human_duration(lag_us(s.seen_at_us, now));
+            [
+                s.module.clone(),
+                s.handler.clone(),
+                s.topic.clone(),
+                if s.is_alive(now) {
+                    format!("alive, seen {seen} ago")
+                } else {
+                    format!("stopped, last seen {seen} ago")
+                },
+                iso8601(s.subscribed_at_us, false),
+                s.oldest_pending_us.map_or_else(
+                    || "-".to_string(),
+                    |oldest| format!("{} ago", human_duration(lag_us(oldest, now))),
+                ),
+            ]
+        })
+        .collect();
+    let mut out = table(&header, &rows);
+    let alive = subscriptions.iter().filter(|s| s.is_alive(now)).count();
+    let stopped = subscriptions.len() - alive;
+    out.push_str(&format!(
+        "\n{}: {alive} alive, {stopped} stopped\n",
+        plural(subscriptions.len() as i64, "subscription")
+    ));
+    if subscriptions
+        .iter()
+        .any(|s| !s.is_alive(now) && s.oldest_pending_us.is_some())
+    {
+        out.push_str(
+            "A stopped subscription keeps the messages it owes until a process serving it runs\n\
+             again. Retire one whose handler is gone for good:\n  \
+             tickbox subscriptions retire MODULE HANDLER --yes\n",
+        );
+    }
+    Ok(out)
+}
+
+/// `subscriptions retire`.
+async fn retire<B: Backend>(
+    module: &ModuleHandle<B>,
+    key: &SubscriptionKey,
+    json: bool,
+) -> Result<String, Failure> {
+    let no_such = || {
+        Failure::Failed(format!(
+            "{} (`tickbox subscriptions` lists them)",
+            tickbox::Error::NoSuchSubscription {
+                outbox: module.name().to_string(),
+                module: key.module.clone(),
+                handler: key.handler.clone(),
+            }
+        ))
+    };
+    let subscription: Subscription = module
+        .subscriptions()
+        .await?
+        .into_iter()
+        .find(|s| s.module == key.module && s.handler == key.handler)
+        .ok_or_else(no_such)?;
+    let finished = module
+        .retire_subscription(&key.module, &key.handler)
+        .await
+        .map_err(|error| match error {
+            tickbox::Error::NoSuchSubscription { .. } => no_such(),
+            other => other.into(),
+        })?;
+    // The library finishes a message when some other subscription is done
+    // with it and none still owes it; once the topic has no subscription
+    // left, what is still pending of it waits for the application's bus.
+    let topic_left = module
+        .subscriptions()
+        .await?
+        .iter()
+        .filter(|s| s.topic == subscription.topic)
+        .count();
+    if json {
+        return json_line(&serde_json::json!({
+            "module": subscription.module,
+            "handler": subscription.handler,
+            "topic": subscription.topic,
+            "retired": true,
+            "finished": finished,
+            "topic_subscriptions_left": topic_left,
+        }));
+    }
+    let mut out = format!(
+        "retired the subscription of handler `{}` of module `{}` (topic {}):\n\
+         {} that only it still owed {} marked delivered; it will never receive them.\n",
+        subscription.handler,
+        subscription.module,
+        subscription.topic,
+        plural(finished as i64, "message"),
+        if finished == 1 { "was" } else { "were" },
+    );
+    if topic_left == 0 {
+        out.push_str(&format!(
+            "No subscription of topic {} is left: its messages still pending, if any, wait\n\
+             for the application's bus, which delivers them to the handlers it then has for\n\
+             the topic, or finishes them if it has none.\n",
+            subscription.topic
+        ));
+    } else {
+        out.push_str("Messages that other subscriptions still owe stay pending for them.\n");
+    }
+    out.push_str("A process started later with this handler subscribes it again.\n");
     Ok(out)
 }
 
@@ -1035,31 +1544,7 @@ async fn list<B: Backend>(
             ]
         })
         .collect();
-    let mut widths = header.map(|h| h.chars().count());
-    for row in &rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    let mut line = |cells: &[&str]| {
-        let mut text = String::new();
-        for (i, cell) in cells.iter().enumerate() {
-            if i + 1 == cells.len() {
-                text.push_str(cell);
-            } else {
-                text.push_str(cell);
-                let pad = widths[i] - cell.chars().count() + 2;
-                text.extend(std::iter::repeat_n(' ', pad));
-            }
-        }
-        out.push_str(text.trim_end());
-        out.push('\n');
-    };
-    line(&header);
-    for row in &rows {
-        line(&row.each_ref().map(String::as_str));
-    }
+    let mut out = table(&header, &rows);
     let first = offset + 1;
     let last = offset + letters.len() as u64;
     out.push('\n');
@@ -1268,6 +1753,39 @@ fn to_json<T: serde::Serialize>(value: &T) -> Result<serde_json::Value, Failure>
 /// One JSON document on one line.
 fn json_line(value: &serde_json::Value) -> Result<String, Failure> {
     Ok(format!("{value}\n"))
+}
+
+/// A table with a header line, its columns two spaces apart.
+fn table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) -> String {
+    let mut widths = header.map(|h| h.chars().count());
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: [&str; N]| {
+        let mut text = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            text.push_str(cell);
+            if i + 1 < N {
+                let pad = widths[i] - cell.chars().count() + 2;
+                text.extend(std::iter::repeat_n(' ', pad));
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line(*header);
+    for row in rows {
+        line(row.each_ref().map(String::as_str));
+    }
+    out
+}
+
+/// Microseconds as seconds for `--json`, to the millisecond.
+fn seconds_of(us: i64) -> f64 {
+    (us / 1000) as f64 / 1e3
 }
 
 /// `1 row`, `2 rows`.
@@ -1594,7 +2112,12 @@ mod tests {
     #[test]
     fn parses_commands_and_options_in_any_order() {
         let invocation = run_of("--database-url a/orders.db --json status");
-        assert_eq!(invocation.command, Command::Status);
+        assert_eq!(
+            invocation.command,
+            Command::Status {
+                stalled_after: DEFAULT_STALLED_AFTER
+            }
+        );
         assert!(invocation.json);
         assert_eq!(invocation.target.kind, Kind::Sqlite);
         assert_eq!(invocation.target.module, "orders");
@@ -1641,6 +2164,29 @@ mod tests {
             run_of("--database-url x.db sweep").command,
             Command::Sweep(Retention::default())
         );
+
+        assert_eq!(
+            run_of("status --stalled-after 5m --database-url x.db").command,
+            Command::Status {
+                stalled_after: Duration::from_secs(300)
+            }
+        );
+        assert_eq!(
+            run_of("--database-url x.db subscriptions").command,
+            Command::Subscriptions
+        );
+        assert_eq!(
+            run_of("--database-url x.db --json subscriptions list").command,
+            Command::Subscriptions
+        );
+        assert_eq!(
+            run_of("--database-url x.db subscriptions retire warehouse warehouse.reserve -y")
+                .command,
+            Command::Retire(SubscriptionKey {
+                module: "warehouse".into(),
+                handler: "warehouse.reserve".into()
+            })
+        );
     }
 
     #[test]
@@ -1681,6 +2227,18 @@ mod tests {
             parse(&args("sweep --help"), None),
             Ok(Parsed::Help(Topic::Sweep))
         );
+        assert_eq!(
+            parse(&args("subscriptions --help"), None),
+            Ok(Parsed::Help(Topic::Subscriptions))
+        );
+        assert_eq!(
+            parse(&args("subscriptions list -h"), None),
+            Ok(Parsed::Help(Topic::SubscriptionsList))
+        );
+        assert_eq!(
+            parse(&args("help subscriptions retire"), None),
+            Ok(Parsed::Help(Topic::Retire))
+        );
         assert_eq!(parse(&args("-V"), None), Ok(Parsed::Version));
         for topic in [
             Topic::Main,
@@ -1690,6 +2248,9 @@ mod tests {
             Topic::Show,
             Topic::Replay,
             Topic::Discard,
+            Topic::Subscriptions,
+            Topic::SubscriptionsList,
+            Topic::Retire,
             Topic::Sweep,
             Topic::Help,
         ] {
@@ -1732,6 +2293,20 @@ mod tests {
         assert!(usage_error("--database-url a.db --database-url b.db status").contains("twice"));
         assert!(usage_error("--database-url").contains("needs a value"));
         assert!(usage_error("help frobnicate").contains("no help"));
+        assert!(usage_error("--database-url x.db subscriptions purge").contains("list or retire"));
+        assert!(usage_error("--database-url x.db subscriptions list extra").contains("unexpected"));
+        assert!(usage_error("--database-url x.db subscriptions retire m").contains("MODULE and"));
+        assert!(usage_error("--database-url x.db subscriptions retire m h").contains("--yes"));
+        assert!(matches!(
+            subscription_key(Topic::Retire, &["m".to_string(), String::new()]),
+            Err(Failure::Usage { message, .. }) if message.contains("must not be empty")
+        ));
+        assert!(usage_error("--database-url x.db subscriptions --yes").contains("does not apply"));
+        assert!(usage_error("--database-url x.db status --stalled-after 0s").contains("above zero"));
+        assert!(usage_error("--database-url x.db status --stalled-after never").contains("never"));
+        assert!(
+            usage_error("--database-url x.db sweep --stalled-after 1m").contains("does not apply")
+        );
     }
 
     #[test]

@@ -351,6 +351,58 @@ async fn orders<B: CliBackend>(db: &Db) -> ModuleHandle<B> {
         .expect("the orders module starts")
 }
 
+/// The test's module with a second handler of its own messages,
+/// `orders.audit`: two subscriptions to its outbox.
+async fn orders_with_audit<B: CliBackend>(db: &Db) -> ModuleHandle<B> {
+    B::module(db)
+        .publishes::<CliPing>()
+        .handler("orders.ping", Accept)
+        .handler("orders.audit", Accept)
+        .start()
+        .await
+        .expect("the orders module starts")
+}
+
+/// Starts a bus over `module`, which records its handlers' subscriptions in
+/// its outbox, and stops it: the subscriptions stay, recorded as stopped,
+/// as those of an application that stopped.
+async fn subscribe_and_stop<B: CliBackend>(module: &ModuleHandle<B>) {
+    let bus = Bus::builder()
+        .module(module)
+        .start()
+        .await
+        .expect("the bus starts");
+    bus.stop().await;
+    eventually("the subscriptions are recorded as stopped", || async {
+        let now = micros_ago(Duration::ZERO);
+        let recorded = module.subscriptions().await.expect("subscriptions");
+        !recorded.is_empty() && recorded.iter().all(|s| !s.is_alive(now))
+    })
+    .await;
+}
+
+/// Records that handler `handler` of the test's module is done with message
+/// `id` (as a bus does when another subscription still owes it).
+async fn insert_done<B: CliBackend>(module: &ModuleHandle<B>, id: Uuid, handler: &str) {
+    execute(
+        module,
+        format!(
+            "INSERT INTO tickbox_outbox_done (message_id, subscription) \
+             SELECT {}, id FROM tickbox_subscriptions WHERE handler = '{handler}'",
+            B::uuid_literal(id)
+        ),
+    )
+    .await;
+}
+
+/// The subscriptions as `--json subscriptions` lists them.
+async fn subscriptions<B: CliBackend>(db: &Db) -> Vec<Value> {
+    match on::<B>(db, &["--json", "subscriptions"]).await.json() {
+        Value::Array(all) => all,
+        other => panic!("an array: {other}"),
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The tests, generic over the backend
 
@@ -830,6 +882,372 @@ async fn sweep_deletes_old_rows_and_keeps_recent_ones<B: CliBackend>(db: Db) {
         .fails(2, "missing unit");
 }
 
+async fn subscriptions_lists_a_stopped_one_with_what_it_owes<B: CliBackend>(db: Db) {
+    let module = orders::<B>(&db).await;
+    let none = on::<B>(&db, &["subscriptions"]).await;
+    assert!(
+        none.ok().starts_with("no subscriptions recorded"),
+        "{none:#?}"
+    );
+    assert!(subscriptions::<B>(&db).await.is_empty());
+
+    // An application ran with the handler and stopped; since then two
+    // messages were published, the oldest 90 s ago.
+    let started_us = micros_ago(Duration::ZERO);
+    subscribe_and_stop(&module).await;
+    let oldest_us = micros_ago(Duration::from_secs(90));
+    insert_outbox(&module, uuid_ago(Duration::from_secs(90)), oldest_us, None).await;
+    insert_outbox(&module, Uuid::now_v7(), micros_ago(Duration::ZERO), None).await;
+
+    let list = on::<B>(&db, &["subscriptions"]).await;
+    let out = list.ok();
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("MODULE"), "{out}");
+    for header in [
+        "HANDLER",
+        "TOPIC",
+        "STATE",
+        "SUBSCRIBED SINCE (UTC)",
+        "OLDEST OWED",
+    ] {
+        assert!(lines[0].contains(header), "{out}");
+    }
+    assert!(lines[1].starts_with("orders "), "{out}");
+    assert!(lines[1].contains(" orders.ping "), "{out}");
+    assert!(lines[1].contains(" cli.ping "), "{out}");
+    assert!(lines[1].contains(" stopped, last seen "), "{out}");
+    // 90 s and a bit: `1m 30s ago`, `1m 31s ago`, ...
+    assert!(lines[1].ends_with(" ago"), "{out}");
+    assert!(
+        lines[1].contains("  1m "),
+        "the oldest owed message's age: {out}"
+    );
+    assert!(
+        out.contains("\n1 subscription: 0 alive, 1 stopped\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("tickbox subscriptions retire MODULE HANDLER --yes"),
+        "{out}"
+    );
+    // `subscriptions list` is the same command.
+    let again = on::<B>(&db, &["subscriptions", "list"]).await;
+    assert!(again.ok().contains(" stopped, last seen "), "{again:#?}");
+
+    let all = subscriptions::<B>(&db).await;
+    assert_eq!(all.len(), 1, "{all:?}");
+    let one = &all[0];
+    assert_eq!(one["module"], "orders", "{one}");
+    assert_eq!(one["handler"], "orders.ping", "{one}");
+    assert_eq!(one["topic"], "cli.ping", "{one}");
+    assert_eq!(one["alive"], false, "{one}");
+    assert_eq!(one["oldest_pending_us"], oldest_us, "{one}");
+    let lag = one["lag_seconds"].as_f64().expect("a lag");
+    assert!((90.0..3600.0).contains(&lag), "lag {lag}");
+    let subscribed = one["subscribed_at_us"].as_i64().expect("a time");
+    assert!(subscribed >= started_us, "{one}");
+    let alive_until = one["alive_until_us"].as_i64().expect("a time");
+    assert!(alive_until <= micros_ago(Duration::ZERO), "{one}");
+}
+
+async fn subscriptions_retire_finishes_only_what_it_alone_owed<B: CliBackend>(db: Db) {
+    let module = orders_with_audit::<B>(&db).await;
+    subscribe_and_stop(&module).await;
+    // Three pending messages, owed to both handlers, except that
+    // `orders.audit` is done with the first two.
+    let ids = [90, 60, 0].map(|s| uuid_ago(Duration::from_secs(s)));
+    let newest_us = micros_ago(Duration::ZERO);
+    for (id, age) in ids.iter().zip([90, 60, 0]) {
+        let created = if age == 0 {
+            newest_us
+        } else {
+            micros_ago(Duration::from_secs(age))
+        };
+        insert_outbox(&module, *id, created, None).await;
+    }
+    insert_done(&module, ids[0], "orders.audit").await;
+    insert_done(&module, ids[1], "orders.audit").await;
+    let before = subscriptions::<B>(&db).await;
+    assert_eq!(before.len(), 2, "{before:?}");
+    assert_eq!(before[0]["handler"], "orders.audit", "sorted: {before:?}");
+    assert_eq!(before[0]["oldest_pending_us"], newest_us, "{before:?}");
+
+    // Without --yes: refused, nothing changes.
+    let refused = on::<B>(&db, &["subscriptions", "retire", "orders", "orders.ping"]).await;
+    refused.fails(2, "without --yes");
+    assert!(refused.stderr.contains("orders.ping"), "{refused:#?}");
+    assert_eq!(subscriptions::<B>(&db).await.len(), 2);
+    assert_eq!(module.store_stats().await.expect("stats").outbox_pending, 3);
+
+    // Unknown: a clear failure.
+    let unknown = on::<B>(
+        &db,
+        &["subscriptions", "retire", "orders", "orders.gone", "--yes"],
+    )
+    .await;
+    unknown.fails(
+        1,
+        "records no subscription of handler `orders.gone` of module `orders`",
+    );
+    assert!(
+        unknown
+            .stderr
+            .contains("`tickbox subscriptions` lists them"),
+        "{unknown:#?}"
+    );
+    on::<B>(
+        &db,
+        &["subscriptions", "retire", "billing", "orders.ping", "--yes"],
+    )
+    .await
+    .fails(1, "of module `billing`");
+
+    // Retired: the two messages only it still owed are finished; the third
+    // stays pending for `orders.audit`.
+    let retire = on::<B>(
+        &db,
+        &["subscriptions", "retire", "orders", "orders.ping", "--yes"],
+    )
+    .await;
+    let out = retire.ok();
+    assert!(
+        out.contains(
+            "retired the subscription of handler `orders.ping` of module `orders` (topic cli.ping)"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("2 messages that only it still owed were marked delivered"),
+        "{out}"
+    );
+    let stats = module.store_stats().await.expect("stats");
+    assert_eq!(stats.outbox_pending, 1, "{stats:?}");
+    assert_eq!(stats.oldest_pending_us, Some(newest_us), "{stats:?}");
+    let left = subscriptions::<B>(&db).await;
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0]["handler"], "orders.audit", "{left:?}");
+    assert_eq!(left[0]["oldest_pending_us"], newest_us, "{left:?}");
+    assert_eq!(status::<B>(&db).await["outbox_pending"], 1);
+
+    // Once retired, it is unknown.
+    on::<B>(
+        &db,
+        &["subscriptions", "retire", "orders", "orders.ping", "-y"],
+    )
+    .await
+    .fails(1, "records no subscription of handler `orders.ping`");
+
+    // The last subscription of its topic. No other subscription is done
+    // with the message it alone owed, and the library finishes a message
+    // only when one is (`ModuleHandle::retire_subscription`): the message
+    // stays pending for the application's bus, and the tool says so.
+    let text = on::<B>(
+        &db,
+        &["subscriptions", "retire", "orders", "orders.audit", "--yes"],
+    )
+    .await;
+    let out = text.ok();
+    assert!(
+        out.contains("No subscription of topic cli.ping is left"),
+        "{out}"
+    );
+    assert_eq!(module.store_stats().await.expect("stats").outbox_pending, 1);
+    assert!(subscriptions::<B>(&db).await.is_empty());
+}
+
+/// `--json subscriptions retire`.
+async fn subscriptions_retire_with_json<B: CliBackend>(db: Db) {
+    let module = orders_with_audit::<B>(&db).await;
+    subscribe_and_stop(&module).await;
+    let id = uuid_ago(Duration::from_secs(10));
+    insert_outbox(&module, id, micros_ago(Duration::from_secs(10)), None).await;
+    insert_done(&module, id, "orders.ping").await;
+    let json = on::<B>(
+        &db,
+        &[
+            "--json",
+            "subscriptions",
+            "retire",
+            "--yes",
+            "orders",
+            "orders.audit",
+        ],
+    )
+    .await
+    .json();
+    assert_eq!(
+        json,
+        serde_json::json!({
+            "module": "orders",
+            "handler": "orders.audit",
+            "topic": "cli.ping",
+            "retired": true,
+            "finished": 1,
+            "topic_subscriptions_left": 1,
+        })
+    );
+    let stats = module.store_stats().await.expect("stats");
+    assert_eq!(stats.outbox_pending, 0, "{stats:?}");
+    let left = subscriptions::<B>(&db).await;
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0]["handler"], "orders.ping", "{left:?}");
+    assert_eq!(left[0]["oldest_pending_us"], Value::Null, "{left:?}");
+}
+
+async fn subscriptions_retire_is_refused_while_a_process_serves_it<B: CliBackend>(db: Db) {
+    let module = orders::<B>(&db).await;
+    let bus = Bus::builder()
+        .module(&module)
+        .start()
+        .await
+        .expect("the bus starts");
+
+    let list = on::<B>(&db, &["subscriptions"]).await;
+    let out = list.ok();
+    assert!(out.contains(" alive, seen "), "{out}");
+    assert!(
+        out.contains("\n1 subscription: 1 alive, 0 stopped\n"),
+        "{out}"
+    );
+    let all = subscriptions::<B>(&db).await;
+    assert_eq!(all[0]["alive"], true, "{all:?}");
+    assert_eq!(all[0]["oldest_pending_us"], Value::Null, "{all:?}");
+    assert_eq!(all[0]["lag_seconds"], Value::Null, "{all:?}");
+    let text = on::<B>(&db, &["status"]).await;
+    assert!(
+        text.ok()
+            .contains("subscriptions    1: 1 alive, 0 stopped\n"),
+        "{text:#?}"
+    );
+
+    let refused = on::<B>(
+        &db,
+        &["subscriptions", "retire", "orders", "orders.ping", "--yes"],
+    )
+    .await;
+    refused.fails(
+        1,
+        "handler `orders.ping` of module `orders` is still served by a running process",
+    );
+    assert!(refused.stderr.contains("stop that process"), "{refused:#?}");
+    assert_eq!(subscriptions::<B>(&db).await.len(), 1, "still recorded");
+
+    // Once its process stops, it can be retired.
+    bus.stop().await;
+    eventually("the subscription is recorded as stopped", || async {
+        let now = micros_ago(Duration::ZERO);
+        let recorded = module.subscriptions().await.expect("subscriptions");
+        recorded.iter().all(|s| !s.is_alive(now))
+    })
+    .await;
+    let retire = on::<B>(
+        &db,
+        &["subscriptions", "retire", "orders", "orders.ping", "--yes"],
+    )
+    .await;
+    assert!(
+        retire
+            .ok()
+            .contains("0 messages that only it still owed were marked delivered"),
+        "{retire:#?}"
+    );
+    assert!(subscriptions::<B>(&db).await.is_empty());
+}
+
+async fn status_shows_subscriptions_and_stalled_messages<B: CliBackend>(db: Db) {
+    let module = orders_with_audit::<B>(&db).await;
+    let empty = status::<B>(&db).await;
+    assert_eq!(empty["stalled"], 0, "{empty}");
+    assert_eq!(empty["stalled_after_seconds"], 60, "{empty}");
+    assert_eq!(empty["subscriptions_alive"], 0, "{empty}");
+    assert_eq!(empty["subscriptions_stopped"], 0, "{empty}");
+    assert_eq!(empty["subscription_lag_seconds"], Value::Null, "{empty}");
+    assert_eq!(empty["lagging_subscription"], Value::Null, "{empty}");
+    let text = on::<B>(&db, &["status"]).await;
+    let out = text.ok();
+    assert!(
+        out.contains("outbox stalled   0 messages pending longer than 1m\n"),
+        "{out}"
+    );
+    assert!(out.contains("subscriptions    none recorded"), "{out}");
+
+    // Both handlers subscribed, then their process stopped; three messages
+    // are pending, 90 s, 30 s and no time old; `orders.audit` is done with
+    // the oldest, so `orders.ping` is owed the oldest message.
+    subscribe_and_stop(&module).await;
+    let ninety = uuid_ago(Duration::from_secs(90));
+    let oldest_us = micros_ago(Duration::from_secs(90));
+    insert_outbox(&module, ninety, oldest_us, None).await;
+    let thirty_us = micros_ago(Duration::from_secs(30));
+    insert_outbox(&module, uuid_ago(Duration::from_secs(30)), thirty_us, None).await;
+    insert_outbox(&module, Uuid::now_v7(), micros_ago(Duration::ZERO), None).await;
+    insert_done(&module, ninety, "orders.audit").await;
+
+    let stats = status::<B>(&db).await;
+    assert_eq!(stats["outbox_pending"], 3, "{stats}");
+    assert_eq!(stats["stalled"], 1, "pending for over 60 s: {stats}");
+    assert_eq!(stats["subscriptions_alive"], 0, "{stats}");
+    assert_eq!(stats["subscriptions_stopped"], 2, "{stats}");
+    let lag = stats["subscription_lag_seconds"].as_f64().expect("a lag");
+    assert!((90.0..3600.0).contains(&lag), "lag {lag}");
+    assert_eq!(
+        stats["lagging_subscription"],
+        serde_json::json!({ "module": "orders", "handler": "orders.ping" })
+    );
+
+    let text = on::<B>(&db, &["status"]).await;
+    let out = text.ok();
+    assert!(
+        out.contains("outbox stalled   1 message pending longer than 1m"),
+        "{out}"
+    );
+    assert!(
+        out.contains("subscriptions    2: 0 alive, 2 stopped  (see `tickbox subscriptions`)\n"),
+        "{out}"
+    );
+    assert!(out.contains("subscription lag 1m "), "{out}");
+    assert!(
+        out.contains("(handler `orders.ping` of module `orders`, stopped)\n"),
+        "{out}"
+    );
+
+    // Another threshold counts other messages.
+    let shorter = on::<B>(&db, &["--json", "status", "--stalled-after", "20s"])
+        .await
+        .json();
+    assert_eq!(shorter["stalled"], 2, "{shorter}");
+    assert_eq!(shorter["stalled_after_seconds"], 20, "{shorter}");
+    let longer = on::<B>(&db, &["status", "--stalled-after=1h"]).await;
+    assert!(
+        longer
+            .ok()
+            .contains("outbox stalled   0 messages pending longer than 1h\n"),
+        "{longer:#?}"
+    );
+    on::<B>(&db, &["status", "--stalled-after", "0s"])
+        .await
+        .fails(2, "above zero");
+
+    // `orders.ping` retired: the oldest message is finished, and
+    // `orders.audit`, owed the 30 s old one, lags most.
+    on::<B>(
+        &db,
+        &["subscriptions", "retire", "orders", "orders.ping", "--yes"],
+    )
+    .await
+    .ok();
+    let after = status::<B>(&db).await;
+    assert_eq!(after["outbox_pending"], 2, "{after}");
+    assert_eq!(after["stalled"], 0, "{after}");
+    assert_eq!(after["subscriptions_stopped"], 1, "{after}");
+    let lag = after["subscription_lag_seconds"].as_f64().expect("a lag");
+    assert!((30.0..90.0).contains(&lag), "lag {lag}");
+    assert_eq!(
+        after["lagging_subscription"],
+        serde_json::json!({ "module": "orders", "handler": "orders.audit" })
+    );
+}
+
 /// Instantiates the generic tests for one backend.
 macro_rules! cli_tests {
     ($backend:ty, $db:expr) => {
@@ -848,6 +1266,11 @@ macro_rules! cli_tests {
         case!(replay_requeues_and_the_bus_redelivers);
         case!(discard_requires_yes);
         case!(sweep_deletes_old_rows_and_keeps_recent_ones);
+        case!(subscriptions_lists_a_stopped_one_with_what_it_owes);
+        case!(subscriptions_retire_finishes_only_what_it_alone_owed);
+        case!(subscriptions_retire_with_json);
+        case!(subscriptions_retire_is_refused_while_a_process_serves_it);
+        case!(status_shows_subscriptions_and_stalled_messages);
     };
 }
 
@@ -1043,6 +1466,8 @@ async fn help_and_usage_errors() {
             "dead-letters show",
             "dead-letters replay",
             "dead-letters discard",
+            "subscriptions [list]",
+            "subscriptions retire",
             "sweep",
             "--database-url URL",
             "[env: TICKBOX_DATABASE_URL]",
@@ -1069,6 +1494,14 @@ async fn help_and_usage_errors() {
             "discard MESSAGE_ID HANDLER --yes",
         ),
         ("sweep --help", "[--inbox-retention DURATION]"),
+        ("status --help", "status [--stalled-after DURATION]"),
+        ("help subscriptions", "subscriptions [list|retire]"),
+        ("subscriptions --help", "subscriptions [list|retire]"),
+        ("subscriptions list -h", "subscriptions [list]"),
+        (
+            "help subscriptions retire",
+            "subscriptions retire MODULE HANDLER --yes",
+        ),
     ] {
         let help = run_cli(args(line)).await;
         let out = help.ok();
@@ -1086,6 +1519,10 @@ async fn help_and_usage_errors() {
     );
     let sweep = run_cli(args("help sweep")).await;
     assert!(sweep.ok().contains("[default: 7d]"));
+    let status = run_cli(args("help status")).await;
+    assert!(status.ok().contains("[default: 60s"));
+    let retire = run_cli(args("help subscriptions retire")).await;
+    assert!(retire.ok().contains("-y, --yes"));
 
     let version = run_cli(args("--version")).await;
     assert_eq!(
@@ -1145,6 +1582,26 @@ async fn help_and_usage_errors() {
             "neither an SQLite path",
         ),
         ("help frobnicate", "no help for `frobnicate`"),
+        (
+            "--database-url x.db subscriptions purge",
+            "unknown subcommand `subscriptions purge`",
+        ),
+        (
+            "--database-url x.db subscriptions retire orders",
+            "MODULE and HANDLER",
+        ),
+        (
+            "--database-url x.db subscriptions --offset 3",
+            "--offset does not apply to `subscriptions list`",
+        ),
+        (
+            "--database-url x.db status --stalled-after never",
+            "--stalled-after `never`",
+        ),
+        (
+            "--database-url x.db sweep --stalled-after 1m",
+            "--stalled-after does not apply to `sweep`",
+        ),
     ] {
         let run = run_cli(args(line)).await;
         run.fails(2, needle);
@@ -1156,6 +1613,11 @@ async fn help_and_usage_errors() {
     )))
     .await;
     discard.fails(2, "without --yes");
+    let retire = run_cli(args(
+        "--database-url x.db subscriptions retire orders orders.ping",
+    ))
+    .await;
+    retire.fails(2, "without --yes");
     assert!(
         !std::path::Path::new("x.db").exists(),
         "no database was touched"
