@@ -129,12 +129,14 @@ const ORDERS_DDL: &str = "
         confirmed_at_us BIGINT
     );
     -- One row per run that places orders, so that processes running other
-    -- modules know whether more orders are coming.
+    -- modules know whether more orders are coming. A run renews
+    -- alive_until_us while it places; one killed meanwhile stops renewing.
     CREATE TABLE IF NOT EXISTS placing_runs (
-        id            TEXT PRIMARY KEY NOT NULL,
-        planned       BIGINT NOT NULL,
-        started_at_us BIGINT NOT NULL,
-        ended_at_us   BIGINT
+        id             TEXT PRIMARY KEY NOT NULL,
+        planned        BIGINT NOT NULL,
+        started_at_us  BIGINT NOT NULL,
+        alive_until_us BIGINT NOT NULL,
+        ended_at_us    BIGINT
     );";
 
 const WAREHOUSE_DDL: &str = "
@@ -182,6 +184,7 @@ mod schema {
             id -> Text,
             planned -> BigInt,
             started_at_us -> BigInt,
+            alive_until_us -> BigInt,
             ended_at_us -> Nullable<BigInt>,
         }
     }
@@ -314,21 +317,27 @@ trait Shop: Backend {
         conn: &mut Self::Connection,
     ) -> impl Future<Output = diesel::QueryResult<i64>> + Send;
 
-    /// Records that run `id` starts placing `planned` orders.
+    /// Records that run `id` starts placing `planned` orders, alive for a
+    /// [`RUN_LEASE`].
     fn start_run(
         conn: &mut Self::Connection,
         id: String,
         planned: i64,
     ) -> impl Future<Output = diesel::QueryResult<()>> + Send;
 
-    /// Records that run `id` (every open run if `None`) places no more
-    /// orders.
-    fn end_runs(
+    /// Renews run `id`'s lease.
+    fn renew_run(
         conn: &mut Self::Connection,
-        id: Option<String>,
-    ) -> impl Future<Output = diesel::QueryResult<usize>> + Send;
+        id: String,
+    ) -> impl Future<Output = diesel::QueryResult<()>> + Send;
 
-    /// Every run that ever placed orders: (id, planned, ended).
+    /// Records that run `id` places no more orders.
+    fn end_run(
+        conn: &mut Self::Connection,
+        id: String,
+    ) -> impl Future<Output = diesel::QueryResult<()>> + Send;
+
+    /// Every run that ever placed orders: (id, planned, still placing).
     fn load_runs(
         conn: &mut Self::Connection,
     ) -> impl Future<Output = diesel::QueryResult<Vec<(String, i64, bool)>>> + Send;
@@ -473,47 +482,58 @@ macro_rules! shop_queries {
             use diesel::ExpressionMethods;
             use diesel_async::RunQueryDsl;
             use schema::placing_runs::dsl as r;
+            let now = now_us();
             diesel::insert_into(r::placing_runs)
                 .values((
                     r::id.eq(id),
                     r::planned.eq(planned),
-                    r::started_at_us.eq(now_us()),
+                    r::started_at_us.eq(now),
+                    r::alive_until_us.eq(now + RUN_LEASE.as_micros() as i64),
                 ))
                 .execute(conn)
                 .await
                 .map(drop)
         }
 
-        async fn end_runs(
-            conn: &mut Self::Connection,
-            id: Option<String>,
-        ) -> diesel::QueryResult<usize> {
+        async fn renew_run(conn: &mut Self::Connection, id: String) -> diesel::QueryResult<()> {
             use diesel::{ExpressionMethods, QueryDsl};
             use diesel_async::RunQueryDsl;
             use schema::placing_runs::dsl as r;
-            let open = r::placing_runs.filter(r::ended_at_us.is_null());
-            let ended = r::ended_at_us.eq(now_us());
-            match id {
-                Some(id) => {
-                    diesel::update(open.filter(r::id.eq(id)))
-                        .set(ended)
-                        .execute(conn)
-                        .await
-                }
-                None => diesel::update(open).set(ended).execute(conn).await,
-            }
+            diesel::update(r::placing_runs.find(id))
+                .set(r::alive_until_us.eq(now_us() + RUN_LEASE.as_micros() as i64))
+                .execute(conn)
+                .await
+                .map(drop)
+        }
+
+        async fn end_run(conn: &mut Self::Connection, id: String) -> diesel::QueryResult<()> {
+            use diesel::{ExpressionMethods, QueryDsl};
+            use diesel_async::RunQueryDsl;
+            use schema::placing_runs::dsl as r;
+            diesel::update(r::placing_runs.find(id))
+                .set(r::ended_at_us.eq(now_us()))
+                .execute(conn)
+                .await
+                .map(drop)
         }
 
         async fn load_runs(
             conn: &mut Self::Connection,
         ) -> diesel::QueryResult<Vec<(String, i64, bool)>> {
-            use diesel::{ExpressionMethods, QueryDsl};
+            use diesel::QueryDsl;
             use diesel_async::RunQueryDsl;
             use schema::placing_runs::dsl as r;
-            r::placing_runs
-                .select((r::id, r::planned, r::ended_at_us.is_not_null()))
+            let now = now_us();
+            let runs: Vec<(String, i64, i64, Option<i64>)> = r::placing_runs
+                .select((r::id, r::planned, r::alive_until_us, r::ended_at_us))
                 .load(conn)
-                .await
+                .await?;
+            Ok(runs
+                .into_iter()
+                .map(|(id, planned, alive_until, ended)| {
+                    (id, planned, ended.is_none() && alive_until > now)
+                })
+                .collect())
         }
 
         async fn load_orders(
@@ -606,6 +626,10 @@ impl Shop for tickbox::Postgres {
 
     shop_queries!();
 }
+
+/// How long a run placing orders counts as placing without renewing its
+/// row: a run killed while placing holds the other processes back this long.
+const RUN_LEASE: Duration = Duration::from_secs(5);
 
 fn now_us() -> i64 {
     SystemTime::now()
@@ -769,8 +793,7 @@ usage: minishop [--orders N] [--data-dir DIR | --database-url postgres://...] [-
   --data-dir DIR        SQLite: one database file per module in DIR (default ./minishop-data)
   --database-url URL    PostgreSQL (needs the `postgres` feature): one schema per module,
                         minishop_orders, minishop_warehouse, minishop_notifications
-  --resume              place no orders; only finish pending work (after a crash): earlier
-                        runs cut short while placing orders count as ended
+  --resume              place no orders; only finish pending work (after a crash)
   --modules LIST        run only these modules' handlers, comma-separated from orders,
                         warehouse, notifications (default all three); other processes over the
                         same databases run the rest, and each runs until the whole flow is done
@@ -1443,9 +1466,9 @@ async fn start_modules<B: Shop>(options: &Options, location: &str) -> tickbox::R
 /// until done or interrupted; returns how many it placed.
 ///
 /// The run is recorded in `placing_runs` while it places, so that processes
-/// running the other modules wait for its orders; it ends there when the
-/// placing ends, however it ends (a run killed meanwhile is ended by the
-/// next `--resume` of a process running the orders module).
+/// running the other modules wait for its orders: it ends there when the
+/// placing ends, however it ends, and renews a lease meanwhile (a run
+/// killed while placing counts as ended once its lease runs out).
 async fn place_orders<B: Shop>(
     orders: &ModuleHandle<B>,
     bus: &BusHandle<B>,
@@ -1462,12 +1485,11 @@ async fn place_orders<B: Shop>(
         })
     })
     .await?;
-    let placed = place(orders, bus, n, interrupt, progress).await;
+    let placed = place(orders, bus, &run, n, interrupt, progress).await;
     let ended = retrying("recording the end of the run", nothing_else, || {
         let run = run.clone();
-        orders.transaction(async move |tx| {
-            Ok::<_, tickbox::Error>(B::end_runs(tx.conn(), Some(run)).await?)
-        })
+        orders
+            .transaction(async move |tx| Ok::<_, tickbox::Error>(B::end_run(tx.conn(), run).await?))
     })
     .await;
     let placed = placed?;
@@ -1475,26 +1497,17 @@ async fn place_orders<B: Shop>(
     Ok(placed)
 }
 
-/// Ends the runs a crash cut short while they placed orders: no more
-/// orders come from them.
-async fn end_open_runs<B: Shop>(orders: &ModuleHandle<B>) -> tickbox::Result<usize> {
-    retrying("ending runs cut short", nothing_else, || {
-        orders.transaction(async move |tx| {
-            Ok::<_, tickbox::Error>(B::end_runs(tx.conn(), None).await?)
-        })
-    })
-    .await
-}
-
 /// The placing itself, for [`place_orders`].
 async fn place<B: Shop>(
     orders: &ModuleHandle<B>,
     bus: &BusHandle<B>,
+    run: &str,
     n: u64,
     interrupt: &Interrupt,
     progress: &mut Progress,
 ) -> tickbox::Result<u64> {
     let started = Instant::now();
+    let mut renewed = Instant::now();
     let mut done = 0;
     while done < n && !interrupt.is_set() {
         let order = NewOrder {
@@ -1534,6 +1547,16 @@ async fn place<B: Shop>(
         });
         placing.await?;
         done += 1;
+        if renewed.elapsed() >= RUN_LEASE / 5 {
+            retrying("renewing the run", nothing_else, || {
+                let run = run.to_string();
+                orders.transaction(async move |tx| {
+                    Ok::<_, tickbox::Error>(B::renew_run(tx.conn(), run).await?)
+                })
+            })
+            .await?;
+            renewed = Instant::now();
+        }
         if progress.due() {
             progress.placing(done, n, &bus.metrics());
         }
@@ -1710,11 +1733,10 @@ async fn unfinished<B: Shop>(
                 .into(),
         );
     }
-    let open: Vec<_> = runs.iter().filter(|(_, _, ended)| !ended).collect();
+    let open: Vec<_> = runs.iter().filter(|(_, _, placing)| *placing).collect();
     if !open.is_empty() {
         parts.push(format!(
-            "{} runs still placing orders ({} planned); a run cut short ends when \
-             `minishop --modules orders --resume` runs",
+            "{} runs still placing orders ({} planned)",
             open.len(),
             open.iter().map(|(_, planned, _)| planned).sum::<i64>()
         ));
@@ -1781,7 +1803,7 @@ async fn wait_until_drained<B: Shop>(
         })
         .await?;
         let placing_done =
-            runs.iter().all(|(_, _, ended)| *ended) && (roles.all() || !runs.is_empty());
+            runs.iter().all(|(_, _, placing)| !placing) && (roles.all() || !runs.is_empty());
         if idle && complete && placing_done {
             break Drain::Finished;
         }
@@ -1951,12 +1973,6 @@ async fn run<B: Shop>(
     let outcome = async {
         if options.resume {
             tracing::info!("resuming: placing no orders, finishing pending work");
-            if options.modules.orders {
-                let ended = end_open_runs(&shop.orders).await?;
-                if ended > 0 {
-                    tracing::info!("{ended} earlier runs were cut short while placing orders; they place no more");
-                }
-            }
         }
         let placing = Instant::now();
         let mut drain = Drain::Finished;

@@ -409,10 +409,12 @@ async fn upkeep<B: Backend>(
         .await?;
         let mut conn = source.write_connection().await?;
         let delete = source.core.retention.outbox == Some(Duration::ZERO);
-        let completed =
-            B::load::<IdRow>(&mut conn, subscription::complete(B::DIALECT, now, delete))
-                .await?
-                .len();
+        let completed = B::load::<IdRow>(
+            &mut conn,
+            subscription::complete(B::DIALECT, subscription::Owed::PartlyDone, now, delete),
+        )
+        .await?
+        .len();
         if others || completed > 0 {
             B::execute(&mut conn, subscription::clear_done(B::DIALECT)).await?;
         }

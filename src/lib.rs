@@ -116,7 +116,7 @@
 //!   the messages they owe wait for it, so a restart (or a deployment)
 //!   loses nothing. A handler removed for good is retired with
 //!   [`ModuleHandle::retire_subscription`] (or `tickbox subscriptions
-//!   retire`); until then it shows in [`ModuleHandle::subscriptions`], in
+//!   retire MODULE HANDLER --yes`); until then it shows in [`ModuleHandle::subscriptions`], in
 //!   `tickbox status`, in the `tickbox_subscription_lag_seconds` gauge and in
 //!   the watchdog's warnings ([`BusBuilder::stalled_after`]). A subscription
 //!   a running process serves cannot be retired.

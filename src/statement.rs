@@ -167,6 +167,11 @@ impl StatementBuilder {
         self.bind(Bind::Int(value))
     }
 
+    /// Binds a text; returns its placeholder.
+    pub(crate) fn text(&mut self, value: &str) -> String {
+        self.bind(Bind::Text(value.to_string()))
+    }
+
     /// `column IN (…ids)`, the ids bound as one value whatever their number
     /// (none included), read once to look each up: for the rows a statement
     /// works on.

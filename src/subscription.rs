@@ -231,7 +231,9 @@ impl<B: Backend> ModuleHandle<B> {
         for statement in retire(B::DIALECT, id) {
             B::execute(&mut conn, statement).await?;
         }
-        let finished: Vec<Finished> = B::load(&mut conn, complete(B::DIALECT, now, delete)).await?;
+        let owed = Owed::Topic(&subscription.topic);
+        let finished: Vec<Finished> =
+            B::load(&mut conn, complete(B::DIALECT, owed, now, delete)).await?;
         B::execute(&mut conn, clear_done(B::DIALECT)).await?;
         tracing::info!(outbox = %self.name(), module, handler, finished = finished.len(), "subscription retired");
         Ok(finished.len())
@@ -313,13 +315,26 @@ pub(crate) fn release(dialect: Dialect, ids: &[Uuid], bus: Uuid) -> Statement {
     ))
 }
 
-/// Finishes every pending message that some subscription is done with and
-/// none still owes (when the last two buses recorded their parts at the same
-/// moment, neither saw the other's). Returns the ids finished.
-pub(crate) fn complete(dialect: Dialect, now_us: i64, delete: bool) -> Statement {
+/// Which pending messages [`complete`] looks at.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Owed<'a> {
+    /// Those some subscription is done with (when the last two buses
+    /// recorded their parts at the same moment, neither saw the other's).
+    PartlyDone,
+    /// Those of a topic that just lost a subscription (retired): the rest
+    /// of its subscriptions may be done with them, or none be left.
+    Topic(&'a str),
+}
+
+/// Finishes every pending message among `among` that no subscription still
+/// owes. Returns the ids finished.
+pub(crate) fn complete(dialect: Dialect, among: Owed<'_>, now_us: i64, delete: bool) -> Statement {
     let mut b = StatementBuilder::new(dialect);
     let owed = owed_elsewhere(&mut b, "tickbox_outbox", &[]);
-    let done = "id IN (SELECT message_id FROM tickbox_outbox_done)";
+    let done = match among {
+        Owed::PartlyDone => "id IN (SELECT message_id FROM tickbox_outbox_done)".to_string(),
+        Owed::Topic(topic) => format!("topic = {}", b.text(topic)),
+    };
     let sql = if delete {
         format!(
             "DELETE FROM tickbox_outbox WHERE delivered_at_us IS NULL AND {done} \

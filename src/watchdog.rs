@@ -134,7 +134,7 @@ impl StalledMessage {
                     format!("`{handler}` of module `{module}` (its process runs)")
                 } else {
                     format!(
-                        "`{handler}` of module `{module}` (no running process has served it for {}: start it, or if the handler is gone for good retire the subscription with `tickbox subscriptions retire {module} {handler}`)",
+                        "`{handler}` of module `{module}` (no running process has served it for {}: start it, or if the handler is gone for good retire the subscription with `tickbox subscriptions retire {module} {handler} --yes`)",
                         seconds(now_us - alive_until)
                     )
                 }

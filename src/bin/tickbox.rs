@@ -1456,9 +1456,6 @@ async fn retire<B: Backend>(
             tickbox::Error::NoSuchSubscription { .. } => no_such(),
             other => other.into(),
         })?;
-    // The library finishes a message when some other subscription is done
-    // with it and none still owes it; once the topic has no subscription
-    // left, what is still pending of it waits for the application's bus.
     let topic_left = module
         .subscriptions()
         .await?
@@ -1486,9 +1483,7 @@ async fn retire<B: Backend>(
     );
     if topic_left == 0 {
         out.push_str(&format!(
-            "No subscription of topic {} is left: its messages still pending, if any, wait\n\
-             for the application's bus, which delivers them to the handlers it then has for\n\
-             the topic, or finishes them if it has none.\n",
+            "No subscription of topic {} is left.\n",
             subscription.topic
         ));
     } else {
