@@ -1,8 +1,9 @@
 //! Whole processes: the minishop example runs as a child process and is
 //! killed with SIGKILL at seeded random moments, has its PostgreSQL
-//! connections terminated under it, or runs twice at once over one set of
-//! databases. Every run ends with the example's own check of the invariants,
-//! read from the databases.
+//! connections terminated under it, or runs as several processes over one
+//! set of databases, each running some of the modules (`--modules`). Every
+//! run ends with the example's own check of the invariants, read from the
+//! databases.
 //!
 //! `cargo test` builds the examples, so the binary is beside the test's.
 
@@ -290,45 +291,164 @@ mod postgres {
             "too few faults injected: {rounds} rounds, {terminated} connections"
         );
     }
+}
 
-    /// Two copies of the application over one set of databases.
-    #[test]
-    fn two_minishop_processes_share_one_set_of_databases() {
-        let place = Place::postgres("twice");
-        let first = spawn(
-            &place,
-            &[
-                "--orders",
-                "150",
-                "--duplicate-rate",
-                "0.1",
-                "--fail-rate",
-                "0.05",
-                "--json",
-            ],
-        );
-        let second = spawn(
-            &place,
-            &[
-                "--orders",
-                "150",
-                "--duplicate-rate",
-                "0.1",
-                "--fail-rate",
-                "0.05",
-                "--json",
-            ],
-        );
-        let first = finish(first, Duration::from_secs(300), "the first process");
-        let second = finish(second, Duration::from_secs(300), "the second process");
-        check_result(&first, "the first process");
-        check_result(&second, "the second process");
-        let output = finish(
-            spawn(&place, &["--resume", "--json"]),
-            Duration::from_secs(120),
-            "the check",
-        );
-        let result = check_result(&output, "after both");
-        assert_eq!(result["orders"], 300, "{result}");
+// ---------------------------------------------------------------------------
+// Several processes over one set of databases
+
+/// The `--modules` of each process of a split. Every process running the
+/// orders module places orders.
+const DISJOINT_TWO: &[&str] = &["orders,warehouse", "notifications"];
+const DISJOINT_THREE: &[&str] = &["orders", "warehouse", "notifications"];
+const OVERLAPPING_TWO: &[&str] = &["orders,warehouse", "warehouse,notifications"];
+const OVERLAPPING_THREE: &[&str] = &[
+    "orders,warehouse",
+    "warehouse,notifications",
+    "notifications,orders",
+];
+const IDENTICAL_TWO: &[&str] = &["orders,warehouse,notifications"; 2];
+/// Two processes of one module beside one of each other.
+const ONE_MODULE_TWICE: &[&str] = &["orders", "warehouse", "warehouse", "notifications"];
+
+/// Orders each placing process places.
+const ORDERS_EACH: u64 = 100;
+
+/// Starts the process running `modules`: new orders if it runs the orders
+/// module, faults injected, a deadline that names what is unfinished rather
+/// than hanging.
+fn spawn_part(place: &Place, modules: &str) -> Child {
+    let orders = ORDERS_EACH.to_string();
+    let mut args = vec![
+        "--modules",
+        modules,
+        "--duplicate-rate",
+        "0.1",
+        "--fail-rate",
+        "0.05",
+        "--timeout",
+        "240",
+        "--json",
+    ];
+    if modules.contains("orders") {
+        args.extend(["--orders", orders.as_str()]);
     }
+    spawn(place, &args)
+}
+
+/// Runs `split` side by side: every process ends by itself with the whole
+/// flow checked over the three databases, and the orders are exactly those
+/// placed, each reserved, confirmed and e-mailed once.
+fn share_the_work(place: Place, split: &[&str]) {
+    let children: Vec<Child> = split
+        .iter()
+        .map(|modules| spawn_part(&place, modules))
+        .collect();
+    let placing = split.iter().filter(|m| m.contains("orders")).count() as u64;
+    for (child, modules) in children.into_iter().zip(split) {
+        let what = format!("the process running {modules} (of {split:?})");
+        let output = finish(child, Duration::from_secs(300), &what);
+        let result = check_result(&output, &what);
+        assert_eq!(
+            result["orders"],
+            placing * ORDERS_EACH,
+            "{what}: every placed order and no other: {result}"
+        );
+    }
+}
+
+/// Runs `split` side by side and kills its processes with SIGKILL at seeded
+/// random moments, restarting each killed one at once as it was started
+/// (a process running the orders module places new orders again); then
+/// every process ends by itself with the flow checked.
+fn share_the_work_through_sigkills(place: Place, split: &[&str]) {
+    let seed = std::env::var("TICKBOX_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    eprintln!("crash test seed: {seed} (TICKBOX_CRASH_SEED={seed} replays it)");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut children: Vec<Child> = split
+        .iter()
+        .map(|modules| spawn_part(&place, modules))
+        .collect();
+    let mut kills = 0;
+    while kills < 8 {
+        let victim = rng.usize(..children.len());
+        let moment = Duration::from_millis(rng.u64(50..1500));
+        if wait_for(&mut children[victim], moment).is_some() {
+            // It finished the whole flow by itself: no more kills.
+            break;
+        }
+        children[victim].kill().expect("SIGKILL");
+        children[victim].wait().expect("reaped");
+        kills += 1;
+        children[victim] = spawn_part(&place, split[victim]);
+    }
+    assert!(kills > 0, "seed {seed}: the flow finished before the first kill");
+    let mut orders = None;
+    for (child, modules) in children.into_iter().zip(split) {
+        let what = format!("seed {seed}, after {kills} kills: the process running {modules}");
+        let output = finish(child, Duration::from_secs(300), &what);
+        let result = check_result(&output, &what);
+        // Every process checked the same databases at the end.
+        let counted = result["orders"].as_i64();
+        assert_eq!(*orders.get_or_insert(counted), counted, "{what}: {result}");
+    }
+    eprintln!("seed {seed}: {split:?} finished after {kills} kills");
+}
+
+/// The splits, each a test, on one backend.
+macro_rules! splits {
+    ($place:expr) => {
+        #[test]
+        fn two_processes_with_disjoint_modules_share_the_work() {
+            share_the_work($place, DISJOINT_TWO);
+        }
+
+        #[test]
+        fn three_processes_one_module_each_share_the_work() {
+            share_the_work($place, DISJOINT_THREE);
+        }
+
+        #[test]
+        fn two_processes_with_overlapping_modules_share_the_work() {
+            share_the_work($place, OVERLAPPING_TWO);
+        }
+
+        #[test]
+        fn three_processes_with_overlapping_modules_share_the_work() {
+            share_the_work($place, OVERLAPPING_THREE);
+        }
+
+        #[test]
+        fn two_identical_processes_share_the_work() {
+            share_the_work($place, IDENTICAL_TWO);
+        }
+
+        #[test]
+        fn two_processes_of_one_module_share_the_work() {
+            share_the_work($place, ONE_MODULE_TWICE);
+        }
+
+        #[test]
+        fn three_processes_one_module_each_survive_sigkill() {
+            share_the_work_through_sigkills($place, DISJOINT_THREE);
+        }
+
+        #[test]
+        fn three_processes_with_overlapping_modules_survive_sigkill() {
+            share_the_work_through_sigkills($place, OVERLAPPING_THREE);
+        }
+    };
+}
+
+mod sqlite_split {
+    use super::*;
+    splits!(Place::sqlite());
+}
+
+#[cfg(feature = "postgres")]
+mod postgres_split {
+    use super::*;
+    splits!(Place::postgres("split"));
 }
