@@ -25,7 +25,26 @@
 //! Run it with:
 //!
 //! ```text
-//! cargo run --release --example minishop -- [--orders N] [--data-dir DIR | --database-url postgres://…] [--resume] [--duplicate-rate P] [--fail-rate P] [--metrics-addr HOST:PORT] [--json]
+//! cargo run --release --example minishop -- [--orders N] [--data-dir DIR | --database-url postgres://…] [--resume] [--modules LIST] [--timeout SECONDS] [--duplicate-rate P] [--fail-rate P] [--metrics-addr HOST:PORT] [--json]
+//! ```
+//!
+//! The three modules may also run as separate processes over the same
+//! databases (`--modules orders`, `--modules warehouse,notifications`, …;
+//! any split, and several processes of one module). Each process opens all
+//! three databases but runs only the listed modules' handlers; tickbox
+//! records every handler's subscription in the publishing module's database,
+//! so each message reaches the handlers of every process. A process running
+//! the orders module waits until the whole flow's handlers have subscribed
+//! before it places orders (a message committed before any handler of its
+//! topic subscribed is kept for none), and records its placing run so that
+//! the others know more orders are coming. Every process runs until the whole
+//! flow is done and checked, or until `--timeout`, which names what is
+//! unfinished:
+//!
+//! ```text
+//! minishop --data-dir D --modules orders --orders 2000 &
+//! minishop --data-dir D --modules warehouse &
+//! minishop --data-dir D --modules notifications &
 //! ```
 //!
 //! SQLite (the default) keeps one file per module under `./minishop-data`.

@@ -384,7 +384,10 @@ fn share_the_work_through_sigkills(place: Place, split: &[&str]) {
         kills += 1;
         children[victim] = spawn_part(&place, split[victim]);
     }
-    assert!(kills > 0, "seed {seed}: the flow finished before the first kill");
+    assert!(
+        kills > 0,
+        "seed {seed}: the flow finished before the first kill"
+    );
     let mut orders = None;
     for (child, modules) in children.into_iter().zip(split) {
         let what = format!("seed {seed}, after {kills} kills: the process running {modules}");
@@ -451,4 +454,38 @@ mod sqlite_split {
 mod postgres_split {
     use super::*;
     splits!(Place::postgres("split"));
+}
+
+/// A process whose partners never come gives up at `--timeout`, exit 1,
+/// naming what is unfinished; it placed nothing it could not deliver.
+#[test]
+fn a_process_alone_times_out_naming_what_is_unfinished() {
+    let cases = [
+        (
+            &["--modules", "warehouse"][..],
+            "no run has placed orders yet",
+        ),
+        (
+            &["--modules", "orders", "--orders", "10"][..],
+            "warehouse.reserve_stock (start `minishop --modules warehouse`",
+        ),
+    ];
+    for (args, expected) in cases {
+        let place = Place::sqlite();
+        let mut args = args.to_vec();
+        args.extend(["--timeout", "2", "--json"]);
+        let output = finish(
+            spawn(&place, &args),
+            Duration::from_secs(60),
+            "a lone process",
+        );
+        assert_eq!(output.status.code(), Some(1), "{args:?}");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let result: serde_json::Value =
+            serde_json::from_str(stdout.lines().last().unwrap_or_default())
+                .unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {stdout}"));
+        let unfinished = result["unfinished"].as_str().unwrap_or_default();
+        assert!(unfinished.contains(expected), "{args:?}: {result}");
+        assert_eq!(result["orders"], 0, "nothing placed: {result}");
+    }
 }
