@@ -1782,17 +1782,21 @@ async fn run_peer(place: &Place, args: &Args) -> Res<Json> {
         .args(["--mode", &args.peer_mode])
         .args(["--batch", &batch.to_string()])
         .args(["--poll-ms", &args.peer_poll_ms.to_string()])
-        .arg("--json")
-        .stderr(std::process::Stdio::inherit());
+        .arg("--json");
     if let Some(rate) = args.rate {
         command.args(["--rate", &rate.to_string()]);
     }
     let output = tokio::task::spawn_blocking(move || command.output()).await??;
+    // The peer may echo its database URL: shown with the password masked.
+    let redacted = tickbox::redact_url(&url);
     let stdout = String::from_utf8_lossy(&output.stdout);
     for line in stdout.lines() {
         if !line.starts_with('{') {
-            println!("peer | {line}");
+            println!("peer | {}", line.replace(&url, &redacted));
         }
+    }
+    for line in String::from_utf8_lossy(&output.stderr).lines() {
+        eprintln!("peer | {}", line.replace(&url, &redacted));
     }
     if !output.status.success() {
         return Err(format!("the peer benchmark failed ({})", output.status).into());
