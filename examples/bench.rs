@@ -1626,7 +1626,7 @@ async fn backlog<B: BenchBackend>(place: &Place, args: &Args) -> Res<Json> {
         let t = started.elapsed().as_secs_f64();
         let rss = proc_status_mb("VmRSS:");
         samples.push((t, done, rss));
-        if samples.len() % 10 == 0 {
+        if samples.len().is_multiple_of(10) {
             eprintln!("  {t:>5.0} s: {done} handled, RSS {rss:.1} MiB");
         }
         if done >= args.messages {

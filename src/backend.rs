@@ -48,8 +48,8 @@ pub struct WakeupChannel {
     pub(crate) channel: String,
 }
 
-/// A database backend: [`Sqlite`](crate::Sqlite) or
-/// [`Postgres`](crate::Postgres).
+/// A database backend: `Sqlite` or
+/// `Postgres`.
 ///
 /// The trait is implemented by tickbox for its backends and is not meant to be
 /// implemented elsewhere; its hidden methods may change in any release.

@@ -136,7 +136,7 @@
 //!
 //! # Features
 //!
-//! - `sqlite` (default): the embedded backend, [`Sqlite`]; SQLite is
+//! - `sqlite` (default): the embedded backend, `Sqlite`; SQLite is
 //!   compiled in, nothing to install.
 //! - `postgres`: the production backend, `Postgres`, through
 //!   tokio-postgres (no libpq).
@@ -176,6 +176,7 @@
 //!   letters, retention sweep), built on [`ModuleBuilder::attach`].
 
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 #[cfg(not(any(feature = "sqlite", feature = "postgres")))]
@@ -209,6 +210,14 @@ mod prometheus;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
+/// The diesel tickbox is built on (2.4). Handlers and transactions run an
+/// application's queries on its connections: use this re-export, or depend
+/// on the same version.
+pub use diesel;
+/// The diesel-async tickbox is built on (0.10), re-exported like
+/// [`diesel`].
+pub use diesel_async;
+
 pub use backend::Backend;
 pub use bus::{Bus, BusBuilder, BusHandle, Stop};
 pub use dead_letter::{DeadLetter, Replayed};
@@ -224,8 +233,11 @@ pub use subscription::Subscription;
 pub use tx::{Delivery, Tx, TxFn};
 
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::Postgres;
 #[cfg(feature = "prometheus")]
+#[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub use prometheus::{install_prometheus, PrometheusExporter};
 #[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sqlite::{Sqlite, SqliteConnection};

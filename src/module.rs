@@ -58,8 +58,8 @@ pub(crate) struct HandlerEntry<B: Backend> {
 
 impl<B: Backend> ModuleBuilder<B> {
     /// Starts a builder for module `name` on the database at `url`: an SQLite
-    /// file path for [`Sqlite`](crate::Sqlite), a `postgres://` URL for
-    /// [`Postgres`](crate::Postgres).
+    /// file path for `Sqlite`, a `postgres://` URL for
+    /// `Postgres`.
     pub fn new(name: impl Into<String>, url: impl Into<String>) -> Self {
         ModuleBuilder {
             settings: StoreSettings {

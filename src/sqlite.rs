@@ -41,6 +41,50 @@ const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
 const CONNECTION_PRAGMAS: &str =
     "PRAGMA busy_timeout = 10000; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;";
 
+/// How long opening a module waits for other processes opening or
+/// migrating the same file.
+const OPEN_BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Sets the file up for a pool (WAL) and, if `migrate`, runs the embedded
+/// migrations.
+fn prepare_file(path: &str, migrate: bool, module: &str) -> crate::Result<()> {
+    let bad_url = |reason: String| Error::BadDatabaseUrl {
+        module: module.to_string(),
+        url: path.to_string(),
+        reason,
+    };
+    let mut conn = diesel::SqliteConnection::establish(path).map_err(|e| bad_url(e.to_string()))?;
+    conn.batch_execute(CONNECTION_PRAGMAS)
+        .and_then(|()| conn.batch_execute("PRAGMA journal_mode = WAL;"))
+        .map_err(|e| bad_url(e.to_string()))?;
+    if !migrate {
+        return Ok(());
+    }
+    // One process migrates at a time: the write lock BEGIN IMMEDIATE takes
+    // is held across every migration (each runs in a savepoint), so a
+    // process starting beside another waits for it (the busy timeout) and
+    // then finds them applied.
+    conn.immediate_transaction(|conn| {
+        conn.run_pending_migrations(MIGRATIONS)
+            .map(drop)
+            .map_err(|e| Error::Migration {
+                module: module.to_string(),
+                reason: e.to_string(),
+            })?;
+        refuse_newer_migrations(conn, &MIGRATIONS, module)
+    })
+}
+
+/// Whether opening failed only because another connection held a lock.
+fn is_busy(error: &Error) -> bool {
+    let reason = match error {
+        Error::BadDatabaseUrl { reason, .. } | Error::Migration { reason, .. } => reason.as_str(),
+        Error::Database(e) => return crate::error::is_transient_db(e),
+        _ => return false,
+    };
+    reason.contains("database is locked") || reason.contains("database is busy")
+}
+
 /// Accepts a plain path or a `sqlite://`/`sqlite:` URL; refuses in-memory
 /// databases, which a pool of connections cannot share.
 fn database_path(settings: &StoreSettings) -> crate::Result<String> {
@@ -114,32 +158,18 @@ impl Backend for Sqlite {
         let migrate_path = path.clone();
         let module = settings.module.clone();
         tokio::task::spawn_blocking(move || {
-            let bad_url = |reason: String| Error::BadDatabaseUrl {
-                module: module.clone(),
-                url: migrate_path.clone(),
-                reason,
-            };
-            let mut conn = diesel::SqliteConnection::establish(&migrate_path)
-                .map_err(|e| bad_url(e.to_string()))?;
-            conn.batch_execute(CONNECTION_PRAGMAS)
-                .and_then(|()| conn.batch_execute("PRAGMA journal_mode = WAL;"))
-                .map_err(|e| bad_url(e.to_string()))?;
-            if !migrate {
-                return Ok(());
+            // Some lock waits return "database is locked" at once instead of
+            // waiting out the busy timeout (switching a new file to WAL while
+            // another process does the same): tried again for as long.
+            let deadline = std::time::Instant::now() + OPEN_BUSY_TIMEOUT;
+            loop {
+                match prepare_file(&migrate_path, migrate, &module) {
+                    Err(e) if is_busy(&e) && std::time::Instant::now() < deadline => {
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                    }
+                    done => return done,
+                }
             }
-            // One process migrates at a time: the write lock BEGIN IMMEDIATE
-            // takes is held across every migration (each runs in a
-            // savepoint), so a process starting beside another waits for it
-            // (the busy timeout) and then finds them applied.
-            conn.immediate_transaction(|conn| {
-                conn.run_pending_migrations(MIGRATIONS)
-                    .map(drop)
-                    .map_err(|e| Error::Migration {
-                        module: module.clone(),
-                        reason: e.to_string(),
-                    })?;
-                refuse_newer_migrations(conn, &MIGRATIONS, &module)
-            })
         })
         .await
         .map_err(|e| Error::Config(format!("opening module `{}`: {e}", settings.module)))??;

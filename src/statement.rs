@@ -70,7 +70,7 @@ impl Query for Statement {
     type SqlType = Untyped;
 }
 
-impl<Conn> diesel::RunQueryDsl<Conn> for Statement {}
+impl diesel::query_dsl::RunQueryDslSupport for Statement {}
 
 impl<DB> QueryFragment<DB> for Statement
 where
