@@ -105,17 +105,8 @@ async fn handle_batch<B: Backend>(module: Arc<ModuleCore<B>>, mut batch: Vec<Wai
         Ok(outcomes) => {
             counters.batch_committed();
             for ((waiting, span), outcome) in batch.into_iter().zip(spans).zip(outcomes) {
-                let deliver = &waiting.deliver;
                 let result = Ok(outcome);
-                let published_us = deliver.envelope.created_at_us;
-                observe(
-                    &module,
-                    deliver.handler,
-                    &span,
-                    published_us,
-                    started,
-                    &result,
-                );
+                observe(&module, &waiting.deliver, &span, started, &result);
                 let _ = waiting.reply.send(result);
             }
         }

@@ -111,11 +111,10 @@ pub(crate) async fn guard<B: Backend>(
     deliver: Deliver,
 ) -> Result<Outcome, DeliveryError> {
     let span = delivery_span(&module, &deliver);
-    let published_us = deliver.envelope.created_at_us;
-    let handler = deliver.handler;
     let started = Instant::now();
+    let label = deliver.clone();
     let result = run(module.clone(), deliver).instrument(span.clone()).await;
-    observe(&module, handler, &span, published_us, started, &result);
+    observe(&module, &label, &span, started, &result);
     result
 }
 
@@ -138,16 +137,19 @@ pub(crate) fn delivery_span<B: Backend>(module: &ModuleCore<B>, deliver: &Delive
     )
 }
 
-/// Counts how a delivery ended and reports it in its span.
+/// Counts how a delivery ended and reports it in its span. A failure is
+/// logged at warn level with what identifies the delivery on the event
+/// itself, so that it shows whatever level the span is filtered at.
 pub(crate) fn observe<B: Backend>(
     module: &ModuleCore<B>,
-    handler: usize,
+    deliver: &Deliver,
     span: &Span,
-    published_us: i64,
     started: Instant,
     result: &Result<Outcome, DeliveryError>,
 ) {
-    let counters = &module.handlers[handler].counters;
+    let entry = &module.handlers[deliver.handler];
+    let published_us = deliver.envelope.created_at_us;
+    let counters = &entry.counters;
     match result {
         Ok(Outcome::Handled) => {
             let end_to_end = crate::message::now_us().saturating_sub(published_us).max(0) as u64;
@@ -164,7 +166,15 @@ pub(crate) fn observe<B: Backend>(
         }
         Err(error) => {
             span.record("outcome", tracing::field::debug(error.kind));
-            tracing::warn!(reason = %error.reason, "delivery failed; rolled back");
+            tracing::warn!(
+                module = %module.name,
+                handler = %entry.name,
+                topic = %deliver.envelope.topic,
+                message_id = %deliver.envelope.id,
+                attempt = deliver.attempt,
+                reason = %error.reason,
+                "delivery failed; rolled back"
+            );
         }
     }
 }

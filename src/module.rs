@@ -484,7 +484,7 @@ async fn sample_outbox<B: Backend>(core: Arc<ModuleCore<B>>) {
 
 /// Asks a module actor to run one delivery of a message to one of its
 /// handlers. Sent by the bus.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Deliver {
     pub(crate) envelope: Arc<Envelope>,
     pub(crate) handler: usize,

@@ -75,6 +75,7 @@ macro_rules! suite {
         case!(shared_outbox::a_database_migrated_by_a_newer_tickbox_is_refused);
         case!(shared_outbox::processes_starting_together_on_a_new_database_migrate_once);
 
+        case!(observability::a_failed_delivery_is_logged_at_warn_level_with_what_identifies_it);
         case!(observability::counters_move_exactly_as_deliveries_happen);
         case!(observability::lag_rises_while_the_bus_is_stopped_and_returns_to_zero);
         case!(observability::mailbox_depth_rises_under_a_slow_handler_and_falls_back);

@@ -140,3 +140,63 @@ pub async fn mailbox_depth_rises_under_a_slow_handler_and_falls_back<B: TestBack
     assert_eq!(m.handlers[0].handled, 8);
     bus.stop().await;
 }
+
+/// Log lines written by the subscriber of one test (its thread).
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log buffer").extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("log buffer")).into_owned()
+    }
+}
+
+/// With only warnings logged (no span fields), a failed delivery's line
+/// still names its module, handler, topic, message and attempt.
+pub async fn a_failed_delivery_is_logged_at_warn_level_with_what_identifies_it<B: TestBackend>(
+    db: TestDb,
+) {
+    let logs = Captured::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _only_here = tracing::subscriber::set_default(subscriber);
+
+    let handler = Record::new(Then::FailFirst(1));
+    let (orders, warehouse) = pair::<B>(&db, &handler).await;
+    let bus = bus(&[&orders, &warehouse]).await;
+    let id = publish(&orders, 1).await;
+    drained(&bus).await;
+    bus.stop().await;
+
+    let text = logs.text();
+    let line = text
+        .lines()
+        .find(|line| line.contains("delivery failed"))
+        .unwrap_or_else(|| panic!("no failed delivery logged:\n{text}"));
+    for expected in [
+        "module=warehouse".to_string(),
+        "handler=warehouse.record".to_string(),
+        format!("topic={}", <Ping as tickbox::Message>::TOPIC),
+        format!("message_id={id}"),
+        "attempt=1".to_string(),
+    ] {
+        assert!(
+            line.contains(&expected),
+            "`{expected}` missing from: {line}"
+        );
+    }
+}
