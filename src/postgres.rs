@@ -17,8 +17,7 @@ use diesel::QueryResult;
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::pooled_connection::deadpool::{Object, Pool};
 use diesel_async::{
-    AnsiTransactionManager, AsyncConnection, AsyncPgConnection, SimpleAsyncConnection,
-    TransactionManager,
+    AnsiTransactionManager, AsyncPgConnection, SimpleAsyncConnection, TransactionManager,
 };
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 use futures_util::StreamExt;
@@ -176,13 +175,36 @@ async fn listen_forever(wakeup: WakeupChannel, module: Arc<str>, wake: impl Fn()
     }
 }
 
+/// Connects like `AsyncPgConnection::establish`, but a failure keeps its
+/// cause: diesel-async reports only tokio-postgres's top line ("error
+/// connecting to server"), not why (refused, unknown host, no such
+/// database, authentication).
+pub(crate) async fn connect(url: &str) -> diesel::ConnectionResult<AsyncPgConnection> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .map_err(|e| diesel::ConnectionError::BadConnection(with_causes(&e)))?;
+    AsyncPgConnection::try_from_client_and_connection(client, connection).await
+}
+
+/// An error and its sources, one after another.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 /// Connects, listens, and calls `wake` once listening and on every
 /// notification; returns why it stopped.
 async fn listen_until_failure(wakeup: &WakeupChannel, module: &str, wake: &impl Fn()) -> String {
-    let connecting = tokio::time::timeout(
-        LISTEN_CONNECT_TIMEOUT,
-        AsyncPgConnection::establish(&wakeup.url),
-    );
+    let connecting = tokio::time::timeout(LISTEN_CONNECT_TIMEOUT, connect(&wakeup.url));
     let mut conn = match connecting.await {
         Ok(Ok(conn)) => conn,
         Ok(Err(error)) => return format!("connecting: {error}"),
@@ -229,16 +251,17 @@ impl Backend for Postgres {
         let schema = check_schema(settings)?;
         let url = settings.url.trim().to_string();
         let module = settings.module.clone();
-        let migrate_url = url.clone();
         let migrate_schema = schema.clone();
         let migrate = settings.migrate;
+        let first = connect(&url).await.map_err(|e| Error::BadDatabaseUrl {
+            module: module.clone(),
+            url: redact_url(&url),
+            reason: e.to_string(),
+        })?;
         let outbox_schema = tokio::task::spawn_blocking(move || {
-            let mut conn: AsyncConnectionWrapper<AsyncPgConnection> =
-                diesel::Connection::establish(&migrate_url).map_err(|e| Error::BadDatabaseUrl {
-                    module: module.clone(),
-                    url: redact_url(&migrate_url),
-                    reason: e.to_string(),
-                })?;
+            // Synchronous, for diesel's migration harness (its async one
+            // panics inside actix); it blocks on the connection's runtime.
+            let mut conn: AsyncConnectionWrapper<AsyncPgConnection> = first.into();
             let migration_error = |reason: String| Error::Migration {
                 module: module.clone(),
                 reason,
@@ -292,7 +315,7 @@ impl Backend for Postgres {
             Box::new(move |url| {
                 let schema = schema.clone();
                 Box::pin(async move {
-                    let mut conn = AsyncPgConnection::establish(url).await?;
+                    let mut conn = connect(url).await?;
                     if let Some(schema) = schema {
                         conn.batch_execute(&format!("SET search_path TO {schema}"))
                             .await

@@ -20,7 +20,7 @@ mod support;
 /// Instantiates every suite test for one backend: `case!(area::test)` runs
 /// `crate::suite::area::test::<Backend>` as an actix test.
 macro_rules! suite {
-    ($backend:ty, $db:expr, $bad_url:expr) => {
+    ($backend:ty, $db:expr, $bad_url:expr, $cause:expr) => {
         macro_rules! case {
             ($name:ident) => {
                 #[actix::test]
@@ -83,7 +83,7 @@ macro_rules! suite {
         #[actix::test]
         async fn a_bad_database_url_fails_at_start() {
             crate::support::trace_init();
-            crate::suite::a_bad_database_url_fails_at_start::<$backend>($bad_url).await;
+            crate::suite::a_bad_database_url_fails_at_start::<$backend>($bad_url, $cause).await;
         }
     };
 }
@@ -92,7 +92,8 @@ mod sqlite {
     suite!(
         tickbox::Sqlite,
         crate::support::TestDb::new(),
-        "/no/such/directory/orders.db"
+        "/no/such/directory/orders.db",
+        "unable to open the database file"
     );
 }
 
@@ -101,6 +102,7 @@ mod postgres {
     suite!(
         tickbox::Postgres,
         crate::support::TestDb::postgres(),
-        "postgres://tickbox:hunter2@127.0.0.1:1/nowhere"
+        "postgres://tickbox:hunter2@127.0.0.1:1/nowhere",
+        "refused"
     );
 }
