@@ -277,7 +277,16 @@ impl<B: Backend> BusBuilder<B> {
         }
         let mut announcements = Vec::new();
         for module in &self.modules {
-            announcements.push(module.core.take_announcements()?);
+            match module.core.take_announcements() {
+                Ok(taken) => announcements.push(taken),
+                Err(error) => {
+                    // Not started: the modules taken so far stay free.
+                    for (module, taken) in self.modules.iter().zip(announcements) {
+                        module.core.give_back_announcements(taken);
+                    }
+                    return Err(error);
+                }
+            }
         }
         let (stop, stopped) = watch::channel(false);
         let core = Arc::new(BusCore {
@@ -296,7 +305,8 @@ impl<B: Backend> BusBuilder<B> {
             retrying: Mutex::new(HashMap::new()),
         });
         for module in &self.modules {
-            // A module joins one bus (take_announcements made sure).
+            // A module is on one bus at a time (take_announcements made
+            // sure).
             module
                 .core
                 .set_claimant(core.id, Some(core.config.claim_lease));

@@ -295,6 +295,10 @@ impl<B: Backend> Dispatcher<B> {
         if let Some(listener) = listener {
             listener.abort();
         }
+        // The module may join another bus: what was announced and not
+        // taken stays pending in the outbox for that bus's first scan.
+        while announcements.try_recv().is_ok() {}
+        source.core.give_back_announcements(announcements);
         tracing::debug!(module = %source.name(), "dispatcher stopped");
     }
 }

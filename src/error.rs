@@ -173,8 +173,10 @@ pub enum Error {
     #[error("replay failed: {0}")]
     ReplayFailed(crate::DeliveryError),
 
-    /// The module was already attached to a bus.
-    #[error("module `{0}` is already attached to a bus; a module belongs to one bus")]
+    /// The module is on a running bus.
+    #[error(
+        "module `{0}` is on a running bus; a module joins one bus at a time (stop that bus first)"
+    )]
     AlreadyAttached(String),
 
     /// A database query failed.

@@ -423,7 +423,14 @@ impl<B: Backend> ModuleCore<B> {
         self.announced.max_capacity() - self.announced.capacity()
     }
 
-    /// Takes the stream of committed messages; a module joins one bus.
+    /// Returns the stream of committed messages when the bus it joined
+    /// stops, so that the module can join another.
+    pub(crate) fn give_back_announcements(&self, announcements: mpsc::Receiver<Arc<Envelope>>) {
+        *self.announcements.lock().unwrap_or_else(|p| p.into_inner()) = Some(announcements);
+    }
+
+    /// Takes the stream of committed messages; a module joins one bus at a
+    /// time.
     pub(crate) fn take_announcements(&self) -> Result<mpsc::Receiver<Arc<Envelope>>> {
         self.announcements
             .lock()

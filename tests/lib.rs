@@ -48,6 +48,7 @@ macro_rules! suite {
         case!(a_crash_between_handler_commit_and_outbox_mark_redelivers_without_double_effect);
         case!(configuration_mistakes_fail_at_start_with_clear_errors);
         case!(a_read_only_transaction_reads_without_blocking_and_cannot_publish);
+        case!(the_modules_of_a_stopped_bus_join_a_new_one);
 
         case!(batches::waiting_messages_commit_together_in_batches_and_each_once);
         case!(batches::a_failing_message_rolls_back_its_batch_and_only_it_is_dead_lettered);

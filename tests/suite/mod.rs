@@ -524,3 +524,35 @@ pub async fn a_read_only_transaction_reads_without_blocking_and_cannot_publish<B
         2
     );
 }
+
+/// A module is on one bus at a time: refused by a second bus while the first
+/// runs (which leaves the second's other modules free), it joins a new bus
+/// once the first stopped, and what was committed in between is delivered.
+pub async fn the_modules_of_a_stopped_bus_join_a_new_one<B: TestBackend>(db: TestDb) {
+    let handler = Record::new(Then::Succeed);
+    let (orders, warehouse) = pair::<B>(&db, &handler).await;
+    let first = bus(&[&orders, &warehouse]).await;
+    publish(&orders, 1).await;
+    drained(&first).await;
+
+    let lone = B::module(&db, "lone").start().await.expect("lone starts");
+    let refused = Bus::builder()
+        .module(&lone)
+        .module(&orders)
+        .start()
+        .await
+        .err()
+        .expect("orders is on a running bus");
+    assert!(matches!(refused, Error::AlreadyAttached(_)), "{refused}");
+    assert!(refused.to_string().contains("orders"), "{refused}");
+    let lone_bus = bus(&[&lone]).await;
+    lone_bus.stop().await;
+
+    first.stop().await;
+    publish(&orders, 2).await;
+    let second = bus(&[&orders, &warehouse]).await;
+    publish(&orders, 3).await;
+    drained(&second).await;
+    assert_eq!(effects(&warehouse, "warehouse.record").await, 3);
+    second.stop().await;
+}
