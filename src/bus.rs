@@ -58,6 +58,9 @@ pub(crate) struct BusConfig {
     pub(crate) claim_lease: Duration,
     /// How long a message may stay pending before the watchdog reports it.
     pub(crate) stalled_after: Duration,
+    /// The process's stable name, if it has one: its bus id then stays the
+    /// same across restarts.
+    pub(crate) instance: Option<String>,
 }
 
 impl Default for BusConfig {
@@ -72,6 +75,7 @@ impl Default for BusConfig {
             stop_timeout: Duration::from_secs(30),
             claim_lease: Duration::from_secs(10),
             stalled_after: Duration::from_secs(60),
+            instance: None,
         }
     }
 }
@@ -157,6 +161,22 @@ impl<B: Backend> BusBuilder<B> {
         self
     }
 
+    /// A stable name for this process's bus, the same across its restarts
+    /// (e.g. `"orders-worker-1"`, or a pod's name in a StatefulSet). A bus's
+    /// claims on outbox rows keep other processes away until their lease
+    /// ([`BusBuilder::claim_lease`]) expires; with an instance name, a
+    /// restarted process knows the claims its predecessor left as its own
+    /// and takes them back at once instead of waiting out the lease.
+    ///
+    /// Two processes running at the same time must not share a name: each
+    /// would take the other's claims, and messages would be delivered by
+    /// both (the inbox still keeps every effect single, but the work is
+    /// done twice). Without a name, each start is a new bus.
+    pub fn instance(mut self, name: impl Into<String>) -> Self {
+        self.config.instance = Some(name.into());
+        self
+    }
+
     /// How long a message may stay pending before the watchdog reports it
     /// (default 60 s): every sweep interval the bus counts its outboxes'
     /// messages pending for longer (`tickbox_outbox_stalled`) and logs the
@@ -211,6 +231,15 @@ impl<B: Backend> BusBuilder<B> {
             )));
         }
         config.retry.validate()?;
+        if config
+            .instance
+            .as_deref()
+            .is_some_and(|name| name.trim().is_empty())
+        {
+            return Err(Error::Config(
+                "bus: instance must be a non-empty name".into(),
+            ));
+        }
         if self.modules.is_empty() {
             return Err(Error::Config("bus: add at least one module".into()));
         }
@@ -275,6 +304,10 @@ impl<B: Backend> BusBuilder<B> {
                 subscription::record(&module.core, &served, now, alive_until, true).await?;
             served_by_module.push((served, others));
         }
+        let id = bus_id(config.instance.as_deref());
+        for module in &self.modules {
+            subscription::report_claimed_elsewhere(&module.core, id, now).await?;
+        }
         let mut announcements = Vec::new();
         for module in &self.modules {
             match module.core.take_announcements() {
@@ -290,7 +323,7 @@ impl<B: Backend> BusBuilder<B> {
         }
         let (stop, stopped) = watch::channel(false);
         let core = Arc::new(BusCore {
-            id: uuid::Uuid::now_v7(),
+            id,
             known_topics: published.iter().map(|t| t.to_string()).collect(),
             routes: routes
                 .into_iter()
@@ -332,6 +365,19 @@ impl<B: Backend> BusBuilder<B> {
             modules: self.modules,
             addr,
         })
+    }
+}
+
+/// The namespace of the ids of named buses (UUIDv5).
+const INSTANCE_NAMESPACE: uuid::Uuid =
+    uuid::Uuid::from_u128(0x7469_636b_626f_7800_8000_0000_0000_0002);
+
+/// A bus's id: derived from its instance name, so that it stays the same
+/// across restarts, or new on every start.
+fn bus_id(instance: Option<&str>) -> uuid::Uuid {
+    match instance {
+        Some(name) => uuid::Uuid::new_v5(&INSTANCE_NAMESPACE, name.as_bytes()),
+        None => uuid::Uuid::now_v7(),
     }
 }
 
@@ -478,6 +524,13 @@ impl<B: Backend> BusHandle<B> {
     /// The bus actor's address.
     pub fn addr(&self) -> &Addr<Bus<B>> {
         &self.addr
+    }
+
+    /// The bus's id, as its claims on outbox rows carry it
+    /// (`tickbox_outbox.claimed_by`): derived from [`BusBuilder::instance`],
+    /// or new on every start.
+    pub fn id(&self) -> uuid::Uuid {
+        self.core.id
     }
 
     /// The modules on this bus, in the order they were added.

@@ -402,6 +402,58 @@ pub(crate) fn claim(dialect: Dialect, lock: &str, columns: &str, claim: &Claim) 
     ))
 }
 
+/// How many pending messages another bus holds a live claim on, and until
+/// when the last of those claims runs.
+#[derive(diesel::QueryableByName)]
+pub(crate) struct ClaimedElsewhere {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub(crate) n: i64,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
+    pub(crate) until_us: Option<i64>,
+}
+
+/// [`ClaimedElsewhere`] for bus `bus` at `now_us`.
+pub(crate) fn claimed_elsewhere(dialect: Dialect, bus: Uuid, now_us: i64) -> Statement {
+    let mut b = StatementBuilder::new(dialect);
+    let bus = b.id(bus);
+    let now = b.int(now_us);
+    b.finish(format!(
+        "SELECT count(*) AS n, max(claimed_until_us) AS until_us FROM tickbox_outbox \
+         WHERE delivered_at_us IS NULL AND claimed_until_us > {now} AND claimed_by <> {bus}"
+    ))
+}
+
+/// Says, at a bus's start, what of `outbox` other buses' claims hold back
+/// (a process that just crashed left them): otherwise a restarted process
+/// would look idle while it waits.
+pub(crate) async fn report_claimed_elsewhere<B: Backend>(
+    outbox: &ModuleCore<B>,
+    bus: Uuid,
+    now_us: i64,
+) -> Result<()> {
+    let mut conn = outbox.connection().await?;
+    let rows: Vec<ClaimedElsewhere> =
+        B::load(&mut conn, claimed_elsewhere(B::DIALECT, bus, now_us)).await?;
+    if let Some(ClaimedElsewhere {
+        n,
+        until_us: Some(until),
+    }) = rows.into_iter().next()
+    {
+        if n > 0 {
+            tracing::info!(
+                module = %outbox.name,
+                messages = n,
+                wait_seconds = until.saturating_sub(now_us) / 1_000_000,
+                "messages of this outbox are claimed by another bus: they are delivered when it \
+                 finishes them or when its claims expire (a crashed process's claims expire after \
+                 their lease; a process restarted with the same BusBuilder::instance takes its own \
+                 back at once)"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Each subscription's id and the publication time of the oldest message it
 /// still owes (`oldest`, NULL if none).
 pub(crate) fn oldest_owed(dialect: Dialect) -> Statement {

@@ -59,6 +59,7 @@ macro_rules! suite {
         case!(faults::retention_sweeps_old_rows_and_keeps_recent_duplicates_out);
         case!(faults::stopping_with_deliveries_in_flight_loses_and_doubles_nothing);
         case!(faults::a_dead_process_claims_are_taken_over_when_they_expire);
+        case!(faults::a_named_instance_takes_its_own_claims_back_at_once);
         case!(faults::two_buses_on_one_set_of_databases_handle_each_message_once);
         case!(faults::an_outbox_retention_of_zero_deletes_rows_as_they_are_delivered);
         case!(faults::messages_beyond_the_announcement_queue_are_delivered_without_waiting_for_a_lease);

@@ -553,3 +553,64 @@ pub async fn an_outbox_retention_of_zero_deletes_rows_as_they_are_delivered<B: T
     assert_eq!(orders.metrics().outbox.delivered, 5);
     bus.stop().await;
 }
+
+/// A process restarted under the same instance name takes back at once the
+/// claims its crashed predecessor left, instead of waiting out their lease.
+pub async fn a_named_instance_takes_its_own_claims_back_at_once<B: TestBackend>(db: TestDb) {
+    let handler = Record::new(Then::Succeed);
+    let (orders, warehouse) = pair::<B>(&db, &handler).await;
+    let named = || {
+        Bus::builder()
+            .module(&orders)
+            .module(&warehouse)
+            .instance("worker-1")
+            .claim_lease(Duration::from_secs(120))
+            .sweep_interval(Duration::from_millis(100))
+            .start()
+    };
+    let predecessor = named().await.expect("the first bus starts");
+    let id = predecessor.id();
+    predecessor.stop().await;
+
+    // What the predecessor would leave had it been killed: a row it claimed
+    // for two more minutes.
+    let message = uuid_ago(Duration::from_secs(5));
+    insert_outbox_row(
+        &orders,
+        message,
+        "test.ping",
+        "{\"n\":1}",
+        micros_ago(Duration::from_secs(5)),
+    )
+    .await
+    .expect("insert");
+    let until = micros_ago(Duration::ZERO) + 120_000_000;
+    execute(
+        &orders,
+        format!(
+            "UPDATE tickbox_outbox SET claimed_by = {}, claimed_until_us = {until}",
+            uuid_literal::<B>(id)
+        ),
+    )
+    .await
+    .expect("claim");
+
+    let restarted = named().await.expect("the restarted bus starts");
+    assert_eq!(restarted.id(), id, "the same name gives the same id");
+    // Well within the claim's two minutes.
+    eventually("the restarted bus takes its claim back", WAIT, || async {
+        effects(&warehouse, "warehouse.record").await == 1
+    })
+    .await;
+    drained(&restarted).await;
+    restarted.stop().await;
+
+    let blank = Bus::builder()
+        .module(&orders)
+        .instance("  ")
+        .start()
+        .await
+        .err()
+        .expect("an empty instance name is refused");
+    assert!(blank.to_string().contains("instance"), "{blank}");
+}
