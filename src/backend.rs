@@ -32,6 +32,28 @@ pub struct StoreSettings {
     /// Run tickbox's migrations at open (false to attach to an existing
     /// database, as an operator's tool does).
     pub(crate) migrate: bool,
+    /// The application's own migrations for this module's database, run
+    /// after tickbox's.
+    pub(crate) app_migrations: Option<AppMigrations>,
+}
+
+/// The application's embedded migrations, as a migration source diesel's
+/// harness can take (it takes its source by value).
+#[derive(Clone, Copy)]
+pub(crate) struct AppMigrations(pub(crate) &'static diesel_migrations::EmbeddedMigrations);
+
+impl std::fmt::Debug for AppMigrations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AppMigrations")
+    }
+}
+
+impl<DB: diesel::backend::Backend> diesel::migration::MigrationSource<DB> for AppMigrations {
+    fn migrations(
+        &self,
+    ) -> diesel::migration::Result<Vec<Box<dyn diesel::migration::Migration<DB>>>> {
+        diesel::migration::MigrationSource::<DB>::migrations(self.0)
+    }
 }
 
 /// Where a module's commits wake buses in other processes: a PostgreSQL
@@ -307,7 +329,7 @@ pub trait Backend: Sized + Send + Sync + 'static {
 }
 
 /// tickbox's tables, as `count_tables` counts them.
-pub(crate) const TABLES: i64 = 5;
+pub(crate) const TABLES: i64 = 6;
 
 /// What a bus asks for when it claims outbox rows.
 #[derive(Debug, Clone)]
@@ -736,9 +758,11 @@ pub(crate) fn refuse_newer_migrations<DB, H, S>(
 ) -> crate::Result<()>
 where
     DB: diesel::backend::Backend,
-    H: diesel_migrations::MigrationHarness<DB>,
+    H: diesel::Connection<Backend = DB>,
     S: diesel::migration::MigrationSource<DB>,
+    for<'a> diesel::query_builder::SqlQuery: diesel::query_dsl::LoadQuery<'a, H, SchemaVersionRow>,
 {
+    use diesel::RunQueryDsl;
     let failed = |e: Box<dyn std::error::Error + Send + Sync>| crate::Error::Migration {
         module: module.to_string(),
         reason: e.to_string(),
@@ -749,10 +773,11 @@ where
         .iter()
         .map(|m| m.name().version().to_string())
         .collect();
-    let applied = conn.applied_migrations().map_err(failed)?;
+    let applied: Vec<SchemaVersionRow> =
+        diesel::sql_query("SELECT version FROM tickbox_schema_version").load(conn)?;
     let unknown: Vec<String> = applied
-        .iter()
-        .map(|v| v.to_string())
+        .into_iter()
+        .map(|row| row.version)
         .filter(|v| !known.contains(v))
         .collect();
     if unknown.is_empty() {
@@ -765,4 +790,11 @@ where
             unknown.join(", ")
         ),
     })
+}
+
+/// A row of `tickbox_schema_version`.
+#[derive(diesel::QueryableByName)]
+pub(crate) struct SchemaVersionRow {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    version: String,
 }

@@ -217,6 +217,10 @@ pub use diesel;
 /// The diesel-async tickbox is built on (0.10), re-exported like
 /// [`diesel`].
 pub use diesel_async;
+/// The diesel_migrations tickbox is built on, for
+/// [`ModuleBuilder::migrations`]: `use tickbox::diesel_migrations;` then
+/// `diesel_migrations::embed_migrations!("…")`.
+pub use diesel_migrations;
 
 pub use backend::Backend;
 pub use bus::{Bus, BusBuilder, BusHandle, Stop};

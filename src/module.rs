@@ -69,6 +69,7 @@ impl<B: Backend> ModuleBuilder<B> {
                 pool_size: B::DEFAULT_POOL_SIZE,
                 checkout_timeout: Duration::from_secs(30),
                 migrate: true,
+                app_migrations: None,
             },
             max_payload_bytes: 256 * 1024,
             retention: Retention::default(),
@@ -83,6 +84,28 @@ impl<B: Backend> ModuleBuilder<B> {
     /// share one database while each owns its tables.
     pub fn schema(mut self, schema: impl Into<String>) -> Self {
         self.settings.schema = Some(schema.into());
+        self
+    }
+
+    /// The application's own migrations for this module's tables, run when
+    /// the module starts, after tickbox's own and under the same lock (so
+    /// processes starting together run them once):
+    ///
+    /// ```ignore
+    /// use tickbox::diesel_migrations::{self, embed_migrations, EmbeddedMigrations};
+    /// const WAREHOUSE: EmbeddedMigrations = embed_migrations!("migrations/warehouse");
+    /// Module::<Sqlite>::builder("warehouse", "data/warehouse.db").migrations(&WAREHOUSE)
+    /// ```
+    ///
+    /// They are recorded in diesel's own table (`__diesel_schema_migrations`),
+    /// as the diesel CLI records them, so `diesel migration run` and this
+    /// agree. tickbox keeps its own versions apart (`tickbox_schema_version`),
+    /// so the application's migrations never look like a newer tickbox's.
+    pub fn migrations(
+        mut self,
+        migrations: &'static diesel_migrations::EmbeddedMigrations,
+    ) -> Self {
+        self.settings.app_migrations = Some(crate::backend::AppMigrations(migrations));
         self
     }
 

@@ -253,6 +253,7 @@ impl Backend for Postgres {
         let module = settings.module.clone();
         let migrate_schema = schema.clone();
         let migrate = settings.migrate;
+        let app_migrations = settings.app_migrations;
         let first = connect(&url).await.map_err(|e| Error::BadDatabaseUrl {
             module: module.clone(),
             url: redact_url(&url),
@@ -282,24 +283,32 @@ impl Backend for Postgres {
                 &format!("SELECT pg_advisory_lock({MIGRATION_LOCK})"),
             )
             .map_err(|e| migration_error(e.to_string()))?;
-            let migrated = (|| {
+            let migrated = (|| -> crate::Result<()> {
                 if let Some(schema) = &migrate_schema {
                     SimpleConnection::batch_execute(
                         &mut conn,
                         &format!(
                             "CREATE SCHEMA IF NOT EXISTS {schema}; SET search_path TO {schema}"
                         ),
-                    )?;
+                    )
+                    .map_err(|e| migration_error(e.to_string()))?;
                 }
-                conn.run_pending_migrations(MIGRATIONS).map(drop)
+                conn.run_pending_migrations(MIGRATIONS)
+                    .map_err(|e| migration_error(e.to_string()))?;
+                refuse_newer_migrations(&mut conn, &MIGRATIONS, &module)?;
+                if let Some(app) = app_migrations {
+                    conn.run_pending_migrations(app).map_err(|e| {
+                        migration_error(format!("the application's migrations: {e}"))
+                    })?;
+                }
+                Ok(())
             })();
             let unlocked = SimpleConnection::batch_execute(
                 &mut conn,
                 &format!("SELECT pg_advisory_unlock({MIGRATION_LOCK})"),
             );
-            migrated.map_err(|e| migration_error(e.to_string()))?;
+            migrated?;
             unlocked.map_err(|e| migration_error(e.to_string()))?;
-            refuse_newer_migrations(&mut conn, &MIGRATIONS, &module)?;
             Ok::<_, Error>(outbox_schema)
         })
         .await
@@ -420,7 +429,7 @@ impl Backend for Postgres {
         "SELECT count(*) AS n FROM information_schema.tables \
          WHERE table_schema = current_schema() \
          AND table_name IN ('tickbox_outbox', 'tickbox_inbox', 'tickbox_dead_letters', \
-             'tickbox_subscriptions', 'tickbox_outbox_done')"
+             'tickbox_subscriptions', 'tickbox_outbox_done', 'tickbox_schema_version')"
     );
 
     shared_queries!();

@@ -47,7 +47,12 @@ const OPEN_BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10
 
 /// Sets the file up for a pool (WAL) and, if `migrate`, runs the embedded
 /// migrations.
-fn prepare_file(path: &str, migrate: bool, module: &str) -> crate::Result<()> {
+fn prepare_file(
+    path: &str,
+    migrate: bool,
+    app_migrations: Option<crate::backend::AppMigrations>,
+    module: &str,
+) -> crate::Result<()> {
     let bad_url = |reason: String| Error::BadDatabaseUrl {
         module: module.to_string(),
         url: path.to_string(),
@@ -71,7 +76,16 @@ fn prepare_file(path: &str, migrate: bool, module: &str) -> crate::Result<()> {
                 module: module.to_string(),
                 reason: e.to_string(),
             })?;
-        refuse_newer_migrations(conn, &MIGRATIONS, module)
+        refuse_newer_migrations(conn, &MIGRATIONS, module)?;
+        if let Some(app) = app_migrations {
+            conn.run_pending_migrations(app)
+                .map(drop)
+                .map_err(|e| Error::Migration {
+                    module: module.to_string(),
+                    reason: format!("the application's migrations: {e}"),
+                })?;
+        }
+        Ok(())
     })
 }
 
@@ -155,6 +169,7 @@ impl Backend for Sqlite {
             });
         }
         let migrate = settings.migrate;
+        let app_migrations = settings.app_migrations;
         let migrate_path = path.clone();
         let module = settings.module.clone();
         tokio::task::spawn_blocking(move || {
@@ -163,7 +178,7 @@ impl Backend for Sqlite {
             // another process does the same): tried again for as long.
             let deadline = std::time::Instant::now() + OPEN_BUSY_TIMEOUT;
             loop {
-                match prepare_file(&migrate_path, migrate, &module) {
+                match prepare_file(&migrate_path, migrate, app_migrations, &module) {
                     Err(e) if is_busy(&e) && std::time::Instant::now() < deadline => {
                         std::thread::sleep(std::time::Duration::from_millis(50));
                     }
@@ -281,7 +296,7 @@ impl Backend for Sqlite {
     count_tables_with!(
         "SELECT count(*) AS n FROM sqlite_master WHERE type = 'table' \
          AND name IN ('tickbox_outbox', 'tickbox_inbox', 'tickbox_dead_letters', \
-             'tickbox_subscriptions', 'tickbox_outbox_done')"
+             'tickbox_subscriptions', 'tickbox_outbox_done', 'tickbox_schema_version')"
     );
 
     shared_queries!();

@@ -76,6 +76,7 @@ macro_rules! suite {
         case!(shared_outbox::a_handler_on_another_topic_in_a_running_process_is_refused);
         case!(shared_outbox::a_database_migrated_by_a_newer_tickbox_is_refused);
         case!(shared_outbox::processes_starting_together_on_a_new_database_migrate_once);
+        case!(shared_outbox::a_module_runs_the_applications_own_migrations);
 
         case!(observability::a_failed_delivery_is_logged_at_warn_level_with_what_identifies_it);
         case!(observability::counters_move_exactly_as_deliveries_happen);

@@ -359,10 +359,10 @@ pub async fn a_database_migrated_by_a_newer_tickbox_is_refused<B: TestBackend>(d
         .expect("orders");
     execute(
         &orders,
-        "INSERT INTO __diesel_schema_migrations (version) VALUES ('20991231000000')".into(),
+        "INSERT INTO tickbox_schema_version (version) VALUES ('20991231000000')".into(),
     )
     .await
-    .expect("a later migration recorded");
+    .expect("a later tickbox migration recorded");
     orders.close();
     let refused = B::module(&db, "orders")
         .publishes::<Ping>()
@@ -411,4 +411,62 @@ pub async fn processes_starting_together_on_a_new_database_migrate_once<B: TestB
 
 fn now_us() -> i64 {
     micros_ago(Duration::ZERO)
+}
+
+/// The application's own migrations for a module's tables, given to its
+/// builder.
+const APP_MIGRATIONS: tickbox::diesel_migrations::EmbeddedMigrations = {
+    use tickbox::diesel_migrations;
+    diesel_migrations::embed_migrations!("tests/app_migrations")
+};
+
+/// A module runs the application's migrations at start, once however many
+/// processes start together, and an application's migration is never taken
+/// for a newer tickbox's.
+pub async fn a_module_runs_the_applications_own_migrations<B: TestBackend>(db: TestDb) {
+    let starts = (0..4).map(|_| {
+        B::module(&db, "orders")
+            .publishes::<Ping>()
+            .migrations(&APP_MIGRATIONS)
+            .start()
+    });
+    let mut modules = Vec::new();
+    for module in futures_util::future::join_all(starts).await {
+        modules.push(module.expect("every process starts and migrates"));
+    }
+    execute(
+        &modules[0],
+        "INSERT INTO app_things (id, note) VALUES (1, 'made by the application''s migration')"
+            .into(),
+    )
+    .await
+    .expect("the application's table exists");
+    assert_eq!(
+        count(
+            &modules[0],
+            "SELECT count(*) AS n FROM __diesel_schema_migrations WHERE version = '20261204120000'",
+        )
+        .await,
+        1,
+        "recorded once, where the diesel CLI records it"
+    );
+    for module in &modules {
+        module.close();
+    }
+    // Started again, with or without them: the application's version is
+    // not taken for a newer tickbox's.
+    for with_app in [true, false] {
+        let builder = B::module(&db, "orders").publishes::<Ping>();
+        let builder = if with_app {
+            builder.migrations(&APP_MIGRATIONS)
+        } else {
+            builder
+        };
+        let module = builder.start().await.expect("starts again");
+        assert_eq!(
+            count(&module, "SELECT count(*) AS n FROM app_things").await,
+            1
+        );
+        module.close();
+    }
 }
