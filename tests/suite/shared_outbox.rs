@@ -231,9 +231,13 @@ pub async fn a_stopped_subscriber_keeps_its_messages_until_it_returns_or_is_reti
     for n in 0..5 {
         publish(&main.orders, n).await;
     }
-    eventually("warehouse handles its five", WAIT, || async {
-        handled(&warehouse).await.0 == 5
-    })
+    eventually(
+        "warehouse handles its five and records them done",
+        WAIT,
+        || async {
+            handled(&warehouse).await.0 == 5 && owes_nothing(&main.orders, "warehouse").await
+        },
+    )
     .await;
     assert_eq!(pending(&main.orders).await, 5, "kept for journeys");
     let recorded = main.orders.subscriptions().await.expect("subscriptions");
@@ -271,9 +275,13 @@ pub async fn a_stopped_subscriber_keeps_its_messages_until_it_returns_or_is_reti
     for n in 5..12 {
         publish(&main.orders, n).await;
     }
-    eventually("warehouse handles the next seven", WAIT, || async {
-        handled(&warehouse).await.0 == 12
-    })
+    eventually(
+        "warehouse handles the next seven and records them done",
+        WAIT,
+        || async {
+            handled(&warehouse).await.0 == 12 && owes_nothing(&main.orders, "warehouse").await
+        },
+    )
     .await;
     assert_eq!(pending(&main.orders).await, 7, "kept for journeys");
     let released = main
@@ -407,6 +415,16 @@ pub async fn processes_starting_together_on_a_new_database_migrate_once<B: TestB
         count(&modules[0], "SELECT count(*) AS n FROM tickbox_outbox").await,
         8
     );
+}
+
+/// Whether `module`'s subscription to `outbox` owes no message: its bus has
+/// recorded its part of each (a handler commits before that).
+async fn owes_nothing<B: TestBackend>(outbox: &ModuleHandle<B>, module: &str) -> bool {
+    let recorded = outbox.subscriptions().await.expect("subscriptions");
+    recorded
+        .iter()
+        .filter(|s| s.module == module)
+        .all(|s| s.oldest_pending_us.is_none())
 }
 
 fn now_us() -> i64 {

@@ -76,10 +76,30 @@ impl TestDb {
         let url = std::env::var("TICKBOX_PG_URL").expect(
             "the PostgreSQL suite needs TICKBOX_PG_URL, e.g. postgres://postgres@127.0.0.1:5432/test",
         );
-        TestDb {
-            pg_url: Some(url),
-            ..TestDb::new()
-        }
+        let mut db = TestDb::new();
+        db.pg_url = Some(url);
+        db
+    }
+}
+
+/// PostgreSQL: drops the schemas the test made (all named after its
+/// prefix), so that a run leaves the server as it found it. A bus left
+/// running would hold locks: after five seconds the drop gives up, and the
+/// next run's schemas have other names anyway.
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let Some(url) = &self.pg_url else { return };
+        let sql = format!(
+            "SET lock_timeout = '5s'; SET client_min_messages = warning; \
+             DO $$DECLARE s text; BEGIN \
+             FOR s IN SELECT nspname FROM pg_namespace WHERE nspname LIKE '{}\\_%' LOOP \
+             EXECUTE format('DROP SCHEMA %I CASCADE', s); END LOOP; END$$;",
+            self.prefix
+        );
+        let _ = std::process::Command::new("psql")
+            .args([url.as_str(), "-qc", &sql])
+            .stdout(std::process::Stdio::null())
+            .status();
     }
 }
 
