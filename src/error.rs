@@ -11,9 +11,31 @@ use std::fmt;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A setting is invalid (an empty name, a zero pool size, a bad rate…).
+    /// A setting is invalid (an empty name, a zero pool size, a bad rate…),
+    /// found when a module or bus starts.
     #[error("invalid configuration: {0}")]
     Config(String),
+
+    /// A message was published in a read-only transaction
+    /// ([`ModuleHandle::read`](crate::ModuleHandle::read)), which cannot
+    /// write the outbox.
+    #[error("module `{module}`: cannot publish `{topic}` from a read-only transaction; publish in ModuleHandle::transaction")]
+    ReadOnly {
+        /// The module whose transaction it was.
+        module: String,
+        /// The topic of the message.
+        topic: String,
+    },
+
+    /// A task tickbox runs in the background (opening a database, a
+    /// transaction's own task) panicked or was cancelled.
+    #[error("{what}: the task running it failed: {reason}")]
+    Task {
+        /// What the task was doing.
+        what: String,
+        /// The panic or cancellation.
+        reason: String,
+    },
 
     /// The database URL or path could not be used to open a database.
     #[error("cannot open the database of module `{module}` at {url}: {reason}")]

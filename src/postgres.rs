@@ -312,7 +312,10 @@ impl Backend for Postgres {
             Ok::<_, Error>(outbox_schema)
         })
         .await
-        .map_err(|e| Error::Config(format!("opening module `{}`: {e}", settings.module)))??;
+        .map_err(|e| Error::Task {
+            what: format!("opening module `{}`", settings.module),
+            reason: e.to_string(),
+        })??;
 
         let wakeup = WakeupChannel {
             url: url.clone(),

@@ -187,7 +187,10 @@ impl Backend for Sqlite {
             }
         })
         .await
-        .map_err(|e| Error::Config(format!("opening module `{}`: {e}", settings.module)))??;
+        .map_err(|e| Error::Task {
+            what: format!("opening module `{}`", settings.module),
+            reason: e.to_string(),
+        })??;
 
         let pool = build_pool(
             settings,

@@ -120,11 +120,10 @@ impl<B: Backend> Tx<B> {
     /// declare the topic or the encoded message is over the size limit.
     pub fn publish<M: Message>(&mut self, message: &M) -> Result<Uuid> {
         if self.mode == Mode::Read {
-            return Err(Error::Config(format!(
-                "module `{}`: cannot publish `{}` from a read-only transaction",
-                self.module.name,
-                M::TOPIC
-            )));
+            return Err(Error::ReadOnly {
+                module: self.module.name.to_string(),
+                topic: M::TOPIC.to_string(),
+            });
         }
         if !self.module.publishes.contains(M::TOPIC) {
             return Err(Error::UnknownTopic {
