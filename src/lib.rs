@@ -172,8 +172,10 @@
 //!   backend for what differs (`postgres` also holds the LISTEN/NOTIFY
 //!   wake-ups).
 //! - `error` — [`Error`], the one error type.
-//! - `bin/tickbox.rs` — the operator's command-line tool (status, dead
-//!   letters, retention sweep), built on [`ModuleBuilder::attach`].
+//!
+//! The operator's command-line tool, `tickbox` (status, subscriptions, dead
+//! letters, retention sweep), is the workspace crate `tools/tickbox-cli`,
+//! built on [`ModuleBuilder::attach`]: `cargo run -p tickbox-cli -- help`.
 
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

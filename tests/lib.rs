@@ -8,7 +8,6 @@
 //! TICKBOX_PG_URL=postgres://postgres@127.0.0.1:5432/test cargo test --all-features
 //! ```
 
-mod cli;
 #[cfg(feature = "prometheus")]
 mod exposition;
 #[cfg(feature = "postgres")]

@@ -1,0 +1,215 @@
+//! `dead-letters list`, `show`, `replay` and `discard`: the deliveries the
+//! bus gave up on, and what an operator does about them.
+
+use crate::output::{indent, json_line, one_line, plural, pretty_json, table, timestamp, to_json};
+use crate::{handler_label, DeadLetterKey, Failure};
+use tickbox::{Backend, DeadLetter, ModuleHandle};
+
+/// Characters of a dead letter's reason shown in `dead-letters list`.
+const REASON_WIDTH: usize = 60;
+
+/// `dead-letters list`.
+pub(crate) async fn list<B: Backend>(
+    module: &ModuleHandle<B>,
+    offset: u64,
+    limit: u64,
+    json: bool,
+) -> Result<String, Failure> {
+    let letters = module.dead_letters(offset, limit).await?;
+    if json {
+        return json_line(&to_json(&letters)?);
+    }
+    let total = module.store_stats().await?.dead_letters.max(0) as u64;
+    if letters.is_empty() {
+        return Ok(if total == 0 {
+            "no dead letters\n".to_string()
+        } else {
+            format!(
+                "no dead letters from offset {offset} (there are {total}; try a smaller --offset)\n"
+            )
+        });
+    }
+    let rows = letters
+        .iter()
+        .map(|letter| {
+            [
+                letter.message_id.to_string(),
+                if letter.handler.is_empty() {
+                    "-".to_string()
+                } else {
+                    letter.handler.clone()
+                },
+                letter.topic.clone(),
+                letter.attempts.to_string(),
+                timestamp(letter.dead_at_us, false),
+                one_line(&letter.reason, REASON_WIDTH),
+            ]
+        })
+        .collect();
+    let mut out = table(
+        [
+            "MESSAGE ID",
+            "HANDLER",
+            "TOPIC",
+            "ATTEMPTS",
+            "DEAD AT (UTC)",
+            "REASON",
+        ],
+        rows,
+    );
+    let first = offset + 1;
+    let last = offset + letters.len() as u64;
+    out.push('\n');
+    if first == 1 && last >= total {
+        out.push_str(&format!("{}\n", plural(total as i64, "dead letter")));
+    } else {
+        out.push_str(&format!("dead letters {first}-{last} of {total}"));
+        if last < total {
+            out.push_str(&format!("; next page: --offset {last} --limit {limit}"));
+        }
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+/// Reads a dead letter or fails with "not found".
+async fn find<B: Backend>(
+    module: &ModuleHandle<B>,
+    key: &DeadLetterKey,
+) -> Result<DeadLetter, Failure> {
+    module
+        .dead_letter(key.message_id, &key.handler)
+        .await?
+        .ok_or_else(|| not_found(key))
+}
+
+/// The "no such dead letter" failure.
+fn not_found(key: &DeadLetterKey) -> Failure {
+    Failure::Failed(format!(
+        "no dead letter for message {} and {} in this database \
+         (`tickbox dead-letters list` shows them)",
+        key.message_id,
+        handler_label(&key.handler)
+    ))
+}
+
+/// `dead-letters show`.
+pub(crate) async fn show<B: Backend>(
+    module: &ModuleHandle<B>,
+    key: &DeadLetterKey,
+    json: bool,
+) -> Result<String, Failure> {
+    let letter = find(module, key).await?;
+    if json {
+        return json_line(&to_json(&letter)?);
+    }
+    let handler = if letter.handler.is_empty() {
+        "- (none: no handler could be chosen, the topic is unknown)".to_string()
+    } else {
+        letter.handler.clone()
+    };
+    let mut out = String::new();
+    out.push_str(&format!("message id       {}\n", letter.message_id));
+    out.push_str(&format!("handler          {handler}\n"));
+    out.push_str(&format!("topic            {}\n", letter.topic));
+    out.push_str(&format!("attempts         {}\n", letter.attempts));
+    out.push_str(&format!(
+        "dead at          {}\n",
+        timestamp(letter.dead_at_us, true)
+    ));
+    out.push_str(&format!(
+        "published at     {}\n",
+        timestamp(letter.created_at_us, true)
+    ));
+    out.push_str(&format!("correlation id   {}\n", letter.correlation_id));
+    out.push_str(&format!(
+        "causation id     {}\n",
+        letter
+            .causation_id
+            .map_or_else(|| "- (none)".to_string(), |id| id.to_string())
+    ));
+    out.push_str("reason\n");
+    out.push_str(&indent(&letter.reason));
+    match pretty_json(&letter.payload) {
+        Ok(pretty) => {
+            out.push_str("payload (JSON)\n");
+            out.push_str(&indent(&pretty));
+        }
+        Err(_) => {
+            out.push_str("payload (not valid JSON; as stored)\n");
+            out.push_str(&indent(&letter.payload));
+        }
+    }
+    Ok(out)
+}
+
+/// `dead-letters replay`.
+pub(crate) async fn replay<B: Backend>(
+    module: &ModuleHandle<B>,
+    key: &DeadLetterKey,
+    json: bool,
+) -> Result<String, Failure> {
+    let letter = find(module, key).await?;
+    module
+        .requeue_dead_letter(key.message_id, &key.handler)
+        .await
+        .map_err(|error| match error {
+            tickbox::Error::NoSuchDeadLetter { .. } => not_found(key),
+            other => other.into(),
+        })?;
+    if json {
+        return json_line(&serde_json::json!({
+            "message_id": letter.message_id,
+            "handler": letter.handler,
+            "topic": letter.topic,
+            "requeued": true,
+        }));
+    }
+    let mut out = format!(
+        "requeued message {} (topic {}, {}):\n\
+         it is back in the outbox as pending, and its dead letter is gone.\n\
+         The application's bus delivers it again to every subscriber of its topic:\n\
+         at once on PostgreSQL, on its next outbox scan on SQLite, or when it starts.\n\
+         Handlers that already processed it skip it in their inbox. `tickbox status`\n\
+         counts it as pending until then.\n",
+        letter.message_id,
+        letter.topic,
+        handler_label(&letter.handler),
+    );
+    if letter.handler.is_empty() {
+        out.push_str(
+            "If still no module on the bus publishes its topic, it becomes a dead letter again.\n",
+        );
+    }
+    Ok(out)
+}
+
+/// `dead-letters discard`.
+pub(crate) async fn discard<B: Backend>(
+    module: &ModuleHandle<B>,
+    key: &DeadLetterKey,
+    json: bool,
+) -> Result<String, Failure> {
+    let letter = find(module, key).await?;
+    if !module
+        .discard_dead_letter(key.message_id, &key.handler)
+        .await?
+    {
+        return Err(not_found(key));
+    }
+    if json {
+        return json_line(&serde_json::json!({
+            "message_id": letter.message_id,
+            "handler": letter.handler,
+            "topic": letter.topic,
+            "discarded": true,
+        }));
+    }
+    Ok(format!(
+        "discarded the dead letter of message {} (topic {}, {});\n\
+         it will not be delivered to that handler again.\n",
+        letter.message_id,
+        letter.topic,
+        handler_label(&letter.handler)
+    ))
+}

@@ -1,0 +1,958 @@
+//! ```text
+//! cargo run -p tickbox-cli -- --database-url minishop-data/orders.db status
+//! ```
+//!
+//! `tickbox` — the operator's command-line tool for a tickbox module's
+//! database.
+//!
+//! It attaches to the database of one module (an SQLite file, or a
+//! PostgreSQL database and schema) without running migrations and without
+//! any handler code, so it is safe to run while the application runs. It
+//! shows the outbox backlog, its lag and its stalled messages, the inbox size
+//! and the dead letters; it lists the subscriptions recorded in the outbox
+//! (the handlers, in any process, that receive its messages) and retires one
+//! whose handler is gone for good; it puts dead letters back in the outbox
+//! for redelivery or discards them; and it runs the retention sweep once.
+//!
+//! It runs no bus, so what a bus would count itself it counts from the
+//! database: a message is stalled when it has been pending for longer than
+//! `--stalled-after` (60 s, the default of `BusBuilder::stalled_after`).
+//!
+//! ```text
+//! cargo run -p tickbox-cli -- --database-url minishop-data/orders.db subscriptions
+//! cargo run -p tickbox-cli -- --database-url minishop-data/orders.db dead-letters list
+//! cargo run -p tickbox-cli --features postgres -- \
+//!     --database-url postgres://postgres@127.0.0.1/shop --schema minishop_orders status
+//! cargo run -p tickbox-cli -- help dead-letters replay
+//! ```
+//!
+//! Exit status: 0 on success, 1 when the operation failed (the database
+//! cannot be opened or has no tickbox tables, a query failed, the dead letter
+//! or the subscription does not exist, a running process still serves the
+//! subscription), 2 on a usage error.
+//!
+//! # Layout
+//!
+//! - `main.rs` — the command line (clap) and the dispatch to a command.
+//! - `target.rs` — the database a command works on, and attaching to it.
+//! - `status.rs` — `status`.
+//! - `subscriptions.rs` — `subscriptions list` and `subscriptions retire`.
+//! - `dead_letters.rs` — `dead-letters list`, `show`, `replay`, `discard`.
+//! - `sweep.rs` — `sweep`.
+//! - `output.rs` — tables, JSON, times and durations as the tool prints them.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
+
+mod dead_letters;
+mod output;
+mod status;
+mod subscriptions;
+mod sweep;
+mod target;
+
+use clap::error::ErrorKind;
+use clap::{Args, CommandFactory, Parser, Subcommand};
+use std::ffi::OsString;
+use std::fmt;
+use std::process::ExitCode;
+use std::time::Duration;
+use target::{Kind, Open, Target};
+use tickbox::Retention;
+use uuid::Uuid;
+
+/// The longest duration accepted (100 years): longer ones would overflow
+/// the microsecond arithmetic of the sweep.
+const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// Inspect and repair the database of a tickbox module.
+///
+/// Attaches to the database of one module - an SQLite file, or a PostgreSQL
+/// database and schema - without running migrations or any handler code, so
+/// it is safe to use while the application runs.
+#[derive(Debug, Parser)]
+#[command(name = "tickbox", version, max_term_width = 100)]
+#[command(after_help = "\
+Exit status: 0 success; 1 the operation failed (the database cannot be opened or has no \
+tickbox tables, a query failed, the dead letter or the subscription does not exist, a running \
+process still serves the subscription to retire); 2 usage error.")]
+struct Cli {
+    /// The module's database: an SQLite file path or sqlite://PATH, or
+    /// postgres://USER:PASSWORD@HOST:PORT/DB (password and port optional)
+    #[arg(
+        long,
+        global = true,
+        value_name = "URL",
+        env = "TICKBOX_DATABASE_URL",
+        hide_env_values = true
+    )]
+    database_url: Option<String>,
+
+    /// PostgreSQL: the schema holding the module's tables [default: the
+    /// connection's search_path]
+    #[arg(long, global = true, value_name = "NAME")]
+    schema: Option<String>,
+
+    /// Print one JSON object or array instead of text
+    #[arg(long, global = true)]
+    json: bool,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The commands.
+#[derive(Debug, PartialEq, Subcommand)]
+enum Command {
+    /// Outbox backlog, lag and stalled messages, subscriptions, inbox size,
+    /// dead letter count.
+    ///
+    /// Shows the module's outbox backlog (messages not yet delivered to every
+    /// subscriber), its lag (the age of the oldest of them) and how many of
+    /// them are stalled (pending for longer than --stalled-after); the
+    /// subscriptions recorded in the outbox (how many are alive and stopped,
+    /// and the largest lag of one: the age of the oldest message a
+    /// subscription still owes); the number of inbox rows (the
+    /// duplicate-detection window) and the number of dead letters.
+    ///
+    /// The application's bus counts stalled messages too
+    /// (tickbox_outbox_stalled), by its own threshold,
+    /// BusBuilder::stalled_after; this tool runs no bus and counts them in
+    /// the database. Give the application's threshold if it changed the
+    /// default.
+    ///
+    /// With --json: one object with backend, outbox_pending,
+    /// oldest_pending_us (microseconds since the Unix epoch, or null),
+    /// lag_seconds (or null), stalled, stalled_after_seconds,
+    /// subscriptions_alive, subscriptions_stopped, subscription_lag_seconds
+    /// (or null when no subscription owes a message), lagging_subscription
+    /// (the module and handler of the subscription owed the oldest message,
+    /// or null), inbox_rows and dead_letters.
+    Status {
+        /// Count a message pending this long as stalled (the bus's default
+        /// is 60s); e.g. 90s, 5m, 1h30m
+        #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = stalled_after)]
+        stalled_after: Duration,
+    },
+
+    /// The handlers, in any process, that receive this outbox's messages:
+    /// list them (the default) or retire one.
+    ///
+    /// A subscription is a handler - of any module, in any process - that
+    /// receives this module's messages of one topic. Each bus records the
+    /// handlers it serves in the publishing module's database, and says every
+    /// sweep interval that they are still served: the subscription is alive.
+    /// A message is finished only when no subscription still owes it, so the
+    /// subscription of a process that stopped keeps the messages it owes
+    /// until that process runs again: it is stopped. One whose handler is
+    /// gone for good is retired.
+    Subscriptions {
+        #[command(subcommand)]
+        command: Option<SubscriptionsCommand>,
+    },
+
+    /// List, show, replay or discard dead letters.
+    ///
+    /// Dead letters are deliveries the bus gave up on: after the last retry,
+    /// on a permanent handler error, for a payload that does not decode, or
+    /// for a topic no module publishes. Each is keyed by its message id and
+    /// the handler that gave up; the handler is empty when no handler could
+    /// be chosen (an unknown topic) - write it as - or '' on the command
+    /// line.
+    #[command(subcommand)]
+    DeadLetters(DeadLettersCommand),
+
+    /// Run the retention sweep once and report what it deleted.
+    ///
+    /// Runs the retention sweep once, as the application's bus does every
+    /// minute: deletes inbox rows processed longer ago than the inbox
+    /// retention and outbox rows delivered longer ago than the outbox
+    /// retention, in small batches. Undelivered outbox rows and dead letters
+    /// are never deleted.
+    ///
+    /// Inbox rows are the duplicate-detection window: keep the inbox
+    /// retention longer than the application's redelivery horizon (its retry
+    /// policies), or a late duplicate would be processed twice. This tool
+    /// cannot see those policies.
+    ///
+    /// With --json: one object with inbox_rows and outbox_rows (rows deleted)
+    /// and inbox_retention_seconds and outbox_retention_seconds (null for
+    /// never).
+    Sweep {
+        /// Keep inbox rows this long; e.g. 30d, 12h, or never to keep every row
+        #[arg(
+            long,
+            value_name = "DURATION",
+            default_value_t = Window(Retention::default().inbox),
+            value_parser = retention_window
+        )]
+        inbox_retention: Window,
+
+        /// Keep delivered outbox rows this long; e.g. 30d, 12h, or never to
+        /// keep every row
+        #[arg(
+            long,
+            value_name = "DURATION",
+            default_value_t = Window(Retention::default().outbox),
+            value_parser = retention_window
+        )]
+        outbox_retention: Window,
+    },
+}
+
+/// `subscriptions …`.
+#[derive(Debug, PartialEq, Subcommand)]
+enum SubscriptionsCommand {
+    /// List the subscriptions: state, and the oldest message each still owes.
+    ///
+    /// Lists the subscriptions recorded in this module's outbox, by module
+    /// and handler: the subscribing module, the handler, the topic it
+    /// receives, its state - alive (a running bus serves it) or stopped (no
+    /// running bus has since it was last seen) - when it was first recorded
+    /// (UTC, ISO 8601), and the age of the oldest message it still owes (-
+    /// when it owes none). `tickbox subscriptions` alone lists them too.
+    ///
+    /// With --json: an array of subscription objects (module, handler,
+    /// topic, subscribed_at_us, seen_at_us, alive_until_us,
+    /// oldest_pending_us - times in microseconds since the Unix epoch, null
+    /// when none - alive, and lag_seconds, the age of the oldest message it
+    /// owes or null).
+    List,
+
+    /// Retire a stopped subscription whose handler is gone for good
+    /// (requires --yes).
+    ///
+    /// Retires the subscription of handler HANDLER of module MODULE from
+    /// this module's outbox, for a handler removed from the code or a process
+    /// gone for good: its messages are no longer kept for it, and those only
+    /// it still owed are marked delivered - it will never receive them.
+    /// Messages that other subscriptions still owe stay pending for them.
+    /// There is no prompt; the command refuses to run without --yes.
+    ///
+    /// Refused while a running process serves the subscription (it would
+    /// miss messages, and its process records it again): stop that process,
+    /// or remove the handler from it, first. A process started later with
+    /// the handler subscribes it again.
+    ///
+    /// When it was the last subscription of its topic, the messages of the
+    /// topic still pending are left to the application's bus: it delivers
+    /// them to the handlers it then has for the topic, or finishes them if
+    /// it has none.
+    ///
+    /// With --json: one object with module, handler, topic, retired,
+    /// finished (the number of messages only it owed, now marked delivered)
+    /// and topic_subscriptions_left (the subscriptions of its topic still
+    /// recorded).
+    Retire(RetireArgs),
+}
+
+/// `subscriptions retire MODULE HANDLER`.
+#[derive(Debug, PartialEq, Args)]
+struct RetireArgs {
+    /// The subscribing module, as `tickbox subscriptions` prints it
+    #[arg(value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    module: String,
+
+    /// The handler's name
+    #[arg(value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    handler: String,
+
+    /// Confirm the retirement
+    #[arg(short, long)]
+    yes: bool,
+}
+
+/// `dead-letters …`.
+#[derive(Debug, PartialEq, Subcommand)]
+enum DeadLettersCommand {
+    /// List dead letters, oldest first.
+    ///
+    /// Lists the module's dead letters, oldest first: message id, handler (-
+    /// when none), topic, attempts, when it was given up on (UTC, ISO 8601)
+    /// and the reason, shortened to one line. `show` prints one in full.
+    ///
+    /// With --json: an array of dead letter objects (message_id, handler,
+    /// topic, payload, correlation_id, causation_id, created_at_us,
+    /// attempts, reason, dead_at_us).
+    List {
+        /// Skip the first N dead letters
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        offset: u64,
+
+        /// Show at most N dead letters
+        #[arg(long, value_name = "N", default_value_t = 50)]
+        limit: u64,
+    },
+
+    /// Show one dead letter in full, payload included.
+    ///
+    /// Shows everything about one dead letter: ids, topic, times, attempts,
+    /// the full reason and the payload (pretty-printed when it is JSON).
+    ///
+    /// With --json: the dead letter as one object.
+    Show(DeadLetterKey),
+
+    /// Put a dead letter's message back in the outbox for redelivery.
+    ///
+    /// Puts a dead letter's message back in this module's outbox as pending
+    /// and removes the dead letter, in one transaction. The application's
+    /// bus delivers it again to every subscriber of its topic: on PostgreSQL
+    /// at once (the commit wakes it), on SQLite at its next outbox scan
+    /// (every 2 s by default), and at start if no application runs now.
+    /// Handlers that did process it skip it thanks to their inbox, the one
+    /// that gave up tries again. No handler code runs in this tool.
+    ///
+    /// With --json: one object with message_id, handler, topic and requeued.
+    Replay(DeadLetterKey),
+
+    /// Delete a dead letter for good (requires --yes).
+    ///
+    /// Deletes a dead letter without delivering its message: the handler
+    /// that gave up will never process it. There is no prompt; the command
+    /// refuses to run without --yes.
+    ///
+    /// With --json: one object with message_id, handler, topic and
+    /// discarded.
+    Discard {
+        #[command(flatten)]
+        key: DeadLetterKey,
+
+        /// Confirm the deletion
+        #[arg(short, long)]
+        yes: bool,
+    },
+}
+
+/// `MESSAGE_ID HANDLER`: a dead letter's key.
+#[derive(Debug, Clone, PartialEq, Args)]
+struct DeadLetterKey {
+    /// The message's id (a UUID, as `dead-letters list` prints it)
+    #[arg(value_parser = message_id)]
+    message_id: Uuid,
+
+    /// The handler that gave up; - or '' for none (an unknown topic)
+    #[arg(value_parser = handler_arg)]
+    handler: String,
+}
+
+/// A retention window as given on the command line: `None` keeps every row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Window(Option<Duration>);
+
+impl fmt::Display for Window {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(window) => f.write_str(&output::window(window)),
+            None => f.write_str("never"),
+        }
+    }
+}
+
+/// A duration on the command line: `7d`, `12h`, `1h30m`, `90s`, `2w` — jiff's
+/// friendly format (or ISO 8601), with days of 24 hours; at most 100 years.
+fn duration(text: &str) -> Result<Duration, String> {
+    let span: jiff::Span = text
+        .trim()
+        .parse()
+        .map_err(|e: jiff::Error| e.to_string())?;
+    let signed = span
+        .to_duration(jiff::SpanRelativeTo::days_are_24_hours())
+        .map_err(|_| "use units of weeks or less (w, d, h, m, s)".to_string())?;
+    if signed.is_negative() {
+        return Err("must be above zero".into());
+    }
+    let window = Duration::try_from(signed).map_err(|e| e.to_string())?;
+    if window.is_zero() {
+        return Err("must be above zero".into());
+    }
+    if window > MAX_DURATION {
+        return Err("is longer than 100 years".into());
+    }
+    Ok(window)
+}
+
+/// `--inbox-retention`, `--outbox-retention`: a duration or `never`.
+fn retention_window(text: &str) -> Result<Window, String> {
+    if text.trim().eq_ignore_ascii_case("never") {
+        return Ok(Window(None));
+    }
+    duration(text)
+        .map(|window| Window(Some(window)))
+        .map_err(|why| format!("{why}; write e.g. 7d, 12h, 30m, 45s, 1h30m or never"))
+}
+
+/// `--stalled-after`: a duration (not `never`).
+fn stalled_after(text: &str) -> Result<Duration, String> {
+    if text.trim().eq_ignore_ascii_case("never") {
+        return Err("a message is stalled after some time, not never".into());
+    }
+    duration(text).map_err(|why| format!("{why}; write e.g. 60s, 5m, 1h or 1h30m"))
+}
+
+/// `MESSAGE_ID`: a UUID.
+fn message_id(text: &str) -> Result<Uuid, String> {
+    Uuid::parse_str(text.trim()).map_err(|_| {
+        "not a message id; a message id is a UUID such as 0190c2a4-5b1e-7d3c-9a4f-1e2d3c4b5a69"
+            .to_string()
+    })
+}
+
+/// `HANDLER` of a dead letter: `-`, `''` and an empty argument mean "no
+/// handler".
+fn handler_arg(text: &str) -> Result<String, String> {
+    Ok(match text {
+        "-" | "''" | "\"\"" => String::new(),
+        other => other.to_string(),
+    })
+}
+
+/// A handler for messages: "handler `name`", or "no handler (-)" for the
+/// dead letter of an unknown topic.
+fn handler_label(handler: &str) -> String {
+    if handler.is_empty() {
+        "no handler (-)".to_string()
+    } else {
+        format!("handler `{handler}`")
+    }
+}
+
+impl Command {
+    /// The words that lead to this command, for its usage line.
+    fn path(&self) -> &'static [&'static str] {
+        match self {
+            Command::Status { .. } => &["status"],
+            Command::Subscriptions { command: None } => &["subscriptions"],
+            Command::Subscriptions {
+                command: Some(SubscriptionsCommand::List),
+            } => &["subscriptions", "list"],
+            Command::Subscriptions {
+                command: Some(SubscriptionsCommand::Retire(_)),
+            } => &["subscriptions", "retire"],
+            Command::DeadLetters(DeadLettersCommand::List { .. }) => &["dead-letters", "list"],
+            Command::DeadLetters(DeadLettersCommand::Show(_)) => &["dead-letters", "show"],
+            Command::DeadLetters(DeadLettersCommand::Replay(_)) => &["dead-letters", "replay"],
+            Command::DeadLetters(DeadLettersCommand::Discard { .. }) => {
+                &["dead-letters", "discard"]
+            }
+            Command::Sweep { .. } => &["sweep"],
+        }
+    }
+
+    /// A usage error (exit 2) of this command, with its usage line.
+    fn usage_error(&self, kind: ErrorKind, message: impl fmt::Display) -> Failure {
+        let mut command = Cli::command();
+        command.build();
+        let mut sub = &mut command;
+        for name in self.path() {
+            sub = sub
+                .find_subcommand_mut(name)
+                .expect("a command of the tool");
+        }
+        Failure::Usage(sub.error(kind, message))
+    }
+
+    /// Refuses a destructive command without `--yes`.
+    fn confirmed(&self) -> Result<(), Failure> {
+        let refusal = match self {
+            Command::Subscriptions {
+                command: Some(SubscriptionsCommand::Retire(args)),
+            } if !args.yes => format!(
+                "refusing to retire the subscription of handler `{}` of module `{}` without \
+                 --yes: the messages only it still owes would be marked delivered, and it would \
+                 never receive them; add --yes to confirm",
+                args.handler, args.module
+            ),
+            Command::DeadLetters(DeadLettersCommand::Discard { key, yes: false }) => format!(
+                "refusing to discard the dead letter of message {} ({}) without --yes: it would \
+                 never be delivered to that handler; add --yes to confirm",
+                key.message_id,
+                handler_label(&key.handler)
+            ),
+            _ => return Ok(()),
+        };
+        Err(self.usage_error(ErrorKind::MissingRequiredArgument, refusal))
+    }
+}
+
+/// Why the tool stops without doing its job.
+#[derive(Debug)]
+enum Failure {
+    /// The command line is wrong (exit 2).
+    Usage(clap::Error),
+    /// The operation failed (exit 1).
+    Failed(String),
+}
+
+impl From<tickbox::Error> for Failure {
+    fn from(error: tickbox::Error) -> Self {
+        Failure::Failed(error.to_string())
+    }
+}
+
+/// What the command line asks for, checked.
+#[derive(Debug)]
+struct Invocation {
+    target: Target,
+    json: bool,
+    command: Command,
+}
+
+impl Cli {
+    /// Checks what clap cannot: a database is given, its URL is one the tool
+    /// knows, and a destructive command is confirmed.
+    fn invocation(self) -> Result<Invocation, Failure> {
+        let command = self.command;
+        command.confirmed()?;
+        let Some(url) = self.database_url.filter(|url| !url.trim().is_empty()) else {
+            return Err(command.usage_error(
+                ErrorKind::MissingRequiredArgument,
+                "no database given: pass --database-url URL or set TICKBOX_DATABASE_URL",
+            ));
+        };
+        let target = Target::new(&url, self.schema)
+            .map_err(|why| command.usage_error(ErrorKind::InvalidValue, why))?;
+        Ok(Invocation {
+            target,
+            json: self.json,
+            command,
+        })
+    }
+}
+
+/// Opens the module's database with the URL's backend and runs the command;
+/// returns what to print.
+async fn execute(invocation: &Invocation) -> Result<String, Failure> {
+    match invocation.target.kind {
+        Kind::Sqlite => run_sqlite(invocation).await,
+        Kind::Postgres => run_postgres(invocation).await,
+    }
+}
+
+#[cfg(feature = "sqlite")]
+async fn run_sqlite(invocation: &Invocation) -> Result<String, Failure> {
+    run::<tickbox::Sqlite>(invocation).await
+}
+
+#[cfg(not(feature = "sqlite"))]
+async fn run_sqlite(invocation: &Invocation) -> Result<String, Failure> {
+    Err(Failure::Failed(format!(
+        "`{}` is an SQLite database, but this tickbox binary was built without SQLite \
+         support; rebuild it with `--features sqlite` \
+         (cargo build --release -p tickbox-cli --features sqlite)",
+        tickbox::redact_url(&invocation.target.url)
+    )))
+}
+
+#[cfg(feature = "postgres")]
+async fn run_postgres(invocation: &Invocation) -> Result<String, Failure> {
+    run::<tickbox::Postgres>(invocation).await
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn run_postgres(invocation: &Invocation) -> Result<String, Failure> {
+    Err(Failure::Failed(format!(
+        "`{}` is a PostgreSQL URL, but this tickbox binary was built without PostgreSQL \
+         support; rebuild it with `--features postgres` \
+         (cargo build --release -p tickbox-cli --features postgres)",
+        tickbox::redact_url(&invocation.target.url)
+    )))
+}
+
+/// Attaches to the module's database and runs the command, for any backend.
+async fn run<B: Open + status::Inspect>(invocation: &Invocation) -> Result<String, Failure> {
+    let retention = match &invocation.command {
+        Command::Sweep {
+            inbox_retention,
+            outbox_retention,
+        } => Some(Retention {
+            inbox: inbox_retention.0,
+            outbox: outbox_retention.0,
+            ..Retention::default()
+        }),
+        _ => None,
+    };
+    // The only configuration `attach` can refuse is what the command line
+    // gave it (a malformed schema name): a usage error.
+    let module = target::attach::<B>(&invocation.target, retention.clone())
+        .await
+        .map_err(|error| match error {
+            tickbox::Error::Config(reason) => invocation
+                .command
+                .usage_error(ErrorKind::InvalidValue, reason),
+            other => other.into(),
+        })?;
+    let json = invocation.json;
+    match &invocation.command {
+        Command::Status { stalled_after } => status::status(&module, *stalled_after, json).await,
+        Command::Subscriptions { command } => match command {
+            None | Some(SubscriptionsCommand::List) => subscriptions::list(&module, json).await,
+            Some(SubscriptionsCommand::Retire(args)) => {
+                subscriptions::retire(&module, &args.module, &args.handler, json).await
+            }
+        },
+        Command::DeadLetters(command) => match command {
+            DeadLettersCommand::List { offset, limit } => {
+                dead_letters::list(&module, *offset, *limit, json).await
+            }
+            DeadLettersCommand::Show(key) => dead_letters::show(&module, key, json).await,
+            DeadLettersCommand::Replay(key) => dead_letters::replay(&module, key, json).await,
+            DeadLettersCommand::Discard { key, .. } => {
+                dead_letters::discard(&module, key, json).await
+            }
+        },
+        Command::Sweep { .. } => {
+            let retention = retention.expect("the sweep's retention");
+            sweep::sweep(&module, &retention, json).await
+        }
+    }
+}
+
+/// Lets the module actor that `attach` started (and whose handle is gone by
+/// now) run before the runtime shuts down.
+///
+/// An actor first polled while the runtime is being dropped panics in
+/// `Module::started` (`run_interval` needs a running Tokio runtime); tokio
+/// catches that panic but prints it. It happens when every await of a
+/// command completes at once, so that the actor never got a turn - e.g. a
+/// failing `attach` on a loaded machine. A few yields give the actor its
+/// turn: it starts, sees that no handle is left, and stops.
+async fn settle() {
+    for _ in 0..3 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Hides the passwords of database URLs given as arguments wherever `text`
+/// repeats them (clap quotes an unexpected argument in its error).
+fn redact_arguments(text: &str, args: &[OsString]) -> String {
+    let mut text = text.to_string();
+    for arg in args {
+        let arg = arg.to_string_lossy();
+        let arg = arg.trim();
+        let redacted = tickbox::redact_url(arg);
+        if !arg.is_empty() && redacted != arg {
+            text = text.replace(arg, &redacted);
+        }
+    }
+    text
+}
+
+/// Reports a failure on stderr and returns its exit code.
+fn fail(failure: Failure, args: &[OsString]) -> ExitCode {
+    match failure {
+        Failure::Usage(error) => {
+            let code = u8::try_from(error.exit_code()).unwrap_or(2);
+            match error.kind() {
+                // `--help`, `--version`: clap prints them as it likes.
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+                    if let Err(e) = error.print() {
+                        if e.kind() != std::io::ErrorKind::BrokenPipe {
+                            return ExitCode::from(1);
+                        }
+                    }
+                }
+                _ => eprint!("{}", redact_arguments(&error.render().to_string(), args)),
+            }
+            ExitCode::from(code)
+        }
+        Failure::Failed(message) => {
+            eprintln!("error: {}", redact_arguments(&message, args));
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let invocation = match Cli::try_parse_from(&args) {
+        Ok(cli) => cli.invocation(),
+        Err(error) => Err(Failure::Usage(error)),
+    };
+    let invocation = match invocation {
+        Ok(invocation) => invocation,
+        Err(failure) => return fail(failure, &args),
+    };
+    let result = actix::System::new().block_on(async {
+        let result = execute(&invocation).await;
+        settle().await;
+        result
+    });
+    match result {
+        Ok(text) => output::print(&text),
+        Err(failure) => fail(failure, &args),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(line: &str) -> Result<Invocation, Failure> {
+        let args = std::iter::once("tickbox").chain(line.split_whitespace());
+        Cli::try_parse_from(args)
+            .map_err(Failure::Usage)
+            .and_then(Cli::invocation)
+    }
+
+    fn run_of(line: &str) -> Invocation {
+        parse(line).unwrap_or_else(|failure| panic!("{line}: {failure:?}"))
+    }
+
+    /// The usage error's text, passwords hidden as the tool prints it.
+    fn usage_error(line: &str) -> String {
+        let args: Vec<OsString> = line.split_whitespace().map(OsString::from).collect();
+        match parse(line) {
+            Err(Failure::Usage(error)) => {
+                assert_eq!(error.exit_code(), 2, "{line}: {error}");
+                redact_arguments(&error.render().to_string(), &args)
+            }
+            other => panic!("{line}: expected a usage error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn parses_durations() {
+        let secs = |s: &str| duration(s).map(|d| d.as_secs());
+        assert_eq!(secs("7d"), Ok(7 * 86_400));
+        assert_eq!(secs("12h"), Ok(12 * 3600));
+        assert_eq!(secs("30m"), Ok(1800));
+        assert_eq!(secs("45s"), Ok(45));
+        assert_eq!(secs("2w"), Ok(14 * 86_400));
+        assert_eq!(secs("1h30m"), Ok(5400));
+        assert_eq!(secs("1h 30m"), Ok(5400));
+        assert_eq!(retention_window("never"), Ok(Window(None)));
+        for bad in [
+            "7",
+            "d",
+            "7x",
+            "",
+            "99999999999999999999d",
+            "0s",
+            "-7d",
+            "3y",
+            "101y",
+        ] {
+            assert!(duration(bad).is_err(), "{bad}");
+        }
+        assert!(duration("36501d").unwrap_err().contains("100 years"));
+        assert!(stalled_after("never").is_err());
+        assert_eq!(Window(Some(Duration::from_secs(5400))).to_string(), "1h30m");
+        assert_eq!(Window(Retention::default().inbox).to_string(), "7d");
+        assert_eq!(Window(None).to_string(), "never");
+    }
+
+    #[test]
+    fn parses_commands_and_options_in_any_order() {
+        let invocation = run_of("--database-url a/orders.db --json status");
+        assert_eq!(
+            invocation.command,
+            Command::Status {
+                stalled_after: Duration::from_secs(60)
+            }
+        );
+        assert!(invocation.json);
+        assert_eq!(invocation.target.kind, Kind::Sqlite);
+        assert_eq!(invocation.target.module, "orders");
+
+        let invocation = run_of("dead-letters list --limit=5 --offset 10 --database-url x.db");
+        assert_eq!(
+            invocation.command,
+            Command::DeadLetters(DeadLettersCommand::List {
+                offset: 10,
+                limit: 5
+            })
+        );
+
+        let id = "0190c2a4-5b1e-7d3c-9a4f-1e2d3c4b5a69";
+        let invocation = run_of(&format!("--database-url x.db dead-letters show {id} -"));
+        assert_eq!(
+            invocation.command,
+            Command::DeadLetters(DeadLettersCommand::Show(DeadLetterKey {
+                message_id: id.parse().unwrap(),
+                handler: String::new()
+            }))
+        );
+        let invocation = run_of(&format!(
+            "--database-url postgres://u:p@h/shop --schema s1 dead-letters discard {id} h.x --yes"
+        ));
+        assert_eq!(invocation.target.kind, Kind::Postgres);
+        assert_eq!(invocation.target.module, "s1");
+        assert!(matches!(
+            invocation.command,
+            Command::DeadLetters(DeadLettersCommand::Discard { yes: true, .. })
+        ));
+
+        let invocation = run_of("--database-url postgresql://h/shop?sslmode=disable status");
+        assert_eq!(invocation.target.module, "shop");
+
+        let invocation =
+            run_of("--database-url x.db sweep --inbox-retention 14d --outbox-retention never");
+        assert_eq!(
+            invocation.command,
+            Command::Sweep {
+                inbox_retention: Window(Some(Duration::from_secs(14 * 86_400))),
+                outbox_retention: Window(None),
+            }
+        );
+        assert_eq!(
+            run_of("--database-url x.db sweep").command,
+            Command::Sweep {
+                inbox_retention: Window(Retention::default().inbox),
+                outbox_retention: Window(Retention::default().outbox),
+            }
+        );
+
+        assert_eq!(
+            run_of("status --stalled-after 5m --database-url x.db").command,
+            Command::Status {
+                stalled_after: Duration::from_secs(300)
+            }
+        );
+        assert_eq!(
+            run_of("--database-url x.db subscriptions").command,
+            Command::Subscriptions { command: None }
+        );
+        assert_eq!(
+            run_of("--database-url x.db --json subscriptions list").command,
+            Command::Subscriptions {
+                command: Some(SubscriptionsCommand::List)
+            }
+        );
+        assert_eq!(
+            run_of("--database-url x.db subscriptions retire warehouse warehouse.reserve -y")
+                .command,
+            Command::Subscriptions {
+                command: Some(SubscriptionsCommand::Retire(RetireArgs {
+                    module: "warehouse".into(),
+                    handler: "warehouse.reserve".into(),
+                    yes: true,
+                }))
+            }
+        );
+    }
+
+    #[test]
+    fn accepts_dash_and_quotes_for_the_empty_handler() {
+        for text in ["-", "''", ""] {
+            assert_eq!(handler_arg(text), Ok(String::new()), "{text:?}");
+        }
+        assert_eq!(
+            handler_arg("warehouse.reserve"),
+            Ok("warehouse.reserve".to_string())
+        );
+    }
+
+    #[test]
+    fn refuses_bad_usage() {
+        let id = "0190c2a4-5b1e-7d3c-9a4f-1e2d3c4b5a69";
+        for (line, needle) in [
+            ("--database-url x.db frobnicate", "unrecognized subcommand"),
+            ("--database-url x.db status --frob", "unexpected argument"),
+            ("status", "TICKBOX_DATABASE_URL"),
+            (
+                "--database-url x.db status --yes",
+                "unexpected argument '--yes'",
+            ),
+            ("--database-url x.db dead-letters show nope h", "UUID"),
+            (
+                &format!("--database-url x.db dead-letters show {id}"),
+                "<HANDLER>",
+            ),
+            (
+                &format!("--database-url x.db dead-letters discard {id} h"),
+                "--yes",
+            ),
+            ("--database-url x.db dead-letters list --limit -1", "'-1'"),
+            (
+                "--database-url x.db sweep --inbox-retention 0s",
+                "above zero",
+            ),
+            ("--database-url x.db sweep --inbox-retention 7", "unit"),
+            ("--database-url x.db --schema s status", "PostgreSQL only"),
+            ("--database-url mysql://h/db status", "neither"),
+            (
+                "--database-url a.db --database-url b.db status",
+                "multiple times",
+            ),
+            ("--database-url", "a value is required"),
+            ("help frobnicate", "unrecognized subcommand"),
+            (
+                "--database-url x.db subscriptions purge",
+                "unrecognized subcommand",
+            ),
+            (
+                "--database-url x.db subscriptions list extra",
+                "unexpected argument",
+            ),
+            ("--database-url x.db subscriptions retire m", "<HANDLER>"),
+            ("--database-url x.db subscriptions retire m h", "--yes"),
+            (
+                "--database-url x.db subscriptions --yes",
+                "unexpected argument",
+            ),
+            (
+                "--database-url x.db status --stalled-after 0s",
+                "above zero",
+            ),
+            ("--database-url x.db status --stalled-after never", "never"),
+            (
+                "--database-url x.db sweep --stalled-after 1m",
+                "unexpected argument",
+            ),
+        ] {
+            let message = usage_error(line);
+            assert!(message.starts_with("error: "), "{line}: {message}");
+            assert!(message.contains(needle), "{line}: `{needle}` in {message}");
+        }
+        // No command: the help, as a usage error.
+        for line in ["", "--database-url x.db dead-letters"] {
+            assert!(usage_error(line).contains("Usage: tickbox"), "{line}");
+        }
+        let empty = Cli::try_parse_from(["tickbox", "subscriptions", "retire", "m", ""]);
+        assert!(empty.is_err(), "an empty handler to retire");
+    }
+
+    #[test]
+    fn reads_the_url_from_the_environment_when_the_flag_is_absent() {
+        let cli = Cli::try_parse_from(["tickbox", "status"]).unwrap();
+        let cli = Cli {
+            database_url: cli.database_url.or(Some("env.db".into())),
+            ..cli
+        };
+        assert_eq!(cli.invocation().unwrap().target.url, "env.db");
+        let blank = Cli {
+            database_url: Some("  ".into()),
+            ..Cli::try_parse_from(["tickbox", "status"]).unwrap()
+        };
+        assert!(matches!(blank.invocation(), Err(Failure::Usage(_))));
+    }
+
+    #[test]
+    fn never_shows_a_password_in_a_label_or_a_usage_error() {
+        let invocation =
+            run_of("--database-url postgres://u@h:5432/nodb_x?password=S3cret! status");
+        assert_eq!(invocation.target.module, "nodb_x");
+        // A raw `/` in the password: the URL cannot be read, nor its database.
+        let invocation = run_of("--database-url postgres://u:S3/cret@h/shop status");
+        assert_eq!(invocation.target.module, "module");
+        for line in [
+            "--database-url x.db postgres://u:S3cret@h/db",
+            "--database-url x.db status postgres://u:S3cret@h/db",
+            "--database-url x.db dead-letters postgres://u:S3cret@h/db",
+            "--database-url x.db dead-letters show postgres://u:S3cret@h/db h",
+            "--database-url mysql://u:S3cret@h/db status",
+            "help postgres://u:S3cret@h/db",
+        ] {
+            let message = usage_error(line);
+            assert!(!message.contains("S3cret"), "{line}: {message}");
+            assert!(message.contains("***"), "{line}: {message}");
+        }
+        let message = usage_error("--database-url x.db status -postgres://u:S3cret@h/db");
+        assert!(!message.contains("S3cret"), "{message}");
+    }
+}
