@@ -460,8 +460,8 @@ impl<B: Backend> BusCore<B> {
     }
 }
 
-/// The bus actor. It runs one dispatcher per module outbox and stops them on
-/// [`Stop`].
+/// The bus: an actor running one dispatcher per module outbox, started with
+/// [`Bus::builder`] and stopped with [`BusHandle::stop`].
 pub struct Bus<B: Backend> {
     core: Arc<BusCore<B>>,
     /// Dispatchers not yet started (they start with the actor).
@@ -492,7 +492,7 @@ impl<B: Backend> Actor for Bus<B> {
 /// finish within the stop timeout, everything else stays pending in the
 /// outboxes for the next start.
 #[derive(Debug)]
-pub struct Stop;
+pub(crate) struct Stop;
 
 impl actix::Message for Stop {
     type Result = ();
@@ -521,11 +521,6 @@ pub struct BusHandle<B: Backend> {
 }
 
 impl<B: Backend> BusHandle<B> {
-    /// The bus actor's address.
-    pub fn addr(&self) -> &Addr<Bus<B>> {
-        &self.addr
-    }
-
     /// The bus's id, as its claims on outbox rows carry it
     /// (`tickbox_outbox.claimed_by`): derived from [`BusBuilder::instance`],
     /// or new on every start.
@@ -538,7 +533,10 @@ impl<B: Backend> BusHandle<B> {
         &self.modules
     }
 
-    /// Stops the bus gracefully and waits until it has: see [`Stop`].
+    /// Stops the bus gracefully and waits until it has: no new deliveries
+    /// start, running ones may finish within the stop timeout
+    /// ([`BusBuilder::stop_timeout`]), everything else stays pending in the
+    /// outboxes for the next start.
     pub async fn stop(&self) {
         self.core.stop.send_replace(true);
         // The actor may already be gone if stop was called twice.

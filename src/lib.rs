@@ -225,18 +225,18 @@ pub use diesel_async;
 pub use diesel_migrations;
 
 pub use backend::Backend;
-pub use bus::{Bus, BusBuilder, BusHandle, Stop};
+pub use bus::{Bus, BusBuilder, BusHandle};
 pub use dead_letter::{DeadLetter, Replayed};
 pub use error::{redact_url, Error, Result};
 pub use handler::{Handler, HandlerError, HandlerOptions};
 pub use inbox::{DeliveryError, FailureKind, Outcome};
 pub use message::{Envelope, Message};
 pub use metrics::{BusMetrics, HandlerMetrics, LatencyMetrics, ModuleMetrics, OutboxMetrics};
-pub use module::{Deliver, Module, ModuleBuilder, ModuleHandle, StoreStats};
+pub use module::{Module, ModuleBuilder, ModuleHandle, StoreStats};
 pub use retention::{Retention, SweepReport};
 pub use retry::RetryPolicy;
 pub use subscription::Subscription;
-pub use tx::{Delivery, Tx, TxFn};
+pub use tx::{Delivery, Tx};
 
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]

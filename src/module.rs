@@ -60,7 +60,7 @@ impl<B: Backend> ModuleBuilder<B> {
     /// Starts a builder for module `name` on the database at `url`: an SQLite
     /// file path for `Sqlite`, a `postgres://` URL for
     /// `Postgres`.
-    pub fn new(name: impl Into<String>, url: impl Into<String>) -> Self {
+    pub(crate) fn new(name: impl Into<String>, url: impl Into<String>) -> Self {
         ModuleBuilder {
             settings: StoreSettings {
                 module: name.into(),
@@ -143,17 +143,6 @@ impl<B: Backend> ModuleBuilder<B> {
     /// the module.
     pub fn handler<H: Handler<B>>(self, name: impl Into<String>, handler: H) -> Self {
         self.handler_with(name, handler, HandlerOptions::new())
-    }
-
-    /// Like [`ModuleBuilder::handler`], with a retry policy of its own
-    /// instead of the bus's.
-    pub fn handler_with_retry<H: Handler<B>>(
-        self,
-        name: impl Into<String>,
-        handler: H,
-        policy: RetryPolicy,
-    ) -> Self {
-        self.handler_with(name, handler, HandlerOptions::new().retry(policy))
     }
 
     /// Like [`ModuleBuilder::handler`], with [`HandlerOptions`]: a retry
@@ -463,7 +452,7 @@ impl<B: Backend> ModuleCore<B> {
     }
 }
 
-/// The module actor. The bus sends it a [`Deliver`] per handler and message;
+/// A module: an actor the bus sends one delivery per handler and message;
 /// it runs each delivery through the inbox guard in its own task, so one slow
 /// handler never holds up the mailbox.
 pub struct Module<B: Backend> {
@@ -515,7 +504,7 @@ async fn sample_outbox<B: Backend>(core: Arc<ModuleCore<B>>) {
 /// Asks a module actor to run one delivery of a message to one of its
 /// handlers. Sent by the bus.
 #[derive(Debug, Clone)]
-pub struct Deliver {
+pub(crate) struct Deliver {
     pub(crate) envelope: Arc<Envelope>,
     pub(crate) handler: usize,
     pub(crate) attempt: u32,
@@ -610,11 +599,6 @@ impl<B: Backend> ModuleHandle<B> {
     /// The module's name.
     pub fn name(&self) -> &str {
         &self.core.name
-    }
-
-    /// The module actor's address.
-    pub fn addr(&self) -> &Addr<Module<B>> {
-        &self.addr
     }
 
     /// PostgreSQL: the notification channel of this module's outbox (one per
