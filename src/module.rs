@@ -56,6 +56,17 @@ pub(crate) struct HandlerEntry<B: Backend> {
     pub(crate) counters: HandlerCounters,
 }
 
+#[cfg(feature = "postgres")]
+impl ModuleBuilder<crate::Postgres> {
+    /// Keeps the module's tables in this schema (created if missing)
+    /// instead of the connection's default one. Lets several modules share
+    /// one database while each owns its tables.
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.settings.schema = Some(schema.into());
+        self
+    }
+}
+
 impl<B: Backend> ModuleBuilder<B> {
     /// Starts a builder for module `name` on the database at `url`: an SQLite
     /// file path for `Sqlite`, a `postgres://` URL for
@@ -77,14 +88,6 @@ impl<B: Backend> ModuleBuilder<B> {
             publishes: HashSet::new(),
             handlers: Vec::new(),
         }
-    }
-
-    /// PostgreSQL: keep the module's tables in this schema (created if
-    /// missing) instead of the connection's default one. Lets several modules
-    /// share one database while each owns its tables.
-    pub fn schema(mut self, schema: impl Into<String>) -> Self {
-        self.settings.schema = Some(schema.into());
-        self
     }
 
     /// The application's own migrations for this module's tables, run when
