@@ -58,6 +58,42 @@
 //! }
 //! ```
 //!
+//! # Vocabulary
+//!
+//! One word, one meaning, in the code, the docs, the logs and the metrics:
+//!
+//! - **Module** — a part of the application with its own database (pool),
+//!   outbox and inbox; it hosts handlers ([`Module`], [`ModuleHandle`]).
+//! - **Message** — a serde type with a stable topic ([`Message`]); stored and
+//!   carried as an **envelope** ([`Envelope`]): id (UUIDv7), topic, JSON
+//!   payload, correlation and causation ids, publication time.
+//! - **Publish** — write a message to the module's outbox inside a
+//!   transaction ([`Tx::publish`]); it exists iff the transaction commits.
+//! - **Outbox** — the module's table of published messages, each **pending**
+//!   until **finished** (marked delivered, or deleted with an outbox
+//!   retention of zero).
+//! - **Handler** — named module code for one message type ([`Handler`]); its
+//!   name is half of the inbox key.
+//! - **Subscription** — a handler, in any process, recorded as receiving an
+//!   outbox's topic ([`Subscription`]).
+//! - **Delivery** — one attempt to run one message through one handler
+//!   ([`Delivery`]): it ends **handled**, **skipped** as a duplicate, or
+//!   **failed** ([`Outcome`], [`DeliveryError`]); a failed one is retried
+//!   until its policy gives up and it becomes a **dead letter**
+//!   ([`DeadLetter`]).
+//! - **Inbox** — the module's table of `(message id, handler)` rows, written
+//!   in the delivery's own transaction; the **inbox guard** is the code
+//!   path that writes it before the handler runs.
+//! - **Bus** — what delivers: one **dispatcher** per outbox takes committed
+//!   messages (**announced** in memory, or found by a **scan**), **claims**
+//!   them for a lease, and sends each to its handlers ([`Bus`],
+//!   [`BusHandle`]).
+//! - **Sweep** — the retention sweep only: deleting old inbox rows and
+//!   finished outbox rows ([`Retention`]); looking through the outbox for
+//!   pending messages is a scan.
+//! - **Watchdog** — counts and reports messages pending longer than
+//!   [`BusBuilder::stalled_after`].
+//!
 //! # How the bus learns of committed messages
 //!
 //! - A module on a bus writes its messages already claimed by that bus and
