@@ -974,7 +974,7 @@ mod postgres_passwords {
     /// The test server's URL with another database and path, e.g.
     /// `postgres://postgres@127.0.0.1:5432/nodb_x?password=S3cret!`.
     fn server_url(path: &str, query: Option<&str>) -> (url::Url, String) {
-        let server = super::Db::postgres().pg_url.expect("a URL");
+        let server = super::Db::postgres().pg_url.clone().expect("a URL");
         let mut url = url::Url::parse(&server).expect("TICKBOX_PG_URL parses");
         url.set_path(path);
         url.set_query(query);

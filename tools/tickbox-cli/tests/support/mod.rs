@@ -67,10 +67,26 @@ impl Db {
         let url = std::env::var("TICKBOX_PG_URL").expect(
             "the PostgreSQL tests need TICKBOX_PG_URL, e.g. postgres://postgres@127.0.0.1:5432/test",
         );
-        Db {
-            pg_url: Some(url),
-            ..Db::new()
-        }
+        let mut db = Db::new();
+        db.pg_url = Some(url);
+        db
+    }
+}
+
+/// PostgreSQL: drops the test's schemas (its own and the `_empty` one some
+/// tests make beside it), so that a run leaves the server as it found it.
+impl Drop for Db {
+    fn drop(&mut self) {
+        let Some(url) = &self.pg_url else { return };
+        let sql = format!(
+            "SET lock_timeout = '5s'; SET client_min_messages = warning; \
+             DROP SCHEMA IF EXISTS {0} CASCADE; DROP SCHEMA IF EXISTS {0}_empty CASCADE;",
+            self.schema
+        );
+        let _ = std::process::Command::new("psql")
+            .args([url.as_str(), "-qc", &sql])
+            .stdout(std::process::Stdio::null())
+            .status();
     }
 }
 
