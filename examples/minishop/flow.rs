@@ -1,0 +1,277 @@
+//! The whole flow across processes: which handlers it needs, the runs
+//! placing orders, and the counts that tell whether it is done.
+//!
+//! One process may run all three modules, or several processes some of them
+//! each (`--modules`) over the same databases. tickbox delivers every
+//! message to every subscribed handler in whichever process; what this file
+//! adds is how each process of the example knows that the whole flow is
+//! done, and what to name when it is not.
+
+use crate::db::Db;
+use crate::faults::retrying;
+use crate::tables::{self, PlacingRun};
+use crate::{Shop, CONFIRM_ORDER, RESERVE_STOCK, SEND_CONFIRMATION};
+use std::time::{Duration, Instant};
+use tickbox::{Backend, BusHandle, ModuleHandle, StoreStats, Subscription};
+use tokio_util::sync::CancellationToken;
+
+/// How waiting for the work ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Drain {
+    /// Done, or nothing left but what dead letters hold up.
+    Finished,
+    /// The deadline came first; what was still unfinished.
+    TimedOut(String),
+    /// Ctrl-C.
+    Interrupted,
+}
+
+/// The handlers of the whole flow, each with the outbox it receives from:
+/// (outbox, module, handler).
+const FLOW: [(&str, &str, &str); 3] = [
+    ("orders", "warehouse", RESERVE_STOCK),
+    ("warehouse", "orders", CONFIRM_ORDER),
+    ("orders", "notifications", SEND_CONFIRMATION),
+];
+
+/// Every subscription recorded in the flow's outboxes, with its outbox.
+async fn subscriptions<B: Backend>(
+    shop: &Shop<B>,
+) -> tickbox::Result<Vec<(&'static str, Subscription)>> {
+    let mut all = Vec::new();
+    for (outbox, module) in [("orders", &shop.orders), ("warehouse", &shop.warehouse)] {
+        let recorded = retrying("reading subscriptions", || module.subscriptions()).await?;
+        all.extend(recorded.into_iter().map(|s| (outbox, s)));
+    }
+    Ok(all)
+}
+
+/// Waits until every handler of the [`FLOW`] has subscribed (each process
+/// subscribes its own when its bus starts), until `deadline` or Ctrl-C. A
+/// message committed while no handler subscribes to its topic is delivered
+/// to none, so orders are placed only after this.
+pub async fn await_subscriptions<B: Backend>(
+    shop: &Shop<B>,
+    deadline: Option<Instant>,
+    stop: &CancellationToken,
+) -> tickbox::Result<Drain> {
+    let mut said = None::<Instant>;
+    loop {
+        let recorded = subscriptions(shop).await?;
+        let missing: Vec<String> = FLOW
+            .iter()
+            .filter(|(outbox, module, handler)| {
+                !recorded
+                    .iter()
+                    .any(|(o, s)| o == outbox && s.module == *module && s.handler == *handler)
+            })
+            .map(|(outbox, module, handler)| {
+                format!(
+                    "{handler} (start `minishop --modules {module}` over the same databases) \
+                     has not subscribed to the {outbox} outbox"
+                )
+            })
+            .collect();
+        if missing.is_empty() {
+            return Ok(Drain::Finished);
+        }
+        let waiting = format!(
+            "no orders placed yet, waiting for the flow's handlers: {}",
+            missing.join("; ")
+        );
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(Drain::TimedOut(waiting));
+        }
+        if said.is_none_or(|at| at.elapsed() >= Duration::from_secs(10)) {
+            tracing::info!("{waiting}");
+            said = Some(Instant::now());
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            () = stop.cancelled() => return Ok(Drain::Interrupted),
+        }
+    }
+}
+
+/// This process's run placing orders, recorded in the orders database so
+/// that processes running the other modules wait for its orders. It renews
+/// a lease while it places: a run killed meanwhile counts as ended once the
+/// lease runs out.
+pub struct Placing<'a, B: Backend> {
+    orders: &'a ModuleHandle<B>,
+    id: String,
+    renewed: Instant,
+}
+
+impl<'a, B: Backend> Placing<'a, B> {
+    pub async fn start(orders: &'a ModuleHandle<B>, planned: u64) -> tickbox::Result<Self> {
+        let run = Placing {
+            orders,
+            id: uuid::Uuid::now_v7().to_string(),
+            renewed: Instant::now(),
+        };
+        let planned = i64::try_from(planned).unwrap_or(i64::MAX);
+        run.record(Change::Start(planned)).await?;
+        Ok(run)
+    }
+
+    /// Renews the lease when a fifth of it has passed.
+    pub async fn keep_alive(&mut self) -> tickbox::Result<()> {
+        if self.renewed.elapsed() >= tables::RUN_LEASE / 5 {
+            self.record(Change::Renew).await?;
+            self.renewed = Instant::now();
+        }
+        Ok(())
+    }
+
+    pub async fn end(self) -> tickbox::Result<()> {
+        self.record(Change::End).await
+    }
+
+    /// Changes the run's row, in a transaction of its own.
+    async fn record(&self, change: Change) -> tickbox::Result<()> {
+        retrying("recording the placing run", || {
+            let id = self.id.clone();
+            self.orders.transaction(async move |tx| {
+                let mut db = Db::of(tx.conn());
+                match change {
+                    Change::Start(planned) => tables::start_run(&mut db, &id, planned).await?,
+                    Change::Renew => tables::renew_run(&mut db, &id).await?,
+                    Change::End => tables::end_run(&mut db, &id).await?,
+                }
+                Ok::<_, tickbox::Error>(())
+            })
+        })
+        .await
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Change {
+    Start(i64),
+    Renew,
+    End,
+}
+
+/// Every run that placed, or places, orders.
+pub async fn placing_runs<B: Backend>(shop: &Shop<B>) -> tickbox::Result<Vec<PlacingRun>> {
+    retrying("reading the runs", || {
+        shop.orders.read(async |tx| {
+            Ok::<_, tickbox::Error>(tables::load_runs(&mut Db::of(tx.conn())).await?)
+        })
+    })
+    .await
+}
+
+/// Whether the runs that place orders are done: none still placing, and
+/// (for a process that does not place orders itself) at least one.
+pub fn placing_done(runs: &[PlacingRun], runs_all: bool) -> bool {
+    runs.iter().all(|run| !run.placing) && (runs_all || !runs.is_empty())
+}
+
+/// Cheap counts, read while waiting.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Counts {
+    pub orders: i64,
+    pub confirmed: i64,
+    pub emails: i64,
+    /// Outbox messages not yet delivered to every subscriber.
+    pub pending: i64,
+}
+
+impl Counts {
+    pub async fn read<B: Backend>(shop: &Shop<B>, bus: &BusHandle<B>) -> tickbox::Result<Counts> {
+        let (orders, confirmed) = retrying("reading progress", || {
+            shop.orders.read(async |tx| {
+                Ok::<_, tickbox::Error>(tables::order_counts(&mut Db::of(tx.conn())).await?)
+            })
+        })
+        .await?;
+        let emails = retrying("reading progress", || {
+            shop.notifications.read(async |tx| {
+                Ok::<_, tickbox::Error>(tables::email_count(&mut Db::of(tx.conn())).await?)
+            })
+        })
+        .await?;
+        let pending = retrying("counting pending messages", || bus.pending()).await?;
+        Ok(Counts {
+            orders,
+            confirmed,
+            emails,
+            pending,
+        })
+    }
+
+    /// Every order confirmed and e-mailed.
+    pub fn complete(&self) -> bool {
+        self.confirmed == self.orders && self.emails >= self.orders
+    }
+}
+
+/// Each module's tickbox tables: pending outbox messages, dead letters.
+pub async fn store_stats<B: Backend>(
+    bus: &BusHandle<B>,
+) -> tickbox::Result<Vec<(String, StoreStats)>> {
+    let mut stats = Vec::new();
+    for module in bus.modules() {
+        let module_stats = retrying("reading the outbox and dead letters", || {
+            module.store_stats()
+        })
+        .await?;
+        stats.push((module.name().to_string(), module_stats));
+    }
+    Ok(stats)
+}
+
+/// Dead letters over every module: deliveries the bus gave up on.
+pub async fn dead_letters<B: Backend>(bus: &BusHandle<B>) -> tickbox::Result<i64> {
+    let stats = store_stats(bus).await?;
+    Ok(stats.iter().map(|(_, s)| s.dead_letters).sum())
+}
+
+/// What keeps the flow from being done, for a run that gave up waiting.
+pub async fn unfinished<B: Backend>(
+    shop: &Shop<B>,
+    counts: Counts,
+    runs: &[PlacingRun],
+    runs_all: bool,
+) -> tickbox::Result<String> {
+    let Counts {
+        orders,
+        confirmed,
+        emails,
+        pending,
+    } = counts;
+    let mut parts = vec![format!(
+        "{confirmed}/{orders} orders confirmed, {emails} e-mails, {pending} messages pending"
+    )];
+    if runs.is_empty() && !runs_all {
+        parts.push(
+            "no run has placed orders yet (start `minishop --modules orders --orders N` over \
+             the same databases)"
+                .into(),
+        );
+    }
+    let open: Vec<_> = runs.iter().filter(|run| run.placing).collect();
+    if !open.is_empty() {
+        parts.push(format!(
+            "{} runs still placing orders ({} planned)",
+            open.len(),
+            open.iter().map(|run| run.planned).sum::<i64>()
+        ));
+    }
+    let now = tables::now_us();
+    for (outbox, s) in subscriptions(shop).await? {
+        if let (false, Some(oldest)) = (s.is_alive(now), s.oldest_pending_us) {
+            parts.push(format!(
+                "handler {} of module {} owes messages of the {outbox} outbox (the oldest {} s old) \
+                 and no running process serves it (start `minishop --modules {}`)",
+                s.handler,
+                s.module,
+                now.saturating_sub(oldest) / 1_000_000,
+                s.module
+            ));
+        }
+    }
+    Ok(parts.join("; "))
+}

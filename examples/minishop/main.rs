@@ -1,0 +1,560 @@
+//! MiniShop: three modules of a modular monolith, each with its own
+//! database, talking only through tickbox messages.
+//!
+//! - **orders** places orders, each in a transaction that also publishes
+//!   `OrderPlaced`; on `StockReserved` it confirms the order and publishes
+//!   `OrderConfirmed`.
+//! - **warehouse**, on `OrderPlaced`, takes the stock, records a reservation
+//!   and publishes `StockReserved`.
+//! - **notifications**, on `OrderConfirmed`, "sends" the confirmation
+//!   e-mail: a row in its `sent_emails` table.
+//!
+//! It shows the transactional outbox (a message exists iff its transaction
+//! commits), at-least-once delivery with retries, and the inbox turning that
+//! into exactly-once effects: `--duplicate-rate` makes the bus deliver
+//! messages twice on purpose, `--fail-rate` makes handlers fail after doing
+//! their work but before COMMIT. Kill it at any moment (even `kill -9`) and
+//! run it again with `--resume`: it finishes the pending work. At the end it
+//! checks the databases: every order has exactly one reservation, was
+//! confirmed exactly once and has exactly one e-mail, no message is pending
+//! and no delivery was given up on (dead-lettered).
+//!
+//! ```text
+//! cargo run --release --example minishop
+//! cargo run --release --example minishop -- --orders 2000 --duplicate-rate 0.3 --fail-rate 0.1
+//! cargo run --release --features postgres --example minishop -- --database-url postgres://…
+//! cargo run --release --example minishop -- --help
+//! ```
+//!
+//! The three modules may also run as separate processes over the same
+//! databases, each running some modules' handlers (`--modules`); every
+//! process runs until the whole flow is done and checked:
+//!
+//! ```text
+//! cargo build --release --example minishop
+//! target/release/examples/minishop --data-dir shop --modules orders --orders 2000 &
+//! target/release/examples/minishop --data-dir shop --modules warehouse &
+//! target/release/examples/minishop --data-dir shop --modules notifications &
+//! ```
+//!
+//! SQLite (the default) keeps one file per module under `./minishop-data`;
+//! `--database-url` puts each module in its own PostgreSQL schema
+//! (`minishop_orders`, …). Logs and progress go to stderr (`RUST_LOG` sets
+//! the filter, `minishop=debug` shows every e-mail), the report to stdout;
+//! `--json` prints one JSON object instead. `--metrics-addr HOST:PORT`
+//! serves Prometheus metrics while it runs (the `prometheus` feature).
+//! Ctrl-C stops cleanly (exit code 130; `--resume` finishes the work).
+//!
+//! Read this file from top to bottom: the messages, the handlers, starting
+//! the modules and the bus, placing orders (publishing in a transaction),
+//! waiting for the flow, checking the databases. Beside it: `cli.rs` (the
+//! arguments), `tables.rs` (the modules' own tables and queries), `db.rs`
+//! (one query for both backends), `flow.rs` (the flow across processes),
+//! `check.rs` (the final check), `faults.rs` (injected failures),
+//! `shutdown.rs` (Ctrl-C), `progress.rs` and `report.rs` (what it shows).
+
+mod check;
+mod cli;
+mod db;
+mod faults;
+mod flow;
+mod progress;
+mod report;
+mod shutdown;
+mod tables;
+
+use cli::{Args, ModuleName, Store};
+use db::Db;
+use flow::{Counts, Drain};
+use progress::Progress;
+use serde::{Deserialize, Serialize};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+use tickbox::diesel::result::{DatabaseErrorKind, Error::DatabaseError};
+use tickbox::{
+    Backend, Bus, BusHandle, Handler, HandlerError, HandlerOptions, Message, ModuleBuilder,
+    ModuleHandle, RetryPolicy, Tx,
+};
+use tokio_util::sync::CancellationToken;
+
+// ---------------------------------------------------------------------------
+// 1. Messages: serde types, each with a stable topic name.
+
+/// Published by orders when an order is placed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct OrderPlaced {
+    order_id: String,
+    sku: String,
+    quantity: i32,
+}
+impl Message for OrderPlaced {
+    const TOPIC: &'static str = "orders.order_placed";
+}
+
+/// Published by the warehouse when stock for an order is reserved.
+#[derive(Debug, Serialize, Deserialize)]
+struct StockReserved {
+    order_id: String,
+    sku: String,
+    quantity: i32,
+}
+impl Message for StockReserved {
+    const TOPIC: &'static str = "warehouse.stock_reserved";
+}
+
+/// Published by orders when an order is confirmed.
+#[derive(Debug, Serialize, Deserialize)]
+struct OrderConfirmed {
+    order_id: String,
+    customer: String,
+}
+impl Message for OrderConfirmed {
+    const TOPIC: &'static str = "orders.order_confirmed";
+}
+
+// ---------------------------------------------------------------------------
+// 2. Handlers: module code subscribed to a message.
+//
+// Each delivery runs its handler in a transaction on the handler's module's
+// database that already holds the inbox row (message id, handler name): the
+// handler's changes, the messages it publishes and the inbox row commit
+// together, and a message delivered again finds the row and is skipped.
+//
+// An application on one backend implements `Handler<Sqlite>` (say) and runs
+// its queries on `tx.conn()`; minishop runs on either backend, so its
+// handlers are generic and run their queries through `Db`.
+
+/// Handler names: part of each inbox row's key, so stable across releases.
+const CONFIRM_ORDER: &str = "orders.confirm_order";
+const RESERVE_STOCK: &str = "warehouse.reserve_stock";
+const SEND_CONFIRMATION: &str = "notifications.send_confirmation";
+
+/// orders: `StockReserved` → confirm the order, publish `OrderConfirmed`.
+struct ConfirmOrder;
+
+impl<B: Backend> Handler<B> for ConfirmOrder {
+    type Message = StockReserved;
+
+    async fn handle(&self, tx: &mut Tx<B>, reserved: StockReserved) -> Result<(), HandlerError> {
+        let order_id = reserved.order_id;
+        let Some(customer) = tables::confirm_order(&mut Db::of(tx.conn()), &order_id).await? else {
+            // Cannot happen: an order commits before its OrderPlaced exists.
+            return Err(HandlerError::msg(format!("no order {order_id}")));
+        };
+        tx.publish(&OrderConfirmed { order_id, customer })?;
+        Ok(())
+    }
+}
+
+/// warehouse: `OrderPlaced` → reserve stock, publish `StockReserved`.
+///
+/// It runs batched (see [`start_modules`]): up to 32 orders in one
+/// transaction, each taking the stock of its own item. Two transactions
+/// taking items A then B and B then A would each lock one row and wait for
+/// the other's: a deadlock, which PostgreSQL breaks only after a second by
+/// failing one batch. So each call first locks every stock row in one
+/// global order (there are five); the later calls of a batch find them
+/// held by their own transaction and wait for nobody.
+struct ReserveStock;
+
+impl<B: Backend> Handler<B> for ReserveStock {
+    type Message = OrderPlaced;
+
+    async fn handle(&self, tx: &mut Tx<B>, order: OrderPlaced) -> Result<(), HandlerError> {
+        let mut db = Db::of(tx.conn());
+        tables::lock_stock(&mut db).await?;
+        // Idempotent in its own right, beyond the inbox: an order is
+        // reserved once, whatever message asks for it.
+        if tables::reservation_exists(&mut db, &order.order_id).await? {
+            tracing::warn!(order_id = %order.order_id, "stock already reserved for this order");
+            return Ok(());
+        }
+        let reservation = tables::NewReservation {
+            order_id: order.order_id.clone(),
+            sku: order.sku.clone(),
+            quantity: order.quantity,
+            reserved_at_us: tables::now_us(),
+        };
+        if !tables::reserve(&mut db, reservation).await? {
+            return Err(HandlerError::msg(format!("out of stock: {}", order.sku)));
+        }
+        tx.publish(&StockReserved {
+            order_id: order.order_id,
+            sku: order.sku,
+            quantity: order.quantity,
+        })?;
+        Ok(())
+    }
+}
+
+/// notifications: `OrderConfirmed` → "send" the confirmation e-mail.
+struct SendConfirmation;
+
+impl<B: Backend> Handler<B> for SendConfirmation {
+    type Message = OrderConfirmed;
+
+    async fn handle(&self, tx: &mut Tx<B>, confirmed: OrderConfirmed) -> Result<(), HandlerError> {
+        let delivery = tx
+            .delivery()
+            .cloned()
+            .ok_or_else(|| HandlerError::msg("a handler runs in a delivery"))?;
+        let email = tables::NewEmail {
+            id: uuid::Uuid::now_v7().to_string(),
+            subject: format!("Your MiniShop order {} is confirmed", confirmed.order_id),
+            order_id: confirmed.order_id,
+            recipient: confirmed.customer,
+            // The same on every delivery of this message to this handler.
+            idempotency_key: delivery.idempotency_key(),
+            sent_at_us: tables::now_us(),
+        };
+        // The row below commits or rolls back with the inbox row. A call to a
+        // real mail service would not: an attempt that then fails, or a crash
+        // before COMMIT, repeats it; the service, given the idempotency key,
+        // would drop the repeat.
+        tracing::debug!(to = %email.recipient, order_id = %email.order_id,
+            idempotency_key = %email.idempotency_key, attempt = delivery.attempt,
+            "sending confirmation e-mail");
+        tables::insert_email(&mut Db::of(tx.conn()), email).await?;
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 3. Modules: each owns a database, declares what it publishes and hosts
+//    its handlers.
+
+struct Shop<B: Backend> {
+    orders: ModuleHandle<B>,
+    warehouse: ModuleHandle<B>,
+    notifications: ModuleHandle<B>,
+}
+
+/// Starts the three modules, with the handlers of those this process runs
+/// (`--modules`). A module whose handlers run elsewhere is still opened
+/// here, for its outbox and for the final check. `module` makes a module's
+/// builder on the chosen backend. Starting a module creates tickbox's
+/// tables in its database, then runs the module's own migrations.
+async fn start_modules<B: Backend>(
+    args: &Args,
+    module: impl Fn(&str) -> ModuleBuilder<B>,
+) -> tickbox::Result<Shop<B>> {
+    use faults::flaky;
+    let fail = args.fail_rate;
+    // Sample the outbox gauges (pending, lag) every second, for the
+    // Prometheus endpoint.
+    let module = |name| module(name).metrics_interval(Duration::from_secs(1));
+
+    let mut orders = module("orders")
+        .migrations(&tables::ORDERS_MIGRATIONS)
+        .publishes::<OrderPlaced>()
+        .publishes::<OrderConfirmed>();
+    if args.runs(ModuleName::Orders) {
+        orders = orders.handler(CONFIRM_ORDER, flaky(ConfirmOrder, fail));
+    }
+    let mut warehouse = module("warehouse")
+        .migrations(&tables::WAREHOUSE_MIGRATIONS)
+        .publishes::<StockReserved>();
+    if args.runs(ModuleName::Warehouse) {
+        // Up to 32 waiting orders per transaction, one COMMIT for all; when
+        // one fails, the batch rolls back and runs one order at a time.
+        let batched = HandlerOptions::new().batch(32);
+        warehouse = warehouse.handler_with(RESERVE_STOCK, flaky(ReserveStock, fail), batched);
+    }
+    let mut notifications = module("notifications").migrations(&tables::NOTIFICATIONS_MIGRATIONS);
+    if args.runs(ModuleName::Notifications) {
+        notifications = notifications.handler(SEND_CONFIRMATION, flaky(SendConfirmation, fail));
+    }
+    // The orders module last: once its tables exist, the shop is open.
+    let notifications = notifications.start().await?;
+    let warehouse = warehouse.start().await?;
+    let orders = orders.start().await?;
+    Ok(Shop {
+        orders,
+        warehouse,
+        notifications,
+    })
+}
+
+// ---------------------------------------------------------------------------
+// 4. The bus: routes each committed message to every subscribed handler.
+
+async fn start_bus<B: Backend>(shop: &Shop<B>, args: &Args) -> tickbox::Result<BusHandle<B>> {
+    Bus::builder()
+        .module(&shop.orders)
+        .module(&shop.warehouse)
+        .module(&shop.notifications)
+        .duplicate_rate(args.duplicate_rate)
+        // Quick retries: the injected failures are meant to be seen healing.
+        // A delivery failing 25 times in a row (about 20 s) becomes a dead
+        // letter; at --fail-rate 0.1 the odds of that are 1e-25.
+        .retry_policy(RetryPolicy {
+            initial_delay: Duration::from_millis(20),
+            max_delay: Duration::from_secs(1),
+            max_attempts: Some(25),
+            ..RetryPolicy::default()
+        })
+        // A killed process's claims on outbox rows keep other buses away
+        // until they expire; short, so that --resume takes over soon.
+        .claim_lease(Duration::from_secs(2))
+        .start()
+        .await
+}
+
+// ---------------------------------------------------------------------------
+// 5. Publishing in a transaction: the order row and its `OrderPlaced`
+//    commit together, or neither does.
+
+async fn place_order<B: Backend>(orders: &ModuleHandle<B>) -> tickbox::Result<()> {
+    let order = tables::NewOrder::random();
+    // A connection lost during COMMIT leaves it unknown whether the order
+    // committed: it keeps its id across tries, so a try that finds it
+    // already there knows the earlier one did.
+    let mut tried = false;
+    faults::retrying("placing an order", || {
+        let order = order.clone();
+        let retry = std::mem::replace(&mut tried, true);
+        orders.transaction(async move |tx| {
+            let placed = OrderPlaced {
+                order_id: order.id.clone(),
+                sku: order.sku.clone(),
+                quantity: order.quantity,
+            };
+            match tables::insert_order(&mut Db::of(tx.conn()), order).await {
+                Err(DatabaseError(DatabaseErrorKind::UniqueViolation, _)) if retry => return Ok(()),
+                inserted => inserted?,
+            }
+            tx.publish(&placed)?;
+            Ok::<_, tickbox::Error>(())
+        })
+    })
+    .await
+}
+
+/// Places `n` orders, one transaction each, until done or Ctrl-C; how many
+/// it placed. The run is recorded while it places (see `flow::Placing`).
+async fn place_orders<B: Backend>(
+    shop: &Shop<B>,
+    bus: &BusHandle<B>,
+    n: u64,
+    stop: &CancellationToken,
+    progress: &mut Progress,
+) -> tickbox::Result<u64> {
+    let started = Instant::now();
+    let mut run = flow::Placing::start(&shop.orders, n).await?;
+    let mut placed = 0;
+    let placing = async {
+        while placed < n && !stop.is_cancelled() {
+            place_order(&shop.orders).await?;
+            placed += 1;
+            run.keep_alive().await?;
+            if progress.due() {
+                progress.placing(placed, n, &bus.metrics());
+            }
+        }
+        Ok::<_, tickbox::Error>(())
+    }
+    .await;
+    // Recorded as ended however the placing ended.
+    let ended = run.end().await;
+    placing.and(ended)?;
+    if progress.drawn() {
+        progress.placing(placed, n, &bus.metrics());
+    }
+    progress.finish();
+    tracing::info!(
+        "placed {placed}/{n} orders in {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(placed)
+}
+
+// ---------------------------------------------------------------------------
+// 6. Waiting until the whole flow is done.
+
+/// Polls until the bus is idle (`BusHandle::wait_idle`: nothing in memory
+/// or pending in any of the three outboxes, whichever process owes it),
+/// every order is confirmed and e-mailed, and no run is still placing
+/// orders — or the bus is idle while dead letters hold up the rest; until
+/// `deadline` or Ctrl-C otherwise.
+///
+/// Without a deadline, a process running all three modules gives itself a
+/// minute plus 20 ms per order; one running some of them waits as long as
+/// the others take.
+async fn wait_until_done<B: Backend>(
+    shop: &Shop<B>,
+    bus: &BusHandle<B>,
+    args: &Args,
+    deadline: Option<Instant>,
+    stop: &CancellationToken,
+    progress: &mut Progress,
+) -> tickbox::Result<Drain> {
+    let mut counts = Counts::read(shop, bus).await?;
+    let allowance = Duration::from_secs(60) + Duration::from_millis(20) * counts.orders as u32;
+    let deadline = deadline.or_else(|| args.runs_all().then(|| Instant::now() + allowance));
+    let drain = loop {
+        if stop.is_cancelled() {
+            break Drain::Interrupted;
+        }
+        counts = Counts::read(shop, bus).await?;
+        let idle = faults::retrying("checking the bus", || bus.wait_idle(Duration::ZERO)).await?;
+        // Read last: a run that starts after the counts were read shows here.
+        let runs = flow::placing_runs(shop).await?;
+        if idle && counts.complete() && flow::placing_done(&runs, args.runs_all()) {
+            break Drain::Finished;
+        }
+        if idle && flow::dead_letters(bus).await? > 0 {
+            tracing::error!("stopped waiting: nothing is pending, but dead letters hold up orders");
+            break Drain::Finished;
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            let what = flow::unfinished(shop, counts, &runs, args.runs_all()).await?;
+            tracing::error!("timed out: {what}");
+            break Drain::TimedOut(what);
+        }
+        if progress.due() {
+            progress.draining(&counts);
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(50)) => {}
+            () = stop.cancelled() => {}
+        }
+    };
+    if progress.drawn() {
+        progress.draining(&counts);
+    }
+    progress.finish();
+    Ok(drain)
+}
+
+// ---------------------------------------------------------------------------
+// 7. The run: start, place, wait, stop the bus, check the databases.
+
+async fn run<B: Backend>(
+    args: &Args,
+    module: impl Fn(&str) -> ModuleBuilder<B>,
+    stop: &CancellationToken,
+) -> tickbox::Result<report::Report> {
+    let started = Instant::now();
+    let shop = start_modules(args, module).await?;
+    let bus = start_bus(&shop, args).await?;
+
+    let mut progress = Progress::new();
+    let to_place = args.orders();
+    let deadline = args.timeout.map(|timeout| started + timeout);
+    let (mut placed, mut place_seconds) = (0, 0.0);
+    let waited = Instant::now();
+    // Stop the bus whatever happens in here.
+    let drain = async {
+        if args.resume {
+            tracing::info!("resuming: placing no orders, finishing pending work");
+        }
+        if to_place > 0 {
+            // A message committed before its handlers subscribed would reach
+            // none of them: wait for every process's handlers first.
+            let subscribed = flow::await_subscriptions(&shop, deadline, stop).await?;
+            if subscribed != Drain::Finished {
+                return Ok(subscribed);
+            }
+            let placing = Instant::now();
+            placed = place_orders(&shop, &bus, to_place, stop, &mut progress).await?;
+            place_seconds = placing.elapsed().as_secs_f64();
+            if placed < to_place {
+                return Ok(Drain::Interrupted);
+            }
+        }
+        wait_until_done(&shop, &bus, args, deadline, stop, &mut progress).await
+    }
+    .await;
+    progress.finish();
+    if matches!(drain, Ok(Drain::Interrupted)) {
+        tracing::info!("stopping the bus: running deliveries finish, the rest stays pending");
+    }
+    bus.stop().await;
+    let drain = drain?;
+    let drain_seconds = waited.elapsed().as_secs_f64() - place_seconds;
+
+    // The check: everything below is read from the databases, after the bus
+    // stopped.
+    let snapshot = check::Snapshot::read(&shop).await?;
+    let stores = flow::store_stats(&bus).await?;
+    Ok(report::Report {
+        backend: B::NAME,
+        modules: args.module_names(),
+        all_modules: args.runs_all(),
+        run: report::ThisRun {
+            placed,
+            to_place,
+            metrics: report::final_metrics(bus.metrics(), &stores),
+            place_seconds,
+            drain_seconds,
+            total_seconds: started.elapsed().as_secs_f64(),
+        },
+        databases: report::Databases {
+            orders: snapshot.orders.len(),
+            reservations: snapshot.reservations.len(),
+            confirmations: snapshot.confirmations(),
+            emails: snapshot.emails.len(),
+            pending: stores.iter().map(|(_, s)| s.outbox_pending).sum(),
+            dead_letters: stores.iter().map(|(_, s)| s.dead_letters).sum(),
+        },
+        problems: check::verify(&snapshot),
+        drain,
+    })
+}
+
+#[actix::main]
+async fn main() -> ExitCode {
+    let args = Args::parse_or_exit();
+    progress::init_logging();
+    // From here on Ctrl-C asks the run to stop; a second one quits.
+    let stop = shutdown::on_ctrl_c();
+    if let Some(addr) = args.metrics_addr {
+        if let Err((error, code)) = report::serve_metrics(addr) {
+            report::print_error(&error, args.json);
+            return ExitCode::from(code);
+        }
+    }
+
+    let result = match args.store() {
+        Store::Sqlite(dir) => match std::fs::create_dir_all(dir) {
+            Ok(()) => {
+                let file = |name: &str| dir.join(format!("{name}.db")).display().to_string();
+                let module =
+                    |name: &str| tickbox::Module::<tickbox::Sqlite>::builder(name, file(name));
+                run(&args, module, &stop).await.map_err(|e| e.to_string())
+            }
+            Err(e) => Err(format!(
+                "cannot create the data directory {}: {e}",
+                dir.display()
+            )),
+        },
+        #[cfg(feature = "postgres")]
+        Store::Postgres(url) => {
+            let module = |name: &str| {
+                tickbox::Module::<tickbox::Postgres>::builder(name, url)
+                    .schema(format!("minishop_{name}"))
+            };
+            run(&args, module, &stop).await.map_err(|e| e.to_string())
+        }
+        #[cfg(not(feature = "postgres"))]
+        Store::Postgres(url) => Err(format!(
+            "--database-url {} needs the `postgres` feature: cargo run --release --features \
+             postgres --example minishop -- --database-url postgres://...",
+            tickbox::redact_url(url)
+        )),
+    };
+    match result {
+        Ok(report) if args.json => {
+            println!("{}", report.json());
+            report.exit_code()
+        }
+        Ok(report) => {
+            report.print();
+            report.exit_code()
+        }
+        Err(error) => {
+            report::print_error(&error, args.json);
+            ExitCode::FAILURE
+        }
+    }
+}

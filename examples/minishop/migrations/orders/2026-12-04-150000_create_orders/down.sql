@@ -1,0 +1,2 @@
+DROP TABLE placing_runs;
+DROP TABLE orders;

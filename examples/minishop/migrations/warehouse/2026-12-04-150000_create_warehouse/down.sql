@@ -1,0 +1,2 @@
+DROP TABLE reservations;
+DROP TABLE stock;

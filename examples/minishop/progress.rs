@@ -1,0 +1,171 @@
+//! Progress on stderr: a bar redrawn in place when stderr is a terminal
+//! (indicatif), otherwise a log line every 2 s. Log lines and messages are
+//! written above the bar.
+//!
+//! The progress is drawn from numbers at hand (a counter, the bus's
+//! in-memory metrics, the counts the waiting loop reads anyway), never from
+//! a query of its own.
+
+use crate::flow::Counts;
+use crate::{CONFIRM_ORDER, RESERVE_STOCK, SEND_CONFIRMATION};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::{IsTerminal, Write};
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+use tickbox::BusMetrics;
+
+/// Where the bars are drawn; it knows how to write above them.
+static DISPLAY: LazyLock<MultiProgress> =
+    LazyLock::new(|| MultiProgress::with_draw_target(ProgressDrawTarget::stderr()));
+
+/// One line on stderr, above the bar.
+pub fn say(text: &str) {
+    DISPLAY.suspend(|| eprintln!("{text}"));
+}
+
+/// Logs go to stderr, above the bar: `RUST_LOG` sets the filter, by default
+/// `warn,minishop=info` (`minishop=debug` shows every e-mail sent).
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,minishop=info".into()),
+        )
+        .with_writer(LogWriter::default)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+/// The log's writer: one formatted event per writer, written out above the
+/// bar when it is dropped.
+#[derive(Default)]
+struct LogWriter(Vec<u8>);
+
+impl Write for LogWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for LogWriter {
+    fn drop(&mut self) {
+        if !self.0.is_empty() {
+            DISPLAY.suspend(|| {
+                let mut stderr = std::io::stderr().lock();
+                let _ = stderr.write_all(&self.0);
+                let _ = stderr.flush();
+            });
+        }
+    }
+}
+
+/// The progress of one run: placing orders, then waiting for the flow.
+pub struct Progress {
+    /// The current phase's bar, on a terminal.
+    bar: Option<ProgressBar>,
+    tty: bool,
+    /// When it was last shown.
+    last: Option<Instant>,
+}
+
+impl Progress {
+    pub fn new() -> Self {
+        Progress {
+            bar: None,
+            tty: std::io::stderr().is_terminal(),
+            last: None,
+        }
+    }
+
+    /// Whether it is time to show it again: on a terminal ten times a
+    /// second, otherwise every 2 s.
+    pub fn due(&self) -> bool {
+        let every = if self.tty {
+            Duration::from_millis(100)
+        } else {
+            Duration::from_secs(2)
+        };
+        self.last.is_none_or(|at| at.elapsed() >= every)
+    }
+
+    /// Placing: orders placed so far by this run, and what the bus reports
+    /// it has done with them, from its in-memory counters. Pending is
+    /// estimated from them too: the messages this run published (one per
+    /// order placed, one per reservation and per confirmation handled) less
+    /// those delivered.
+    pub fn placing(&mut self, placed: u64, total: u64, metrics: &BusMetrics) {
+        let handled = |name: &str| -> u64 {
+            metrics
+                .modules
+                .iter()
+                .flat_map(|m| &m.handlers)
+                .filter(|h| h.handler == name)
+                .map(|h| h.handled)
+                .sum()
+        };
+        let published = placed + handled(RESERVE_STOCK) + handled(CONFIRM_ORDER);
+        let pending = published.saturating_sub(metrics.delivered);
+        let text = format!(
+            "{placed}/{total} orders  confirmed {}  e-mails {}  pending {pending}",
+            handled(CONFIRM_ORDER),
+            handled(SEND_CONFIRMATION)
+        );
+        self.show("placing", placed, total, &text);
+    }
+
+    /// Waiting: the counts read from the databases.
+    pub fn draining(&mut self, counts: &Counts) {
+        let Counts {
+            orders,
+            confirmed,
+            emails,
+            pending,
+        } = *counts;
+        let done = confirmed.min(orders) + emails.min(orders);
+        let text = format!("{confirmed}/{orders} confirmed  e-mails {emails}  pending {pending}");
+        self.show(
+            "draining",
+            done.max(0) as u64,
+            2 * orders.max(0) as u64,
+            &text,
+        );
+    }
+
+    fn show(&mut self, phase: &'static str, done: u64, total: u64, text: &str) {
+        self.last = Some(Instant::now());
+        if !self.tty {
+            tracing::info!("{phase}: {}", text.replace("  ", ", "));
+            return;
+        }
+        let bar = self.bar.get_or_insert_with(|| {
+            let style = ProgressStyle::with_template("{prefix:8} [{bar:20}] {msg}")
+                .expect("a valid template")
+                .progress_chars("#>.");
+            DISPLAY.add(ProgressBar::new(total).with_style(style).with_prefix(phase))
+        });
+        if bar.prefix() != phase {
+            self.finish();
+            return self.show(phase, done, total, text);
+        }
+        bar.set_length(total.max(1));
+        bar.set_position(if total == 0 { 1 } else { done });
+        bar.set_message(text.to_string());
+    }
+
+    /// Whether a bar is drawn (on a terminal).
+    pub fn drawn(&self) -> bool {
+        self.bar.is_some()
+    }
+
+    /// Leaves the current bar drawn as it is; what follows goes below it.
+    pub fn finish(&mut self) {
+        if let Some(bar) = self.bar.take() {
+            bar.abandon();
+        }
+    }
+}

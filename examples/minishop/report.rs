@@ -1,0 +1,392 @@
+//! The report at the end of a run: on stdout as text, or with `--json` as
+//! one JSON object and nothing else.
+//!
+//! It keeps apart what this run did (from the bus's in-memory counters,
+//! since this process started) and what the databases hold (every run's
+//! work, which the check reads).
+
+use crate::check::Problem;
+use crate::flow::Drain;
+use comfy_table::{CellAlignment, LineStyle, Table, TableStyle};
+use std::process::ExitCode;
+use std::time::Duration;
+use tickbox::{BusMetrics, LatencyMetrics, StoreStats};
+
+/// What a run found.
+#[derive(Debug)]
+pub struct Report {
+    pub backend: &'static str,
+    /// The modules whose handlers ran here, and whether that is all of
+    /// them.
+    pub modules: Vec<&'static str>,
+    pub all_modules: bool,
+    pub run: ThisRun,
+    pub databases: Databases,
+    pub problems: Vec<Problem>,
+    pub drain: Drain,
+}
+
+/// What this run did.
+#[derive(Debug)]
+pub struct ThisRun {
+    /// New orders placed, and asked to place.
+    pub placed: u64,
+    pub to_place: u64,
+    /// The bus's metrics at the end, the outbox gauges read after it
+    /// stopped.
+    pub metrics: BusMetrics,
+    pub place_seconds: f64,
+    pub drain_seconds: f64,
+    pub total_seconds: f64,
+}
+
+/// What the three databases hold, over every run.
+#[derive(Debug)]
+pub struct Databases {
+    pub orders: usize,
+    pub reservations: usize,
+    pub confirmations: i64,
+    pub emails: usize,
+    /// Outbox messages not yet delivered to every subscriber.
+    pub pending: i64,
+    pub dead_letters: i64,
+}
+
+impl Report {
+    pub fn ok(&self) -> bool {
+        self.drain == Drain::Finished
+            && self.databases.pending == 0
+            && self.databases.dead_letters == 0
+            && self.problems.is_empty()
+    }
+
+    fn interrupted(&self) -> bool {
+        self.drain == Drain::Interrupted
+    }
+
+    /// Problems that are not just work left to do: something done twice,
+    /// or done without its cause.
+    fn broken(&self) -> impl Iterator<Item = &Problem> {
+        self.problems.iter().filter(|p| !p.unfinished)
+    }
+
+    /// 0 when the check passed; 130 when interrupted with nothing broken;
+    /// 1 otherwise.
+    pub fn exit_code(&self) -> ExitCode {
+        if self.ok() {
+            ExitCode::SUCCESS
+        } else if self.interrupted() && self.broken().next().is_none() {
+            ExitCode::from(130)
+        } else {
+            ExitCode::FAILURE
+        }
+    }
+
+    /// The result as one JSON object. `ok`, `placed` and the databases'
+    /// totals (`orders`, `reservations`, `confirmations`, `emails`,
+    /// `pending`, `dead_letters`) are at the top, where scripts read them;
+    /// `this_run` holds this run's counters and `metrics` the bus's final
+    /// metrics snapshot (`BusMetrics`).
+    pub fn json(&self) -> serde_json::Value {
+        let (run, db, m) = (&self.run, &self.databases, &self.run.metrics);
+        serde_json::json!({
+            "ok": self.ok(),
+            "backend": self.backend,
+            "modules": self.modules,
+            "placed": run.placed,
+            "orders": db.orders,
+            "reservations": db.reservations,
+            "confirmations": db.confirmations,
+            "emails": db.emails,
+            "pending": db.pending,
+            "dead_letters": db.dead_letters,
+            "drained": self.drain == Drain::Finished,
+            "interrupted": self.interrupted(),
+            "unfinished": match &self.drain {
+                Drain::TimedOut(what) => Some(what),
+                _ => None,
+            },
+            "problems": self.problems.iter().map(|p| &p.text).collect::<Vec<_>>(),
+            "this_run": {
+                "placed": run.placed,
+                "to_place": run.to_place,
+                "handled": m.total(|h| h.handled),
+                "duplicates_skipped": m.total(|h| h.duplicates_skipped),
+                "duplicates_injected": m.duplicates_injected,
+                "failed": m.total(|h| h.failed),
+                "retries": m.total(|h| h.retried),
+                "dead_lettered": m.total(|h| h.dead_lettered),
+                "delivered": m.delivered,
+                "place_seconds": run.place_seconds,
+                "drain_seconds": run.drain_seconds,
+                "total_seconds": run.total_seconds,
+            },
+            "metrics": serde_json::to_value(m).unwrap_or_else(
+                |e| serde_json::json!({ "error": format!("the metrics did not serialize: {e}") }),
+            ),
+        })
+    }
+
+    /// The report as text.
+    pub fn print(&self) {
+        let (run, db, m) = (&self.run, &self.databases, &self.run.metrics);
+        let verdict = if self.ok() {
+            "OK"
+        } else if self.interrupted() {
+            "INTERRUPTED"
+        } else {
+            "FAILED"
+        };
+        println!("MiniShop on {}: {verdict}", self.backend);
+        if !self.all_modules {
+            println!(
+                "  ran the handlers of {} here; the rest run in other processes",
+                self.modules.join(", ")
+            );
+        }
+
+        println!();
+        println!("This run ({:.2} s):", run.total_seconds);
+        println!(
+            "  placed {} of {} new orders in {:.2} s, then waited {:.2} s for the flow",
+            run.placed, run.to_place, run.place_seconds, run.drain_seconds
+        );
+        println!(
+            "  {} handled, {} duplicates skipped ({} injected), {} failed attempts, {} retries, \
+             {} dead-lettered, {} messages delivered",
+            m.total(|h| h.handled),
+            m.total(|h| h.duplicates_skipped),
+            m.duplicates_injected,
+            m.total(|h| h.failed),
+            m.total(|h| h.retried),
+            m.total(|h| h.dead_lettered),
+            m.delivered
+        );
+        println!("{}", handler_table(m));
+        println!("{}", latency_table(m));
+        println!("  (p50 and p99 are upper bounds: the histogram bucket each falls in)");
+
+        println!();
+        println!("The databases (every run's work):");
+        println!(
+            "  {} orders, {} reservations, {} confirmations, {} e-mails, {} messages pending, \
+             {} dead letters",
+            db.orders, db.reservations, db.confirmations, db.emails, db.pending, db.dead_letters
+        );
+        println!("{}", outbox_table(m));
+
+        println!();
+        self.print_check();
+    }
+
+    fn print_check(&self) {
+        let (run, db) = (&self.run, &self.databases);
+        if self.ok() {
+            println!(
+                "Check: OK — every order has exactly one reservation, one confirmation and one \
+                 e-mail; no message pending"
+            );
+            return;
+        }
+        if self.interrupted() {
+            println!(
+                "Check: skipped, the work is unfinished — run again with --resume to finish it \
+                 (it places no new orders)"
+            );
+            if run.placed < run.to_place {
+                println!(
+                    "  - {} of the {} new orders were never placed",
+                    run.to_place - run.placed,
+                    run.to_place
+                );
+            }
+            if db.pending != 0 {
+                println!("  - {} outbox messages pending", db.pending);
+            }
+            for problem in self.problems.iter().filter(|p| p.unfinished) {
+                println!("  - {}", problem.text);
+            }
+            if self.broken().next().is_none() {
+                println!("  so far nothing was done twice or without its cause");
+            } else {
+                println!("FAILED even so:");
+                for problem in self.broken() {
+                    println!("  - {}", problem.text);
+                }
+            }
+            return;
+        }
+        println!("Check: FAILED");
+        if let Drain::TimedOut(what) = &self.drain {
+            println!("  - the work did not finish before the deadline: {what}");
+        }
+        if db.pending != 0 {
+            println!("  - {} outbox messages still pending", db.pending);
+        }
+        if db.dead_letters != 0 {
+            println!(
+                "  - {} dead letters: deliveries given up on, waiting for an operator \
+                 (ModuleHandle::dead_letters, replay_dead_letter)",
+                db.dead_letters
+            );
+        }
+        for problem in &self.problems {
+            println!("  - {}", problem.text);
+        }
+    }
+}
+
+/// Per handler: its counters.
+fn handler_table(metrics: &BusMetrics) -> Table {
+    let mut table = table(&[
+        "handler",
+        "handled",
+        "duplicates",
+        "failed",
+        "retried",
+        "dead-lettered",
+        "batches",
+        "fallbacks",
+    ]);
+    for h in metrics.modules.iter().flat_map(|m| &m.handlers) {
+        table.add_row(vec![
+            h.handler.to_string(),
+            h.handled.to_string(),
+            h.duplicates_skipped.to_string(),
+            h.failed.to_string(),
+            h.retried.to_string(),
+            h.dead_lettered.to_string(),
+            h.batches.to_string(),
+            h.batch_fallbacks.to_string(),
+        ]);
+    }
+    table
+}
+
+/// Per handler: the time of its transaction, and from publishing to
+/// handling.
+fn latency_table(metrics: &BusMetrics) -> Table {
+    let mut table = table(&[
+        "handler",
+        "transaction p50 / p99 / mean",
+        "end to end p50 / p99 / mean",
+    ]);
+    for h in metrics.modules.iter().flat_map(|m| &m.handlers) {
+        table.add_row(vec![
+            h.handler.to_string(),
+            latency(&h.latency),
+            latency(&h.end_to_end),
+        ]);
+    }
+    table
+}
+
+/// Per module: its outbox. Pending and dead letters are what the databases
+/// hold; delivered is this run's.
+fn outbox_table(metrics: &BusMetrics) -> Table {
+    let mut table = table(&["outbox", "pending", "dead letters", "delivered (this run)"]);
+    for module in &metrics.modules {
+        let outbox = &module.outbox;
+        table.add_row(vec![
+            module.module.to_string(),
+            outbox.pending.to_string(),
+            outbox.dead_letters.to_string(),
+            outbox.delivered.to_string(),
+        ]);
+    }
+    table
+}
+
+/// A table with a header, its first column left-aligned and the others
+/// right-aligned.
+fn table(header: &[&str]) -> Table {
+    let mut table = Table::new();
+    // A line under the header, and nothing else.
+    let style = TableStyle::new().header_separator(LineStyle::none().fill('─').junction(' '));
+    table.load_style(style).set_header(header);
+    for column in table.column_iter_mut().skip(1) {
+        column.set_cell_alignment(CellAlignment::Right);
+    }
+    table
+}
+
+/// `≤p50 / ≤p99 / mean` of a latency histogram, or `-` without
+/// observations.
+fn latency(l: &LatencyMetrics) -> String {
+    if l.count == 0 {
+        return "-".into();
+    }
+    let bound = |q: f64| {
+        let b = l.quantile_upper_bound(q);
+        if b.is_finite() {
+            format!("≤{}", seconds(b))
+        } else {
+            let last = l.buckets.last().map_or(0.0, |(le, _)| *le);
+            format!(">{}", seconds(last))
+        }
+    };
+    format!(
+        "{} / {} / {}",
+        bound(0.5),
+        bound(0.99),
+        seconds(l.mean_seconds())
+    )
+}
+
+fn seconds(s: f64) -> String {
+    format!("{:.1?}", Duration::from_secs_f64(s.max(0.0)))
+}
+
+/// The bus's metrics snapshot, its outbox gauges brought up to date.
+///
+/// The gauges (pending, lag, dead letters) are what each module last
+/// sampled from its database, up to a sampling interval old; the report has
+/// just read the same values after the bus stopped, so those stand in for
+/// the sample, as if it had been taken then.
+pub fn final_metrics(mut metrics: BusMetrics, stores: &[(String, StoreStats)]) -> BusMetrics {
+    let now = crate::tables::now_us();
+    for module in &mut metrics.modules {
+        if let Some((_, stats)) = stores.iter().find(|(name, _)| *name == module.module) {
+            module.outbox.pending = stats.outbox_pending;
+            module.outbox.dead_letters = stats.dead_letters;
+            module.outbox.lag_seconds = stats
+                .oldest_pending_us
+                .map_or(0.0, |oldest| (now - oldest).max(0) as f64 / 1e6);
+            module.outbox.sampled_at_us = now;
+        }
+    }
+    metrics
+}
+
+/// A run that could not produce a report: the error on stderr and, with
+/// `--json`, one JSON object on stdout.
+pub fn print_error(error: &str, json: bool) {
+    eprintln!("minishop: {error}");
+    if json {
+        println!("{}", serde_json::json!({ "ok": false, "error": error }));
+    }
+}
+
+/// Serves the Prometheus endpoint, before any module starts (modules
+/// register their metrics when they start); on failure the message and the
+/// exit code.
+pub fn serve_metrics(addr: std::net::SocketAddr) -> Result<(), (String, u8)> {
+    #[cfg(feature = "prometheus")]
+    {
+        let exporter = tickbox::install_prometheus(addr)
+            .map_err(|e| (format!("cannot serve the metrics: {e}"), 1))?;
+        tracing::info!(
+            "serving Prometheus metrics at http://{}/metrics",
+            exporter.addr()
+        );
+        Ok(())
+    }
+    #[cfg(not(feature = "prometheus"))]
+    Err((
+        format!(
+            "--metrics-addr {addr} needs the `prometheus` feature: \
+             cargo run --release --features prometheus --example minishop -- --metrics-addr {addr}"
+        ),
+        2,
+    ))
+}
