@@ -8,6 +8,7 @@
 //! TICKBOX_PG_URL=postgres://postgres@127.0.0.1:5432/test cargo test --all-features
 //! ```
 
+mod examples;
 #[cfg(feature = "prometheus")]
 mod exposition;
 #[cfg(feature = "postgres")]

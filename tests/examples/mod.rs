@@ -1,0 +1,188 @@
+//! The examples: the README's quick start is `examples/quick_start.rs` word
+//! for word, every example opens with what it shows and the command that
+//! runs it, and the short examples run and do what they say. (minishop has
+//! tests of its own, in `processes`.)
+//!
+//! `cargo test` builds the examples, so their binaries are beside the
+//! test's.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The code of the first `rust` block under the README's `## Quick start`.
+fn readme_quick_start() -> String {
+    let readme = read(&root().join("README.md"));
+    let section = readme
+        .split_once("\n## Quick start\n")
+        .expect("README.md has a `## Quick start` section")
+        .1;
+    let section = section.split("\n## ").next().unwrap_or(section);
+    let code = section
+        .split_once("```rust\n")
+        .expect("the Quick start section has a ```rust block")
+        .1;
+    let end = code
+        .find("\n```\n")
+        .expect("the Quick start's ```rust block ends");
+    format!("{}\n", &code[..end])
+}
+
+#[test]
+fn the_readme_quick_start_is_the_quick_start_example() {
+    let readme = readme_quick_start();
+    let example = read(&root().join("examples/quick_start.rs"));
+    if readme != example {
+        let (line, (r, e)) = readme
+            .lines()
+            .chain(std::iter::repeat("<end>"))
+            .zip(example.lines().chain(std::iter::repeat("<end>")))
+            .enumerate()
+            .find(|(_, (r, e))| r != e)
+            .expect("they differ");
+        panic!(
+            "README.md's Quick start and examples/quick_start.rs differ first at line {}:\n  \
+             README.md: {r}\n  example:   {e}\ncopy one onto the other",
+            line + 1
+        );
+    }
+}
+
+/// Each example with its source: `examples/NAME.rs` or
+/// `examples/NAME/main.rs`.
+fn examples() -> Vec<(String, PathBuf)> {
+    let dir = root().join("examples");
+    let mut found: Vec<_> = std::fs::read_dir(&dir)
+        .expect("examples/")
+        .map(|entry| entry.expect("a directory entry").path())
+        .filter_map(|path| {
+            if path.is_dir() {
+                let main = path.join("main.rs");
+                let name = path.file_name()?.to_str()?.to_string();
+                main.exists().then_some((name, main))
+            } else if path.extension()? == "rs" {
+                Some((path.file_stem()?.to_str()?.to_string(), path))
+            } else {
+                None
+            }
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+#[test]
+fn every_example_opens_with_what_it_shows_and_the_command_that_runs_it() {
+    let examples = examples();
+    assert!(examples.len() >= 4, "examples found: {examples:?}");
+    for (name, path) in examples {
+        let source = read(&path);
+        let doc: Vec<&str> = source
+            .lines()
+            .take_while(|line| line.starts_with("//!"))
+            .collect();
+        assert!(
+            doc.len() >= 2,
+            "{} does not open with a `//!` comment saying what it shows",
+            path.display()
+        );
+        let doc = doc.join("\n");
+        assert!(
+            doc.contains("cargo run") && doc.contains(&format!("--example {name}")),
+            "{}'s opening comment does not give the command that runs it \
+             (`cargo run --example {name}`)",
+            path.display()
+        );
+    }
+}
+
+/// The binary of example `name`, built with this test.
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>/deps");
+    let path = profile_dir.join("examples").join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run the tests with `cargo test`, which builds the examples",
+        path.display()
+    );
+    path
+}
+
+/// Runs example `name` in `dir` to its end (at most two minutes); panics
+/// unless it succeeds.
+fn run(name: &str, dir: &Path) -> String {
+    let mut child = Command::new(example(name))
+        .current_dir(dir)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the example starts");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while child.try_wait().expect("try_wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = child.wait_with_output().expect("its output");
+    let stdout = String::from_utf8_lossy(&stdout).into_owned();
+    assert!(
+        status.success(),
+        "example {name} failed ({status})\nstdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&stderr)
+    );
+    stdout
+}
+
+#[test]
+fn the_quick_start_runs_as_written_in_an_empty_directory_and_again() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let first = run("quick_start", dir.path());
+    assert!(
+        first.contains("delivered: true; reservations: 1"),
+        "{first}"
+    );
+    let second = run("quick_start", dir.path());
+    assert!(
+        second.contains("delivered: true; reservations: 2"),
+        "{second}"
+    );
+}
+
+#[test]
+fn the_batched_handler_example_handles_every_reading_once() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let output = run("batched_handler", dir.path());
+    assert!(output.contains("2000 readings handled"), "{output}");
+}
+
+#[test]
+fn in_the_several_processes_example_each_worker_gets_every_order() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let output = run("several_processes", dir.path());
+    for worker in ["warehouse", "notifications"] {
+        assert!(
+            output.contains(&format!("{worker}: recorded all 50 orders")),
+            "{output}"
+        );
+    }
+}
