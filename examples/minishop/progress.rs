@@ -8,19 +8,28 @@
 
 use crate::flow::Counts;
 use crate::{CONFIRM_ORDER, RESERVE_STOCK, SEND_CONFIRMATION};
-use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::{IsTerminal, Write};
-use std::sync::LazyLock;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tickbox::BusMetrics;
 
-/// Where the bars are drawn; it knows how to write above them.
-static DISPLAY: LazyLock<MultiProgress> =
-    LazyLock::new(|| MultiProgress::with_draw_target(ProgressDrawTarget::stderr()));
+/// The bar drawn at the moment, if any: what is written to stderr goes
+/// above it.
+static BAR: Mutex<Option<ProgressBar>> = Mutex::new(None);
+
+/// Runs `write` with the bar, if one is drawn, hidden meanwhile.
+fn above_bar(write: impl FnOnce()) {
+    let bar = BAR.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    match bar {
+        Some(bar) => bar.suspend(write),
+        None => write(),
+    }
+}
 
 /// One line on stderr, above the bar.
 pub fn say(text: &str) {
-    DISPLAY.suspend(|| eprintln!("{text}"));
+    above_bar(|| eprintln!("{text}"));
 }
 
 /// Logs go to stderr, above the bar: `RUST_LOG` sets the filter, by default
@@ -55,7 +64,7 @@ impl Write for LogWriter {
 impl Drop for LogWriter {
     fn drop(&mut self) {
         if !self.0.is_empty() {
-            DISPLAY.suspend(|| {
+            above_bar(|| {
                 let mut stderr = std::io::stderr().lock();
                 let _ = stderr.write_all(&self.0);
                 let _ = stderr.flush();
@@ -146,7 +155,11 @@ impl Progress {
             let style = ProgressStyle::with_template("{prefix:8} [{bar:20}] {msg}")
                 .expect("a valid template")
                 .progress_chars("#>.");
-            DISPLAY.add(ProgressBar::new(total).with_style(style).with_prefix(phase))
+            let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr())
+                .with_style(style)
+                .with_prefix(phase);
+            *BAR.lock().unwrap_or_else(PoisonError::into_inner) = Some(bar.clone());
+            bar
         });
         if bar.prefix() != phase {
             self.finish();
@@ -165,6 +178,7 @@ impl Progress {
     /// Leaves the current bar drawn as it is; what follows goes below it.
     pub fn finish(&mut self) {
         if let Some(bar) = self.bar.take() {
+            *BAR.lock().unwrap_or_else(PoisonError::into_inner) = None;
             bar.abandon();
         }
     }

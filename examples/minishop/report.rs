@@ -147,10 +147,17 @@ impl Report {
 
         println!();
         println!("This run ({:.2} s):", run.total_seconds);
-        println!(
-            "  placed {} of {} new orders in {:.2} s, then waited {:.2} s for the flow",
-            run.placed, run.to_place, run.place_seconds, run.drain_seconds
-        );
+        if run.to_place == 0 {
+            println!(
+                "  placed no orders, waited {:.2} s for the flow",
+                run.drain_seconds
+            );
+        } else {
+            println!(
+                "  placed {} of {} new orders in {:.2} s, then waited {:.2} s for the flow",
+                run.placed, run.to_place, run.place_seconds, run.drain_seconds
+            );
+        }
         println!(
             "  {} handled, {} duplicates skipped ({} injected), {} failed attempts, {} retries, \
              {} dead-lettered, {} messages delivered",
@@ -162,7 +169,9 @@ impl Report {
             m.total(|h| h.dead_lettered),
             m.delivered
         );
+        println!();
         println!("{}", handler_table(m));
+        println!();
         println!("{}", latency_table(m));
         println!("  (p50 and p99 are upper bounds: the histogram bucket each falls in)");
 
@@ -173,6 +182,7 @@ impl Report {
              {} dead letters",
             db.orders, db.reservations, db.confirmations, db.emails, db.pending, db.dead_letters
         );
+        println!();
         println!("{}", outbox_table(m));
 
         println!();
