@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tickbox::diesel::{self, ExpressionMethods};
 use tickbox::diesel_async::{RunQueryDsl, SimpleAsyncConnection};
-use tickbox::{Bus, Handler, HandlerError, HandlerOptions, Message, Module, Sqlite, Tx};
+use tickbox::{Bus, Delivery, Handler, HandlerError, HandlerOptions, Message, Module, Sqlite, Tx};
 
 #[derive(Serialize, Deserialize)]
 struct Reading {
@@ -41,7 +41,12 @@ diesel::table! {
 struct AddReading;
 impl Handler<Sqlite> for AddReading {
     type Message = Reading;
-    async fn handle(&self, tx: &mut Tx<Sqlite>, reading: Reading) -> Result<(), HandlerError> {
+    async fn handle(
+        &self,
+        tx: &mut Tx<Sqlite>,
+        reading: Reading,
+        _delivery: &Delivery,
+    ) -> Result<(), HandlerError> {
         use totals::dsl::{readings, sensor, sum};
         diesel::insert_into(totals::table)
             .values((

@@ -30,7 +30,9 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tickbox::{Backend, Bus, Handler, HandlerError, Message, ModuleBuilder, ModuleHandle, Tx};
+use tickbox::{
+    Backend, Bus, Delivery, Handler, HandlerError, Message, ModuleBuilder, ModuleHandle, Tx,
+};
 use uuid::Uuid;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -76,7 +78,7 @@ usage: bench --backend sqlite|postgres [options]
                        handler's COMMIT; latency is then measured to handler end
   --only WHAT          throughput: run only `baseline` or only `tickbox` (for
                        profiling; no ratio then)
-  --sweep-ms MS        the bus's sweep interval (default: the library's, 2 s)
+  --sweep-ms MS        the bus's scan interval (default: the library's, 2 s)
   --batch B            tickbox's handler takes up to B waiting messages per
                        transaction (HandlerOptions::batch; default 1: none)
   --delete-delivered   the producer module deletes outbox rows as they are
@@ -341,11 +343,13 @@ struct Record {
 impl<B: BenchBackend> Handler<B> for Record {
     type Message = Work;
 
-    async fn handle(&self, tx: &mut Tx<B>, work: Work) -> Result<(), HandlerError> {
-        let id = tx
-            .delivery()
-            .map(|d| d.envelope.id)
-            .ok_or_else(|| HandlerError::msg("a handler runs in a delivery"))?;
+    async fn handle(
+        &self,
+        tx: &mut Tx<B>,
+        work: Work,
+        delivery: &Delivery,
+    ) -> Result<(), HandlerError> {
+        let id = delivery.envelope.id;
         B::insert_effect(tx.conn(), work.n as i64, id).await?;
         let clock = self.clock.read().unwrap_or_else(|p| p.into_inner()).clone();
         clock.handler_ended(work.n, id);
@@ -1197,7 +1201,7 @@ async fn pair<B: BenchBackend>(place: &Place, args: &Args) -> Res<Pair<B>> {
 fn bus_builder<B: BenchBackend>(args: &Args, pair: &Pair<B>) -> tickbox::BusBuilder<B> {
     let builder = Bus::builder().module(&pair.shop).module(&pair.ledger);
     match args.sweep_ms {
-        Some(ms) => builder.sweep_interval(Duration::from_millis(ms)),
+        Some(ms) => builder.scan_interval(Duration::from_millis(ms)),
         None => builder,
     }
 }

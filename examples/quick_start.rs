@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tickbox::diesel::{self, ExpressionMethods, QueryDsl};
 use tickbox::diesel_async::{RunQueryDsl, SimpleAsyncConnection};
-use tickbox::{Bus, Handler, HandlerError, Message, Module, Sqlite, Tx};
+use tickbox::{Bus, Delivery, Handler, HandlerError, Message, Module, Sqlite, Tx};
 
 #[derive(Serialize, Deserialize)]
 struct OrderPlaced {
@@ -39,7 +39,12 @@ diesel::table! {
 struct ReserveStock;
 impl Handler<Sqlite> for ReserveStock {
     type Message = OrderPlaced;
-    async fn handle(&self, tx: &mut Tx<Sqlite>, order: OrderPlaced) -> Result<(), HandlerError> {
+    async fn handle(
+        &self,
+        tx: &mut Tx<Sqlite>,
+        order: OrderPlaced,
+        _delivery: &Delivery,
+    ) -> Result<(), HandlerError> {
         diesel::insert_into(reservations::table)
             .values(reservations::order_id.eq(order.order_id))
             .execute(tx.conn())

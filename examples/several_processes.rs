@@ -15,7 +15,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 use tickbox::diesel::{self, ExpressionMethods};
 use tickbox::diesel_async::{RunQueryDsl, SimpleAsyncConnection};
-use tickbox::{Bus, Handler, HandlerError, Message, Module, ModuleBuilder, Sqlite, Tx};
+use tickbox::{Bus, Delivery, Handler, HandlerError, Message, Module, ModuleBuilder, Sqlite, Tx};
 
 const ORDERS: i64 = 50;
 const WORKERS: [&str; 2] = ["warehouse", "notifications"];
@@ -38,7 +38,12 @@ diesel::table! {
 struct RecordOrder;
 impl Handler<Sqlite> for RecordOrder {
     type Message = OrderPlaced;
-    async fn handle(&self, tx: &mut Tx<Sqlite>, order: OrderPlaced) -> Result<(), HandlerError> {
+    async fn handle(
+        &self,
+        tx: &mut Tx<Sqlite>,
+        order: OrderPlaced,
+        _delivery: &Delivery,
+    ) -> Result<(), HandlerError> {
         diesel::insert_into(recorded::table)
             .values(recorded::order_id.eq(order.order_id))
             .execute(tx.conn())
@@ -120,7 +125,7 @@ async fn worker(name: &str) -> Result {
     let bus = Bus::builder()
         .module(&orders)
         .module(&own)
-        .sweep_interval(Duration::from_millis(100))
+        .scan_interval(Duration::from_millis(100))
         .start()
         .await?;
     // This process's handler counts the orders it has handled.

@@ -45,7 +45,7 @@ pub(crate) struct BusConfig {
     /// How often the outbox tables are scanned for messages that neither an
     /// announcement nor a notification brought (after a crash, a lost
     /// notification, or, on SQLite, another process's commit).
-    pub(crate) sweep_interval: Duration,
+    pub(crate) scan_interval: Duration,
     /// Rows read per scan query.
     pub(crate) sweep_page: i64,
     pub(crate) retry: RetryPolicy,
@@ -68,7 +68,7 @@ impl Default for BusConfig {
         BusConfig {
             max_concurrent_deliveries: 64,
             max_messages_in_memory: 2048,
-            sweep_interval: Duration::from_secs(2),
+            scan_interval: Duration::from_secs(2),
             sweep_page: 256,
             retry: RetryPolicy::default(),
             duplicate_rate: 0.0,
@@ -127,8 +127,8 @@ impl<B: Backend> BusBuilder<B> {
     /// only catches what a crash left behind or a notification lost while
     /// the listener reconnected. On SQLite, which has no notifications,
     /// another process's commits wait for this scan.
-    pub fn sweep_interval(mut self, interval: Duration) -> Self {
-        self.config.sweep_interval = interval;
+    pub fn scan_interval(mut self, interval: Duration) -> Self {
+        self.config.scan_interval = interval;
         self
     }
 
@@ -178,7 +178,7 @@ impl<B: Backend> BusBuilder<B> {
     }
 
     /// How long a message may stay pending before the watchdog reports it
-    /// (default 60 s): every sweep interval the bus counts its outboxes'
+    /// (default 60 s): every scan interval the bus counts its outboxes'
     /// messages pending for longer (`tickbox_outbox_stalled`) and logs the
     /// oldest at warn level, with its id and what holds it up (a failing
     /// handler, another process's claim, a subscription no running process
@@ -209,9 +209,9 @@ impl<B: Backend> BusBuilder<B> {
             "max_concurrent_deliveries",
         )?;
         positive(config.max_messages_in_memory, "max_messages_in_memory")?;
-        if config.sweep_interval.is_zero() {
+        if config.scan_interval.is_zero() {
             return Err(Error::Config(
-                "bus: sweep_interval must be above zero".into(),
+                "bus: scan_interval must be above zero".into(),
             ));
         }
         if config.stalled_after.is_zero() {
@@ -257,7 +257,7 @@ impl<B: Backend> BusBuilder<B> {
             .collect();
         // A redelivery can come as late as the last retry, plus a lease to
         // expire and a scan to find the message.
-        let slack = config.claim_lease + config.sweep_interval;
+        let slack = config.claim_lease + config.scan_interval;
         let mut routes: HashMap<String, Vec<Route<B>>> = HashMap::new();
         for module in &self.modules {
             for (index, entry) in module.core.handlers.iter().enumerate() {
@@ -284,7 +284,7 @@ impl<B: Backend> BusBuilder<B> {
         // where every process sees them.
         let now = crate::message::now_us();
         let alive_until =
-            now.saturating_add(config.sweep_interval.saturating_mul(3).as_micros() as i64);
+            now.saturating_add(config.scan_interval.saturating_mul(3).as_micros() as i64);
         let mut served_by_module = Vec::new();
         for module in &self.modules {
             let served: Vec<Served> = routes

@@ -6,13 +6,13 @@
 //! records its own part done and hands the message over (see
 //! `subscription`).
 //!
-//! A scan runs at start, periodically (`sweep_interval`), and whenever one
+//! A scan runs at start, periodically (`scan_interval`), and whenever one
 //! is requested: when announcements overflowed, and on PostgreSQL when
 //! another process commits messages to the outbox (its notification reaches
 //! the dispatcher's listener task). A row a scan cannot decode becomes a
 //! dead letter of the outbox's module; the others keep flowing.
 //!
-//! Every sweep interval the dispatcher also keeps up its subscriptions
+//! Every scan interval the dispatcher also keeps up its subscriptions
 //! (says they are served, finishes what every subscription is done with,
 //! learns of other processes' subscriptions) and runs the watchdog.
 
@@ -205,7 +205,7 @@ impl<B: Backend> Dispatcher<B> {
         });
         let mut stopped = bus.stopped.clone();
         let renew_every = bus.config.claim_lease / 3;
-        let mut next_scan = Instant::now() + bus.config.sweep_interval;
+        let mut next_scan = Instant::now() + bus.config.scan_interval;
         let mut next_renewal = Instant::now() + renew_every;
         // One database statement at a time runs beside the loop, so marking,
         // scanning and renewing never hold up starting deliveries.
@@ -252,7 +252,7 @@ impl<B: Backend> Dispatcher<B> {
                     state.renew_due = true;
                 }
                 _ = sleep_until(next_scan) => {
-                    next_scan = Instant::now() + bus.config.sweep_interval;
+                    next_scan = Instant::now() + bus.config.scan_interval;
                     state.upkeep_due = true;
                     state.scan.get_or_insert(None);
                 }
@@ -458,7 +458,7 @@ impl<B: Backend> State<B> {
             return Some(tokio::spawn(upkeep(
                 source,
                 self.served.clone(),
-                config.sweep_interval.saturating_mul(3),
+                config.scan_interval.saturating_mul(3),
                 config.stalled_after,
             )));
         }

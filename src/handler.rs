@@ -3,7 +3,7 @@
 use crate::backend::Backend;
 use crate::message::Message;
 use crate::retry::RetryPolicy;
-use crate::tx::Tx;
+use crate::tx::{Delivery, Tx};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -17,12 +17,16 @@ use std::pin::Pin;
 /// row and is skipped before the handler runs. Returning an error (or
 /// panicking) rolls everything back, and the delivery is retried later.
 ///
+/// `delivery` says which message this is (its envelope: id, correlation and
+/// causation ids), to which handler, on which attempt, and gives the
+/// idempotency key to pass to external systems.
+///
 /// Write the method as an `async fn`:
 ///
 /// ```
 /// use diesel_async::RunQueryDsl;
 /// use serde::{Deserialize, Serialize};
-/// use tickbox::{Handler, HandlerError, Message, Sqlite, Tx};
+/// use tickbox::{Delivery, Handler, HandlerError, Message, Sqlite, Tx};
 ///
 /// #[derive(Serialize, Deserialize)]
 /// struct OrderPlaced { order_id: String }
@@ -33,7 +37,13 @@ use std::pin::Pin;
 /// impl Handler<Sqlite> for ReserveStock {
 ///     type Message = OrderPlaced;
 ///
-///     async fn handle(&self, tx: &mut Tx<Sqlite>, order: OrderPlaced) -> Result<(), HandlerError> {
+///     async fn handle(
+///         &self,
+///         tx: &mut Tx<Sqlite>,
+///         order: OrderPlaced,
+///         delivery: &Delivery,
+///     ) -> Result<(), HandlerError> {
+///         tracing::debug!(message_id = %delivery.envelope.id, "reserving stock");
 ///         diesel::sql_query("INSERT INTO reservations (order_id) VALUES (?)")
 ///             .bind::<diesel::sql_types::Text, _>(order.order_id)
 ///             .execute(tx.conn())
@@ -51,6 +61,7 @@ pub trait Handler<B: Backend>: Send + Sync + 'static {
         &self,
         tx: &mut Tx<B>,
         message: Self::Message,
+        delivery: &Delivery,
     ) -> impl Future<Output = Result<(), HandlerError>> + Send;
 }
 
@@ -221,7 +232,15 @@ impl<B: Backend, H: Handler<B>> ErasedHandler<B> for Typed<H> {
         Box::pin(async move {
             let message = serde_json::from_str::<H::Message>(payload)
                 .map_err(|e| CallError::Undecodable(e.to_string()))?;
-            self.0.handle(tx, message).await.map_err(CallError::Handler)
+            let delivery = tx.delivery().cloned().ok_or_else(|| {
+                CallError::Handler(HandlerError::msg(
+                    "a handler runs only in a delivery's transaction",
+                ))
+            })?;
+            self.0
+                .handle(tx, message, &delivery)
+                .await
+                .map_err(CallError::Handler)
         })
     }
 }

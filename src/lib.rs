@@ -16,7 +16,7 @@
 //! ```no_run
 //! use diesel_async::RunQueryDsl;
 //! use serde::{Deserialize, Serialize};
-//! use tickbox::{Bus, Handler, HandlerError, Message, Module, Sqlite, Tx};
+//! use tickbox::{Bus, Delivery, Handler, HandlerError, Message, Module, Sqlite, Tx};
 //!
 //! #[derive(Serialize, Deserialize)]
 //! struct OrderPlaced { order_id: i64 }
@@ -25,7 +25,12 @@
 //! struct ReserveStock;
 //! impl Handler<Sqlite> for ReserveStock {
 //!     type Message = OrderPlaced;
-//!     async fn handle(&self, tx: &mut Tx<Sqlite>, order: OrderPlaced) -> Result<(), HandlerError> {
+//!     async fn handle(
+//!         &self,
+//!         tx: &mut Tx<Sqlite>,
+//!         order: OrderPlaced,
+//!         _delivery: &Delivery,
+//!     ) -> Result<(), HandlerError> {
 //!         diesel::sql_query("INSERT INTO reservations (order_id) VALUES (?)")
 //!             .bind::<diesel::sql_types::BigInt, _>(order.order_id)
 //!             .execute(tx.conn())
@@ -110,8 +115,8 @@
 //!   per module), and scans that outbox when notified. If that connection
 //!   fails, the bus reconnects with backoff and scans once listening again.
 //! - SQLite has no notifications: commits made by another process are found
-//!   by the periodic scan ([`BusBuilder::sweep_interval`], 2 s by default).
-//! - Every bus scans its outboxes at start and every sweep interval, which
+//!   by the periodic scan ([`BusBuilder::scan_interval`], 2 s by default).
+//! - Every bus scans its outboxes at start and every scan interval, which
 //!   finishes what a crash left behind. A row a scan cannot read (text that
 //!   is not UTF-8, a creation time that is not an integer: SQLite stores any
 //!   value in any column) becomes a dead letter of the outbox's module with
@@ -130,7 +135,7 @@
 //!   handler — its module, its name and its topic — keyed by an id derived
 //!   from `(module, handler)`, the same pair that keys the inbox. A bus
 //!   records the handlers it serves in each outbox on it when it starts, and
-//!   says again that they are served every sweep interval (so each row shows
+//!   says again that they are served every scan interval (so each row shows
 //!   whether a running process serves it).
 //! - **A message is finished only when every subscription is done with it.**
 //!   When the subscribers on a bus are done with a message, the bus marks it

@@ -2,7 +2,7 @@
 //! diesel-async's `SyncConnectionWrapper`.
 //!
 //! SQLite has no notifications: commits made by another process are found by
-//! the bus's periodic outbox scan (`BusBuilder::sweep_interval`).
+//! the bus's periodic outbox scan (`BusBuilder::scan_interval`).
 
 use crate::backend::{
     build_pool, checkout, count_tables_with, refuse_newer_migrations, shared_queries, sweep_with,

@@ -16,7 +16,8 @@ use uuid::Uuid;
 /// publish messages with [`Tx::publish`]: the messages are written to the
 /// module's outbox in this same transaction, so they exist if and only if it
 /// commits. Inside a handler the transaction also holds the inbox row of the
-/// message being handled; [`Tx::delivery`] describes it.
+/// message being handled, which the handler receives as its
+/// [`Delivery`].
 pub struct Tx<B: Backend> {
     /// The pooled connection the whole transaction runs on.
     conn: B::Pooled,
@@ -106,7 +107,7 @@ impl<B: Backend> Tx<B> {
     }
 
     /// The message being handled, when this is a handler's transaction.
-    pub fn delivery(&self) -> Option<&Delivery> {
+    pub(crate) fn delivery(&self) -> Option<&Delivery> {
         self.delivery.as_ref()
     }
 

@@ -101,9 +101,9 @@ impl Args {
                     });
                 let code = error.exit_code();
                 if error.use_stderr() {
-                    eprint!("{text}");
+                    eprintln!("{}", text.trim_end());
                 } else {
-                    print!("{text}");
+                    println!("{}", text.trim_end());
                 }
                 std::process::exit(code);
             }

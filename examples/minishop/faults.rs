@@ -4,7 +4,7 @@
 
 use std::future::Future;
 use std::time::{Duration, Instant};
-use tickbox::{Backend, Handler, HandlerError, Tx};
+use tickbox::{Backend, Delivery, Handler, HandlerError, Tx};
 
 /// Wraps a handler so that each call fails with probability `fail_rate`
 /// after the handler did its work and before COMMIT: the inbox row, the
@@ -22,8 +22,13 @@ pub fn flaky<H>(inner: H, fail_rate: f64) -> Flaky<H> {
 impl<B: Backend, H: Handler<B>> Handler<B> for Flaky<H> {
     type Message = H::Message;
 
-    async fn handle(&self, tx: &mut Tx<B>, message: H::Message) -> Result<(), HandlerError> {
-        self.inner.handle(tx, message).await?;
+    async fn handle(
+        &self,
+        tx: &mut Tx<B>,
+        message: H::Message,
+        delivery: &Delivery,
+    ) -> Result<(), HandlerError> {
+        self.inner.handle(tx, message, delivery).await?;
         if self.fail_rate > 0.0 && fastrand::f64() < self.fail_rate {
             return Err(HandlerError::msg(format!(
                 "injected failure (--fail-rate {})",

@@ -72,8 +72,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use tickbox::diesel::result::{DatabaseErrorKind, Error::DatabaseError};
 use tickbox::{
-    Backend, Bus, BusHandle, Handler, HandlerError, HandlerOptions, Message, ModuleBuilder,
-    ModuleHandle, RetryPolicy, Tx,
+    Backend, Bus, BusHandle, Delivery, Handler, HandlerError, HandlerOptions, Message,
+    ModuleBuilder, ModuleHandle, RetryPolicy, Tx,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -135,7 +135,12 @@ struct ConfirmOrder;
 impl<B: Backend> Handler<B> for ConfirmOrder {
     type Message = StockReserved;
 
-    async fn handle(&self, tx: &mut Tx<B>, reserved: StockReserved) -> Result<(), HandlerError> {
+    async fn handle(
+        &self,
+        tx: &mut Tx<B>,
+        reserved: StockReserved,
+        _delivery: &Delivery,
+    ) -> Result<(), HandlerError> {
         let order_id = reserved.order_id;
         let Some(customer) = tables::confirm_order(&mut Db::of(tx.conn()), &order_id).await? else {
             // Cannot happen: an order commits before its OrderPlaced exists.
@@ -160,7 +165,12 @@ struct ReserveStock;
 impl<B: Backend> Handler<B> for ReserveStock {
     type Message = OrderPlaced;
 
-    async fn handle(&self, tx: &mut Tx<B>, order: OrderPlaced) -> Result<(), HandlerError> {
+    async fn handle(
+        &self,
+        tx: &mut Tx<B>,
+        order: OrderPlaced,
+        _delivery: &Delivery,
+    ) -> Result<(), HandlerError> {
         let mut db = Db::of(tx.conn());
         tables::lock_stock(&mut db).await?;
         // Idempotent in its own right, beyond the inbox: an order is
@@ -193,11 +203,12 @@ struct SendConfirmation;
 impl<B: Backend> Handler<B> for SendConfirmation {
     type Message = OrderConfirmed;
 
-    async fn handle(&self, tx: &mut Tx<B>, confirmed: OrderConfirmed) -> Result<(), HandlerError> {
-        let delivery = tx
-            .delivery()
-            .cloned()
-            .ok_or_else(|| HandlerError::msg("a handler runs in a delivery"))?;
+    async fn handle(
+        &self,
+        tx: &mut Tx<B>,
+        confirmed: OrderConfirmed,
+        delivery: &Delivery,
+    ) -> Result<(), HandlerError> {
         let email = tables::NewEmail {
             id: uuid::Uuid::now_v7().to_string(),
             subject: format!("Your MiniShop order {} is confirmed", confirmed.order_id),

@@ -41,7 +41,7 @@ async fn slow_scanning_bus(
         .module(orders)
         .module(warehouse)
         .retry_policy(crate::suite::fast_retries())
-        .sweep_interval(SWEEP)
+        .scan_interval(SWEEP)
         .start()
         .await
         .expect("bus starts")

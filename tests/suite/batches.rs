@@ -4,7 +4,9 @@
 use super::{fast_retries, publish};
 use crate::support::*;
 use std::sync::Arc;
-use tickbox::{Bus, BusHandle, Error, Handler, HandlerError, HandlerOptions, ModuleHandle, Tx};
+use tickbox::{
+    Bus, BusHandle, Delivery, Error, Handler, HandlerError, HandlerOptions, ModuleHandle, Tx,
+};
 use tokio::sync::watch;
 
 /// Writes an effect row per message after waiting for its gate to open, and
@@ -18,10 +20,15 @@ struct Gated {
 impl<B: TestBackend> Handler<B> for Gated {
     type Message = Ping;
 
-    async fn handle(&self, tx: &mut Tx<B>, ping: Ping) -> Result<(), HandlerError> {
+    async fn handle(
+        &self,
+        tx: &mut Tx<B>,
+        ping: Ping,
+        delivery: &Delivery,
+    ) -> Result<(), HandlerError> {
         let mut gate = self.gate.subscribe();
         gate.wait_for(|open| *open).await?;
-        write_effect(tx).await?;
+        write_effect(tx, delivery).await?;
         if self.poison == Some(ping.n) {
             return Err(HandlerError::permanent(HandlerError::msg(format!(
                 "message {} is poison",

@@ -415,7 +415,7 @@ pub async fn a_dead_process_claims_are_taken_over_when_they_expire<B: TestBacken
         .module(&orders)
         .module(&warehouse)
         .claim_lease(Duration::from_millis(500))
-        .sweep_interval(Duration::from_millis(100))
+        .scan_interval(Duration::from_millis(100))
         .start()
         .await
         .expect("bus starts");
@@ -451,7 +451,7 @@ pub async fn two_buses_on_one_set_of_databases_handle_each_message_once<B: TestB
             .module(&orders)
             .module(&warehouse)
             .claim_lease(Duration::from_millis(500))
-            .sweep_interval(Duration::from_millis(100))
+            .scan_interval(Duration::from_millis(100))
             .max_concurrent_deliveries(4)
             .start()
             .await
@@ -495,7 +495,7 @@ pub async fn messages_beyond_the_announcement_queue_are_delivered_without_waitin
         .module(&warehouse)
         .max_messages_in_memory(16)
         .claim_lease(Duration::from_secs(120))
-        .sweep_interval(Duration::from_millis(200))
+        .scan_interval(Duration::from_millis(200))
         .start()
         .await
         .expect("bus starts");
@@ -565,7 +565,7 @@ pub async fn a_named_instance_takes_its_own_claims_back_at_once<B: TestBackend>(
             .module(&warehouse)
             .instance("worker-1")
             .claim_lease(Duration::from_secs(120))
-            .sweep_interval(Duration::from_millis(100))
+            .scan_interval(Duration::from_millis(100))
             .start()
     };
     let predecessor = named().await.expect("the first bus starts");

@@ -226,7 +226,7 @@ pub async fn hostile_rows_end_as_dead_letters_while_good_messages_flow<B: TestBa
         .module(&orders)
         .module(&warehouse)
         .retry_policy(crate::suite::fast_retries())
-        .sweep_interval(Duration::from_millis(100))
+        .scan_interval(Duration::from_millis(100))
         .start()
         .await
         .expect("bus starts");
@@ -286,7 +286,7 @@ pub async fn a_stalled_message_is_counted_and_named<B: TestBackend>(db: TestDb) 
         .module(&orders)
         .module(&warehouse)
         .retry_policy(crate::suite::fast_retries())
-        .sweep_interval(Duration::from_millis(100))
+        .scan_interval(Duration::from_millis(100))
         .stalled_after(Duration::from_millis(300))
         .start()
         .await

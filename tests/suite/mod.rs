@@ -47,7 +47,7 @@ pub(crate) async fn bus<B: TestBackend>(modules: &[&ModuleHandle<B>]) -> BusHand
         .iter()
         .fold(Bus::builder(), |b, m| b.module(m))
         .retry_policy(fast_retries())
-        .sweep_interval(Duration::from_millis(200))
+        .scan_interval(Duration::from_millis(200))
         .start()
         .await
         .expect("bus starts")

@@ -42,7 +42,7 @@ async fn process<B: TestBackend>(db: &TestDb, runs: &[&str], handler: &Record) -
         .iter()
         .fold(Bus::builder().module(&orders), |b, m| b.module(m))
         .retry_policy(crate::suite::fast_retries())
-        .sweep_interval(Duration::from_millis(100))
+        .scan_interval(Duration::from_millis(100))
         .claim_lease(Duration::from_millis(500))
         .start()
         .await

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::{Arc, Once};
 use std::time::Duration;
-use tickbox::{Backend, Handler, HandlerError, Message, ModuleBuilder, ModuleHandle, Tx};
+use tickbox::{Backend, Delivery, Handler, HandlerError, Message, ModuleBuilder, ModuleHandle, Tx};
 
 /// Logs to the test writer; `RUST_LOG=tickbox=debug` shows deliveries.
 pub fn trace_init() {
@@ -259,10 +259,11 @@ impl Record {
     }
 }
 
-/// Writes the effect row of the delivery the handler's transaction is
-/// processing.
-pub async fn write_effect<B: TestBackend>(tx: &mut Tx<B>) -> Result<(), HandlerError> {
-    let delivery = tx.delivery().expect("a handler runs in a delivery").clone();
+/// Writes the effect row of `delivery` in the handler's transaction.
+pub async fn write_effect<B: TestBackend>(
+    tx: &mut Tx<B>,
+    delivery: &Delivery,
+) -> Result<(), HandlerError> {
     tx.conn()
         .batch_execute(&format!(
             "INSERT INTO effects (handler, message_id, attempt) VALUES ('{}', '{}', {})",
@@ -275,9 +276,14 @@ pub async fn write_effect<B: TestBackend>(tx: &mut Tx<B>) -> Result<(), HandlerE
 impl<B: TestBackend, M: Message + HasN> Handler<B> for RecordOf<M> {
     type Message = M;
 
-    async fn handle(&self, tx: &mut Tx<B>, message: M) -> Result<(), HandlerError> {
+    async fn handle(
+        &self,
+        tx: &mut Tx<B>,
+        message: M,
+        delivery: &Delivery,
+    ) -> Result<(), HandlerError> {
         let record = &self.0;
-        write_effect(tx).await?;
+        write_effect(tx, delivery).await?;
         if !record.hold.is_zero() {
             tokio::time::sleep(record.hold).await;
         }

@@ -141,7 +141,7 @@ enum Command {
     /// A subscription is a handler - of any module, in any process - that
     /// receives this module's messages of one topic. Each bus records the
     /// handlers it serves in the publishing module's database, and says every
-    /// sweep interval that they are still served: the subscription is alive.
+    /// scan interval that they are still served: the subscription is alive.
     /// A message is finished only when no subscription still owes it, so the
     /// subscription of a process that stopped keeps the messages it owes
     /// until that process runs again: it is stopped. One whose handler is

@@ -7,7 +7,9 @@ use serde_json::Value;
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tickbox::diesel_async::SimpleAsyncConnection;
-use tickbox::{Backend, Bus, Handler, HandlerError, Message, ModuleBuilder, ModuleHandle, Tx};
+use tickbox::{
+    Backend, Bus, Delivery, Handler, HandlerError, Message, ModuleBuilder, ModuleHandle, Tx,
+};
 use uuid::Uuid;
 
 /// 2026-01-01T00:00:00Z in microseconds since the Unix epoch.
@@ -34,7 +36,12 @@ pub(crate) struct Accept;
 impl<B: Backend> Handler<B> for Accept {
     type Message = CliPing;
 
-    async fn handle(&self, _tx: &mut Tx<B>, _message: CliPing) -> Result<(), HandlerError> {
+    async fn handle(
+        &self,
+        _tx: &mut Tx<B>,
+        _message: CliPing,
+        _delivery: &Delivery,
+    ) -> Result<(), HandlerError> {
         Ok(())
     }
 }
