@@ -24,6 +24,7 @@ pub struct StoreSettings {
     /// An SQLite path (or `sqlite://` URL) or a `postgres://` URL.
     pub(crate) url: String,
     /// PostgreSQL only: the schema holding the module's tables.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) schema: Option<String>,
     /// Connections in the module's pool.
     pub(crate) pool_size: usize,
@@ -790,6 +791,42 @@ where
             unknown.join(", ")
         ),
     })
+}
+
+/// Refuses application migrations that share a version with one of
+/// tickbox's: diesel records both in one table, so such a migration would be
+/// taken as applied and never run.
+pub(crate) fn refuse_clashing_versions<DB: diesel::backend::Backend>(
+    tickbox: &dyn diesel::migration::MigrationSource<DB>,
+    app: &dyn diesel::migration::MigrationSource<DB>,
+    module: &str,
+) -> crate::Result<()> {
+    let failed = |e: Box<dyn std::error::Error + Send + Sync>| crate::Error::Migration {
+        module: module.to_string(),
+        reason: e.to_string(),
+    };
+    let ours: std::collections::HashSet<String> = tickbox
+        .migrations()
+        .map_err(failed)?
+        .iter()
+        .map(|m| m.name().version().to_string())
+        .collect();
+    let clashing: Vec<String> = app
+        .migrations()
+        .map_err(failed)?
+        .iter()
+        .filter(|m| ours.contains(&m.name().version().to_string()))
+        .map(|m| m.name().to_string())
+        .collect();
+    if clashing.is_empty() {
+        return Ok(());
+    }
+    Err(crate::Error::Config(format!(
+        "module `{module}`: the application's migrations {} have the version of a tickbox migration \
+         (diesel would take them as applied and never run them); rename their folders to another \
+         date and time",
+        clashing.join(", ")
+    )))
 }
 
 /// A row of `tickbox_schema_version`.

@@ -78,6 +78,11 @@ fn prepare_file(
             })?;
         refuse_newer_migrations(conn, &MIGRATIONS, module)?;
         if let Some(app) = app_migrations {
+            crate::backend::refuse_clashing_versions::<diesel::sqlite::Sqlite>(
+                &MIGRATIONS,
+                &app,
+                module,
+            )?;
             conn.run_pending_migrations(app)
                 .map(drop)
                 .map_err(|e| Error::Migration {

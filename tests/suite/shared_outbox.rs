@@ -438,6 +438,12 @@ const APP_MIGRATIONS: tickbox::diesel_migrations::EmbeddedMigrations = {
     diesel_migrations::embed_migrations!("tests/app_migrations")
 };
 
+/// Application migrations whose version is one of tickbox's.
+const CLASHING_MIGRATIONS: tickbox::diesel_migrations::EmbeddedMigrations = {
+    use tickbox::diesel_migrations;
+    diesel_migrations::embed_migrations!("tests/app_migrations_clashing")
+};
+
 /// A module runs the application's migrations at start, once however many
 /// processes start together, and an application's migration is never taken
 /// for a newer tickbox's.
@@ -487,4 +493,15 @@ pub async fn a_module_runs_the_applications_own_migrations<B: TestBackend>(db: T
         );
         module.close();
     }
+    // One whose version is tickbox's would be taken as applied: refused.
+    let clashing = B::module(&db, "orders")
+        .migrations(&CLASHING_MIGRATIONS)
+        .start()
+        .await
+        .err()
+        .expect("a clashing version is refused");
+    assert!(
+        clashing.to_string().contains("2026-12-01-000000_clash"),
+        "{clashing}"
+    );
 }
