@@ -498,8 +498,7 @@ pub async fn a_module_runs_the_applications_own_migrations<B: TestBackend>(db: T
         .migrations(&CLASHING_MIGRATIONS)
         .start()
         .await
-        .err()
-        .expect("a clashing version is refused");
+        .expect_err("a clashing version is refused");
     assert!(
         clashing.to_string().contains("2026-12-01-000000_clash"),
         "{clashing}"
