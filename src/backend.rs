@@ -764,15 +764,9 @@ where
     for<'a> diesel::query_builder::SqlQuery: diesel::query_dsl::LoadQuery<'a, H, SchemaVersionRow>,
 {
     use diesel::RunQueryDsl;
-    let failed = |e: Box<dyn std::error::Error + Send + Sync>| crate::Error::Migration {
-        module: module.to_string(),
-        reason: e.to_string(),
-    };
-    let known: std::collections::HashSet<String> = known
-        .migrations()
-        .map_err(failed)?
-        .iter()
-        .map(|m| m.name().version().to_string())
+    let known: std::collections::HashSet<String> = versions(known, module)?
+        .into_iter()
+        .map(|(version, _)| version)
         .collect();
     let applied: Vec<SchemaVersionRow> =
         diesel::sql_query("SELECT version FROM tickbox_schema_version").load(conn)?;
@@ -801,22 +795,14 @@ pub(crate) fn refuse_clashing_versions<DB: diesel::backend::Backend>(
     app: &dyn diesel::migration::MigrationSource<DB>,
     module: &str,
 ) -> crate::Result<()> {
-    let failed = |e: Box<dyn std::error::Error + Send + Sync>| crate::Error::Migration {
-        module: module.to_string(),
-        reason: e.to_string(),
-    };
-    let ours: std::collections::HashSet<String> = tickbox
-        .migrations()
-        .map_err(failed)?
-        .iter()
-        .map(|m| m.name().version().to_string())
+    let ours: std::collections::HashSet<String> = versions(tickbox, module)?
+        .into_iter()
+        .map(|(version, _)| version)
         .collect();
-    let clashing: Vec<String> = app
-        .migrations()
-        .map_err(failed)?
-        .iter()
-        .filter(|m| ours.contains(&m.name().version().to_string()))
-        .map(|m| m.name().to_string())
+    let clashing: Vec<String> = versions(app, module)?
+        .into_iter()
+        .filter(|(version, _)| ours.contains(version))
+        .map(|(_, name)| name)
         .collect();
     if clashing.is_empty() {
         return Ok(());
@@ -827,6 +813,21 @@ pub(crate) fn refuse_clashing_versions<DB: diesel::backend::Backend>(
          date and time",
         clashing.join(", ")
     )))
+}
+
+/// The (version, name) of every migration of `source`.
+fn versions<DB: diesel::backend::Backend>(
+    source: &dyn diesel::migration::MigrationSource<DB>,
+    module: &str,
+) -> crate::Result<Vec<(String, String)>> {
+    let migrations = source.migrations().map_err(|e| crate::Error::Migration {
+        module: module.to_string(),
+        reason: e.to_string(),
+    })?;
+    Ok(migrations
+        .iter()
+        .map(|m| (m.name().version().to_string(), m.name().to_string()))
+        .collect())
 }
 
 /// A row of `tickbox_schema_version`.

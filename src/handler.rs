@@ -208,11 +208,11 @@ pub(crate) trait ErasedHandler<B: Backend>: Send + Sync {
     /// The topic of the handler's message type.
     fn topic(&self) -> &'static str;
 
-    /// Decodes the payload and runs the handler.
+    /// Decodes the payload of `delivery` and runs the handler.
     fn call<'a>(
         &'a self,
         tx: &'a mut Tx<B>,
-        payload: &'a str,
+        delivery: &'a Delivery,
     ) -> BoxFuture<'a, Result<(), CallError>>;
 }
 
@@ -227,18 +227,13 @@ impl<B: Backend, H: Handler<B>> ErasedHandler<B> for Typed<H> {
     fn call<'a>(
         &'a self,
         tx: &'a mut Tx<B>,
-        payload: &'a str,
+        delivery: &'a Delivery,
     ) -> BoxFuture<'a, Result<(), CallError>> {
         Box::pin(async move {
-            let message = serde_json::from_str::<H::Message>(payload)
+            let message = serde_json::from_str::<H::Message>(&delivery.envelope.payload)
                 .map_err(|e| CallError::Undecodable(e.to_string()))?;
-            let delivery = tx.delivery().cloned().ok_or_else(|| {
-                CallError::Handler(HandlerError::msg(
-                    "a handler runs only in a delivery's transaction",
-                ))
-            })?;
             self.0
-                .handle(tx, message, &delivery)
+                .handle(tx, message, delivery)
                 .await
                 .map_err(CallError::Handler)
         })

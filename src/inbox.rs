@@ -208,16 +208,16 @@ pub(crate) async fn handle_in<B: Backend>(
 ) -> Result<Outcome, DeliveryError> {
     let entry = &tx.module_core().handlers[deliver.handler];
     let handler = entry.handler.clone();
-    tx.set_delivery(Delivery {
+    let delivery = Delivery {
         envelope: deliver.envelope.clone(),
         handler: entry.name.clone(),
         attempt: deliver.attempt,
-    });
+    };
+    tx.set_delivery(delivery.clone());
     if !tx.tick_inbox().await.map_err(DeliveryError::database)? {
         return Ok(Outcome::Duplicate);
     }
-    let payload = &deliver.envelope.payload;
-    let called = AssertUnwindSafe(handler.call(tx, payload))
+    let called = AssertUnwindSafe(handler.call(tx, &delivery))
         .catch_unwind()
         .await;
     Err(match called {

@@ -106,11 +106,6 @@ impl<B: Backend> Tx<B> {
         &self.module.name
     }
 
-    /// The message being handled, when this is a handler's transaction.
-    pub(crate) fn delivery(&self) -> Option<&Delivery> {
-        self.delivery.as_ref()
-    }
-
     /// Publishes a message in this transaction and returns its id.
     ///
     /// The message is written to the outbox when the transaction commits and
