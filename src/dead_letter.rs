@@ -1,12 +1,12 @@
 //! Dead letters: deliveries given up on, kept in the subscriber module's
 //! database with their reason until an operator replays or discards them.
 
-use crate::backend::Backend;
+use crate::delivery::outcome::Outcome;
 use crate::error::{Error, Result};
-use crate::inbox::Outcome;
 use crate::message::{now_us, Envelope};
-use crate::module::ModuleHandle;
-use crate::schema::{DeadLetterRow, Id, OutboxRow};
+use crate::module::handle::ModuleHandle;
+use crate::store::backend::Backend;
+use crate::store::schema::{DeadLetterRow, Id, OutboxRow};
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -112,7 +112,13 @@ impl<B: Backend> ModuleHandle<B> {
         };
         let mut conn = self.write_connection().await?;
         B::insert_dead_letter(&mut conn, row).await?;
-        if let Some(entry) = self.core.handlers.iter().find(|h| &*h.name == handler) {
+        if let Some(entry) = self
+            .core
+            .handlers
+            .entries
+            .iter()
+            .find(|h| &*h.name == handler)
+        {
             entry.counters.dead_lettered();
         }
         Ok(())

@@ -227,31 +227,20 @@ compile_error!(
     "tickbox needs a backend: enable the `sqlite` feature, the `postgres` feature, or both"
 );
 
-mod backend;
-mod batch;
 mod bus;
 mod dead_letter;
-mod dispatcher;
+mod delivery;
 mod error;
-mod handler;
-mod inbox;
 mod message;
 mod metrics;
 mod module;
-mod retention;
-mod retry;
-mod schema;
-mod statement;
-mod subscription;
-mod tx;
-mod watchdog;
-
-#[cfg(feature = "postgres")]
-mod postgres;
+mod outbox;
 #[cfg(feature = "prometheus")]
 mod prometheus;
-#[cfg(feature = "sqlite")]
-mod sqlite;
+mod retention;
+mod retry;
+mod store;
+mod tx;
 
 /// The diesel tickbox is built on (2.4). Handlers and transactions run an
 /// application's queries on its connections: use this re-export, or depend
@@ -265,26 +254,30 @@ pub use diesel_async;
 /// `diesel_migrations::embed_migrations!("…")`.
 pub use diesel_migrations;
 
-pub use backend::Backend;
-pub use bus::{Bus, BusBuilder, BusHandle};
+pub use bus::actor::Bus;
+pub use bus::builder::BusBuilder;
+pub use bus::handle::BusHandle;
 pub use dead_letter::{DeadLetter, Replayed};
+pub use delivery::handler::{Delivery, Handler, HandlerError, HandlerOptions};
+pub use delivery::outcome::{DeliveryError, FailureKind, Outcome};
 pub use error::{redact_url, Error, Result};
-pub use handler::{Handler, HandlerError, HandlerOptions};
-pub use inbox::{DeliveryError, FailureKind, Outcome};
 pub use message::{Envelope, Message};
 pub use metrics::{BusMetrics, HandlerMetrics, LatencyMetrics, ModuleMetrics, OutboxMetrics};
-pub use module::{Module, ModuleBuilder, ModuleHandle, StoreStats};
+pub use module::actor::Module;
+pub use module::builder::ModuleBuilder;
+pub use module::handle::{ModuleHandle, StoreStats};
+pub use outbox::subscription::Subscription;
 pub use retention::{Retention, SweepReport};
 pub use retry::RetryPolicy;
-pub use subscription::Subscription;
-pub use tx::{Delivery, Tx};
+pub use store::backend::Backend;
+pub use tx::Tx;
 
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use postgres::Postgres;
 #[cfg(feature = "prometheus")]
 #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub use prometheus::{install_prometheus, PrometheusExporter};
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use store::postgres::Postgres;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-pub use sqlite::{Sqlite, SqliteConnection};
+pub use store::sqlite::{Sqlite, SqliteConnection};

@@ -33,7 +33,7 @@
 //!
 //! [`BusHandle::metrics`]: crate::BusHandle::metrics
 
-use crate::subscription::Subscription;
+use crate::outbox::subscription::Subscription;
 use serde::Serialize;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, Once};

@@ -5,16 +5,10 @@
 //! redelivery — the bus refuses to start when a handler's retry policy can go
 //! on longer than its module's window.
 
-use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::message::now_us;
-use crate::module::ModuleHandle;
 use crate::retry::RetryPolicy;
 use serde::Serialize;
 use std::time::Duration;
-
-/// Rows deleted per statement: small, so a sweep never holds a lock long.
-const BATCH: i64 = 500;
 
 /// How long a module keeps processed inbox rows and delivered outbox rows.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,55 +83,4 @@ pub struct SweepReport {
     pub inbox_rows: u64,
     /// Delivered outbox rows deleted.
     pub outbox_rows: u64,
-}
-
-impl<B: Backend> ModuleHandle<B> {
-    /// Runs the retention sweep once: deletes inbox rows and delivered outbox
-    /// rows older than the module's retention, in small batches.
-    pub async fn sweep_retention(&self) -> Result<SweepReport> {
-        let retention = &self.core.retention;
-        let mut report = SweepReport::default();
-        if let Some(window) = retention.inbox {
-            let before = now_us().saturating_sub(window.as_micros().min(i64::MAX as u128) as i64);
-            report.inbox_rows = self
-                .sweep_in_batches(|conn| Box::pin(B::sweep_inbox(conn, before, BATCH)))
-                .await?;
-        }
-        if let Some(window) = retention.outbox {
-            let before = now_us().saturating_sub(window.as_micros().min(i64::MAX as u128) as i64);
-            report.outbox_rows = self
-                .sweep_in_batches(|conn| Box::pin(B::sweep_outbox(conn, before, BATCH)))
-                .await?;
-        }
-        // What subscriptions recorded done with messages since delivered.
-        let mut conn = self.write_connection().await?;
-        B::execute(&mut conn, crate::subscription::clear_done(B::DIALECT)).await?;
-        drop(conn);
-        if report != SweepReport::default() {
-            tracing::info!(module = %self.name(), inbox_rows = report.inbox_rows, outbox_rows = report.outbox_rows, "retention sweep");
-        }
-        Ok(report)
-    }
-
-    /// Repeats one batch delete until a batch deletes less than a full
-    /// batch, yielding between batches.
-    async fn sweep_in_batches<F>(&self, mut batch: F) -> Result<u64>
-    where
-        F: for<'c> FnMut(
-            &'c mut B::Connection,
-        ) -> crate::handler::BoxFuture<'c, diesel::QueryResult<usize>>,
-    {
-        let mut total = 0;
-        loop {
-            let deleted = {
-                let mut conn = self.write_connection().await?;
-                batch(&mut conn).await?
-            };
-            total += deleted as u64;
-            if (deleted as i64) < BATCH {
-                return Ok(total);
-            }
-            tokio::task::yield_now().await;
-        }
-    }
 }

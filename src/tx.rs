@@ -1,11 +1,12 @@
 //! A module transaction: the connection handlers and application code change
 //! their data with, and the place they publish messages from.
 
-use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::message::{now_us, Envelope, Message};
-use crate::module::ModuleCore;
-use crate::schema::{Id, OutboxRow};
+use crate::outbox::Outbox;
+use crate::store::backend::Backend;
+use crate::store::database::Database;
+use crate::store::schema::{Id, OutboxRow};
 use std::future::Future;
 use std::sync::Arc;
 use uuid::Uuid;
@@ -17,19 +18,19 @@ use uuid::Uuid;
 /// module's outbox in this same transaction, so they exist if and only if it
 /// commits. Inside a handler the transaction also holds the inbox row of the
 /// message being handled, which the handler receives as its
-/// [`Delivery`].
+/// [`Delivery`](crate::Delivery).
 pub struct Tx<B: Backend> {
     /// The pooled connection the whole transaction runs on.
     conn: B::Pooled,
     /// This process's turn to write, held to the end of a write
     /// transaction where the database takes one writer at a time.
     _turn: Option<tokio::sync::OwnedSemaphorePermit>,
-    /// The module whose database this is: its name, what it may publish,
-    /// where committed messages are announced.
-    module: Arc<ModuleCore<B>>,
+    /// The outbox of the module whose database this is: its name, what it
+    /// may publish, where committed messages are announced.
+    outbox: Arc<Outbox>,
     /// The message being handled, when the transaction belongs to a handler;
     /// messages published here are caused by it.
-    delivery: Option<Delivery>,
+    cause: Option<Arc<Envelope>>,
     /// Whether this transaction may write and publish.
     mode: Mode,
     /// Messages published so far, written to the outbox just before COMMIT.
@@ -50,37 +51,14 @@ pub(crate) enum Mode {
     Read,
 }
 
-/// The delivery a handler's transaction is processing.
-#[derive(Debug, Clone)]
-pub struct Delivery {
-    /// The message being handled.
-    pub envelope: Arc<Envelope>,
-    /// The handler's name (the other half of the inbox key).
-    pub handler: Arc<str>,
-    /// 1 for the first delivery to this handler, then 2, 3… on retries.
-    pub attempt: u32,
-}
-
-impl Delivery {
-    /// A key that is the same every time this message is delivered to this
-    /// handler, and different for any other pair. Pass it to external systems
-    /// that accept an idempotency key (payment APIs, mail services): an
-    /// external call is not part of the database transaction, so a crash after
-    /// the call and before COMMIT repeats it, and only such a key makes the
-    /// repeat harmless.
-    pub fn idempotency_key(&self) -> String {
-        format!("{}:{}", self.envelope.id, self.handler)
-    }
-}
-
 impl<B: Backend> Tx<B> {
     /// Checks out a connection and begins a transaction.
-    pub(crate) async fn begin(module: Arc<ModuleCore<B>>, mode: Mode) -> Result<Self> {
+    pub(crate) async fn begin(db: &Database<B>, outbox: Arc<Outbox>, mode: Mode) -> Result<Self> {
         let turn = match mode {
-            Mode::Write => module.write_turn().await,
+            Mode::Write => db.write_turn().await,
             Mode::Read => None,
         };
-        let mut conn = module.connection().await?;
+        let mut conn = db.connection().await?;
         match mode {
             Mode::Write => B::begin(&mut conn).await?,
             Mode::Read => B::begin_read(&mut conn).await?,
@@ -88,8 +66,8 @@ impl<B: Backend> Tx<B> {
         Ok(Tx {
             conn,
             _turn: turn,
-            module,
-            delivery: None,
+            outbox,
+            cause: None,
             mode,
             published: Vec::new(),
             requeued: false,
@@ -103,7 +81,7 @@ impl<B: Backend> Tx<B> {
 
     /// The name of the module whose database this transaction writes.
     pub fn module(&self) -> &str {
-        &self.module.name
+        &self.outbox.module
     }
 
     /// Publishes a message in this transaction and returns its id.
@@ -117,13 +95,13 @@ impl<B: Backend> Tx<B> {
     pub fn publish<M: Message>(&mut self, message: &M) -> Result<Uuid> {
         if self.mode == Mode::Read {
             return Err(Error::ReadOnly {
-                module: self.module.name.to_string(),
+                module: self.outbox.module.to_string(),
                 topic: M::TOPIC.to_string(),
             });
         }
-        if !self.module.publishes.contains(M::TOPIC) {
+        if !self.outbox.publishes.contains(M::TOPIC) {
             return Err(Error::UnknownTopic {
-                module: self.module.name.to_string(),
+                module: self.outbox.module.to_string(),
                 topic: M::TOPIC.to_string(),
             });
         }
@@ -131,39 +109,24 @@ impl<B: Backend> Tx<B> {
             topic: M::TOPIC.to_string(),
             source,
         })?;
-        if payload.len() > self.module.max_payload_bytes {
+        if payload.len() > self.outbox.max_payload_bytes {
             return Err(Error::PayloadTooLarge {
                 topic: M::TOPIC.to_string(),
                 size: payload.len(),
-                limit: self.module.max_payload_bytes,
+                limit: self.outbox.max_payload_bytes,
             });
         }
-        let cause = self.delivery.as_ref().map(|d| &*d.envelope);
+        let cause = self.cause.as_deref();
         let envelope = Envelope::new(M::TOPIC, payload, cause);
         let id = envelope.id;
         self.published.push(envelope);
         Ok(id)
     }
 
-    /// The module this transaction belongs to.
-    pub(crate) fn module_core(&self) -> &Arc<ModuleCore<B>> {
-        &self.module
-    }
-
-    /// Makes this the transaction of a handler processing `delivery`: what it
+    /// Makes this the transaction of a handler processing `cause`: what it
     /// publishes from now on is caused by that message.
-    pub(crate) fn set_delivery(&mut self, delivery: Delivery) {
-        self.delivery = Some(delivery);
-    }
-
-    /// Records the inbox row of the delivery; false when it was there already.
-    pub(crate) async fn tick_inbox(&mut self) -> Result<bool> {
-        let delivery = self
-            .delivery
-            .as_ref()
-            .expect("only handler transactions tick the inbox");
-        let (id, handler) = (delivery.envelope.id, delivery.handler.clone());
-        Ok(B::tick_inbox(&mut self.conn, id, &handler, now_us()).await?)
+    pub(crate) fn set_cause(&mut self, cause: Arc<Envelope>) {
+        self.cause = Some(cause);
     }
 
     /// Notes that this transaction put outbox rows back as pending and
@@ -189,7 +152,7 @@ impl<B: Backend> Tx<B> {
             envelope.created_at_us = committing_us;
         }
         let claim = self
-            .module
+            .outbox
             .claimant()
             .map(|(bus, lease)| (Id(bus), committing_us + lease.as_micros() as i64));
         let rows = published
@@ -206,7 +169,7 @@ impl<B: Backend> Tx<B> {
         }
         let unclaimed = claim.is_none() && !published.is_empty();
         if let Some(wakeup) = self
-            .module
+            .outbox
             .wakeup
             .as_ref()
             .filter(|_| unclaimed || self.requeued)
@@ -217,7 +180,7 @@ impl<B: Backend> Tx<B> {
             }
         }
         B::commit(&mut self.conn).await?;
-        self.module.announce(published);
+        self.outbox.announce(published);
         Ok(())
     }
 
@@ -225,7 +188,7 @@ impl<B: Backend> Tx<B> {
     /// the pool discards it.
     pub(crate) async fn rollback(mut self) {
         if let Err(e) = B::rollback(&mut self.conn).await {
-            tracing::warn!(module = %self.module.name, error = %e, "rollback failed; the connection is discarded");
+            tracing::warn!(module = %self.outbox.module, error = %e, "rollback failed; the connection is discarded");
         }
     }
 }

@@ -33,6 +33,11 @@ enum Place {
     Postgres { url: String, database: String },
 }
 
+/// Connections the PostgreSQL process tests may hold at once with the rest
+/// of the suite running beside them: several minishop processes, each with
+/// three module pools and their listeners.
+const NEEDED_CONNECTIONS: usize = 200;
+
 impl Place {
     fn sqlite() -> Self {
         Place::Sqlite(tempfile::tempdir().expect("a temporary directory"))
@@ -43,6 +48,15 @@ impl Place {
     fn postgres(name: &str) -> Self {
         let base = std::env::var("TICKBOX_PG_URL").expect(
             "the PostgreSQL process tests need TICKBOX_PG_URL, e.g. postgres://postgres@127.0.0.1:5432/test",
+        );
+        let allowed: usize = psql(&base, "SHOW max_connections")
+            .parse()
+            .expect("max_connections is a number");
+        assert!(
+            allowed >= NEEDED_CONNECTIONS,
+            "the PostgreSQL process tests run several minishop processes beside the suite and \
+             need max_connections >= {NEEDED_CONNECTIONS} (this server allows {allowed}): \
+             ALTER SYSTEM SET max_connections = 300, then restart PostgreSQL (.ci/run does)"
         );
         let database = format!("tickbox_{name}_{:08x}", fastrand::u32(..));
         psql(&base, &format!("CREATE DATABASE {database}"));

@@ -13,11 +13,11 @@
 //! A subscription's id is derived from `(module, handler)`, the same pair
 //! that keys the inbox, so every process computes the same one.
 
-use crate::backend::{Backend, Claim};
 use crate::error::{Error, Result};
-use crate::module::{ModuleCore, ModuleHandle};
-use crate::schema::{Id, SubscriptionRow};
-use crate::statement::{Dialect, Statement, StatementBuilder};
+use crate::store::backend::{Backend, Claim};
+use crate::store::database::Database;
+use crate::store::schema::{Id, SubscriptionRow};
+use crate::store::statement::{Dialect, Statement, StatementBuilder};
 use serde::Serialize;
 use std::sync::Arc;
 use uuid::Uuid;
@@ -92,7 +92,7 @@ impl Served {
 /// running records on another topic is refused: two versions of one handler
 /// would each miss the other's messages.
 pub(crate) async fn record<B: Backend>(
-    outbox: &ModuleCore<B>,
+    outbox: &Database<B>,
     served: &[Served],
     now_us: i64,
     alive_until_us: i64,
@@ -107,7 +107,7 @@ pub(crate) async fn record<B: Backend>(
                 .find(|r| r.id.0 == mine.id && r.topic != mine.topic && r.alive_until_us > now_us);
             if let Some(clash) = clash {
                 return Err(Error::SubscriptionConflict {
-                    outbox: outbox.name.to_string(),
+                    outbox: outbox.module().to_string(),
                     module: mine.module.to_string(),
                     handler: mine.handler.to_string(),
                     topic: mine.topic.to_string(),
@@ -148,22 +148,23 @@ pub(crate) fn stopped(dialect: Dialect, served: &[Uuid], now_us: i64) -> Stateme
 
 #[derive(diesel::QueryableByName)]
 struct OldestOwed {
-    #[diesel(sql_type = crate::schema::DbUuid)]
+    #[diesel(sql_type = crate::store::schema::DbUuid)]
     id: Id,
     #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
     oldest: Option<i64>,
 }
 
+/// A message a statement finished.
 #[derive(diesel::QueryableByName)]
-struct Finished {
-    #[diesel(sql_type = crate::schema::DbUuid)]
+pub(crate) struct Finished {
+    #[diesel(sql_type = crate::store::schema::DbUuid)]
     #[allow(dead_code)] // counted only
     id: Id,
 }
 
 /// The subscriptions recorded in `outbox`'s database, with the oldest
 /// message each still owes.
-pub(crate) async fn read<B: Backend>(outbox: &ModuleCore<B>) -> Result<Vec<Subscription>> {
+pub(crate) async fn read<B: Backend>(outbox: &Database<B>) -> Result<Vec<Subscription>> {
     let mut conn = outbox.connection().await?;
     let rows = B::subscriptions(&mut conn).await?;
     let oldest: Vec<OldestOwed> = B::load(&mut conn, oldest_owed(B::DIALECT)).await?;
@@ -182,62 +183,6 @@ pub(crate) async fn read<B: Backend>(outbox: &ModuleCore<B>) -> Result<Vec<Subsc
             alive_until_us: row.alive_until_us,
         })
         .collect())
-}
-
-impl<B: Backend> ModuleHandle<B> {
-    /// The subscriptions recorded in this module's outbox: every handler, in
-    /// any process, that receives its messages, and the oldest message each
-    /// still owes.
-    ///
-    /// A subscription stays when its process stops, and its messages wait
-    /// for it (they are delivered when it runs again). One whose handler is
-    /// gone for good is retired with
-    /// [`ModuleHandle::retire_subscription`].
-    pub async fn subscriptions(&self) -> Result<Vec<Subscription>> {
-        read(&self.core).await
-    }
-
-    /// Retires the subscription of handler `handler` of module `module` from
-    /// this module's outbox: its messages are no longer kept for it, and
-    /// those only it still owed are marked delivered. Returns how many.
-    ///
-    /// For a handler removed from the code (or a process gone for good).
-    /// Refused ([`Error::SubscriptionInUse`]) while a running process serves
-    /// it; a process started later with the handler subscribes it again,
-    /// from then on.
-    pub async fn retire_subscription(&self, module: &str, handler: &str) -> Result<usize> {
-        let now = crate::message::now_us();
-        let recorded = self.subscriptions().await?;
-        let Some(subscription) = recorded
-            .iter()
-            .find(|s| s.module == module && s.handler == handler)
-        else {
-            return Err(Error::NoSuchSubscription {
-                outbox: self.name().to_string(),
-                module: module.to_string(),
-                handler: handler.to_string(),
-            });
-        };
-        if subscription.is_alive(now) {
-            return Err(Error::SubscriptionInUse {
-                module: module.to_string(),
-                handler: handler.to_string(),
-                seen_seconds: now.saturating_sub(subscription.seen_at_us) / 1_000_000,
-            });
-        }
-        let delete = self.core.retention.outbox == Some(std::time::Duration::ZERO);
-        let id = subscription_id(module, handler);
-        let mut conn = self.write_connection().await?;
-        for statement in retire(B::DIALECT, id) {
-            B::execute(&mut conn, statement).await?;
-        }
-        let owed = Owed::Topic(&subscription.topic);
-        let finished: Vec<Finished> =
-            B::load(&mut conn, complete(B::DIALECT, owed, now, delete)).await?;
-        B::execute(&mut conn, clear_done(B::DIALECT)).await?;
-        tracing::info!(outbox = %self.name(), module, handler, finished = finished.len(), "subscription retired");
-        Ok(finished.len())
-    }
 }
 
 /// `EXISTS` a subscription of the message `outer` (a table name or alias
@@ -373,7 +318,7 @@ pub(crate) fn clear_done(dialect: Dialect) -> Statement {
 /// topic has no subscription at all (it then finds the topic unknown, or
 /// without subscribers, itself). `lock` is the dialect's row locking
 /// (`FOR UPDATE SKIP LOCKED` on PostgreSQL), `columns` its `RETURNING` list
-/// for a [`ClaimedRow`](crate::schema::ClaimedRow).
+/// for a [`ClaimedRow`](crate::store::schema::ClaimedRow).
 pub(crate) fn claim(dialect: Dialect, lock: &str, columns: &str, claim: &Claim) -> Statement {
     let mut b = StatementBuilder::new(dialect);
     let bus = b.id(claim.bus);
@@ -427,7 +372,7 @@ pub(crate) fn claimed_elsewhere(dialect: Dialect, bus: Uuid, now_us: i64) -> Sta
 /// (a process that just crashed left them): otherwise a restarted process
 /// would look idle while it waits.
 pub(crate) async fn report_claimed_elsewhere<B: Backend>(
-    outbox: &ModuleCore<B>,
+    outbox: &Database<B>,
     bus: Uuid,
     now_us: i64,
 ) -> Result<()> {
@@ -441,7 +386,7 @@ pub(crate) async fn report_claimed_elsewhere<B: Backend>(
     {
         if n > 0 {
             tracing::info!(
-                module = %outbox.name,
+                module = %outbox.module(),
                 messages = n,
                 wait_seconds = until.saturating_sub(now_us) / 1_000_000,
                 "messages of this outbox are claimed by another bus: they are delivered when it \

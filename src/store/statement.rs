@@ -7,7 +7,7 @@
 //!
 //! [`Backend::load`]: crate::Backend
 
-use crate::schema::{DbUuid, Id};
+use crate::store::schema::{DbUuid, Id};
 use diesel::backend::Backend as DieselBackend;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::serialize::ToSql;
@@ -18,7 +18,7 @@ use uuid::Uuid;
 /// of ids passed as one text value, so that the statement's text does not
 /// depend on how many ids there are and is prepared once per connection.
 #[derive(Debug, Clone, Copy)]
-#[allow(unreachable_pub)] // named only by the sealed trait's hidden methods
+
 pub struct Dialect {
     /// A subquery yielding the ids in the text parameter `param`, to drive
     /// an index lookup (`id IN (…)`).
@@ -35,8 +35,8 @@ pub struct Dialect {
 
 /// A value bound to a placeholder.
 #[derive(Debug, Clone)]
-#[allow(unreachable_pub)] // named only by the sealed trait's hidden methods
-pub enum Bind {
+
+pub(crate) enum Bind {
     /// A UUID column value.
     Id(Id),
     /// A BIGINT column value.
@@ -53,7 +53,7 @@ const MARK: char = '\u{1}';
 /// of its own, which the connection prepares once and keeps (diesel's
 /// `sql_query` is prepared again on every call).
 #[derive(Debug, Clone)]
-#[allow(unreachable_pub)] // named only by the sealed trait's hidden methods
+
 pub struct Statement {
     /// The text, placeholders marked.
     pub(crate) sql: String,
@@ -102,35 +102,25 @@ where
 
 /// A row a [`Statement`] returns, readable on every enabled backend
 /// (written out so that code generic over the backend can name it).
-#[doc(hidden)]
-#[allow(unreachable_pub)] // named only by the sealed trait's hidden methods
 pub trait Row: Send + 'static + SqliteRow + PgRow {}
 
 impl<T: Send + 'static + SqliteRow + PgRow> Row for T {}
 
 /// Readable from SQLite (when the `sqlite` feature is on).
-#[doc(hidden)]
-#[allow(unreachable_pub)]
 #[cfg(feature = "sqlite")]
 pub trait SqliteRow: diesel::QueryableByName<diesel::sqlite::Sqlite> {}
 #[cfg(feature = "sqlite")]
 impl<T: diesel::QueryableByName<diesel::sqlite::Sqlite>> SqliteRow for T {}
-#[doc(hidden)]
-#[allow(unreachable_pub)]
 #[cfg(not(feature = "sqlite"))]
 pub trait SqliteRow {}
 #[cfg(not(feature = "sqlite"))]
 impl<T> SqliteRow for T {}
 
 /// Readable from PostgreSQL (when the `postgres` feature is on).
-#[doc(hidden)]
-#[allow(unreachable_pub)]
 #[cfg(feature = "postgres")]
 pub trait PgRow: diesel::QueryableByName<diesel::pg::Pg> {}
 #[cfg(feature = "postgres")]
 impl<T: diesel::QueryableByName<diesel::pg::Pg>> PgRow for T {}
-#[doc(hidden)]
-#[allow(unreachable_pub)]
 #[cfg(not(feature = "postgres"))]
 pub trait PgRow {}
 #[cfg(not(feature = "postgres"))]

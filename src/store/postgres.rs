@@ -6,13 +6,15 @@
 //! deliver sends `pg_notify` on the outbox's channel just before COMMIT, and
 //! a bus listens on that channel on a connection of its own.
 
-use crate::backend::{
-    build_pool, checkout, count_tables_with, refuse_newer_migrations, shared_queries, sweep_with,
-    tick_inbox_statement, Backend, StoreSettings, WakeupChannel,
-};
 use crate::error::{redact_url, Error};
-use crate::schema::{tickbox_outbox, OutboxRow};
-use crate::statement::Dialect;
+use crate::store::backend::{
+    count_tables_with, shared_queries, sweep_with, tick_inbox_statement, Backend, Store,
+};
+use crate::store::migrations::{refuse_clashing_versions, refuse_newer_migrations};
+use crate::store::pool::{build_pool, checkout};
+use crate::store::schema::{tickbox_outbox, OutboxRow};
+use crate::store::settings::{StoreSettings, WakeupChannel};
+use crate::store::statement::Dialect;
 use diesel::QueryResult;
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::pooled_connection::deadpool::{Object, Pool};
@@ -228,12 +230,15 @@ async fn listen_until_failure(wakeup: &WakeupChannel, module: &str, wake: &impl 
 }
 
 impl Backend for Postgres {
+    const NAME: &'static str = "postgres";
+    const DEFAULT_POOL_SIZE: usize = 8;
+}
+
+impl Store for Postgres {
     type Connection = AsyncPgConnection;
     type Pool = Pool<AsyncPgConnection>;
     type Pooled = Object<AsyncPgConnection>;
 
-    const NAME: &'static str = "postgres";
-    const DEFAULT_POOL_SIZE: usize = 8;
     const DIALECT: Dialect = Dialect {
         id_rows: |param| format!("(SELECT unnest(CAST({param} AS uuid[])))"),
         id_rows_text: uuid_array,
@@ -297,11 +302,7 @@ impl Backend for Postgres {
                     .map_err(|e| migration_error(e.to_string()))?;
                 refuse_newer_migrations(&mut conn, &MIGRATIONS, &module)?;
                 if let Some(app) = app_migrations {
-                    crate::backend::refuse_clashing_versions::<diesel::pg::Pg>(
-                        &MIGRATIONS,
-                        &app,
-                        &module,
-                    )?;
+                    refuse_clashing_versions::<diesel::pg::Pg>(&MIGRATIONS, &app, &module)?;
                     conn.run_pending_migrations(app).map_err(|e| {
                         migration_error(format!("the application's migrations: {e}"))
                     })?;

@@ -6,138 +6,76 @@
 //! (opening a pool, running migrations, how a write transaction begins) is
 //! written per backend, in `sqlite.rs` and `postgres.rs`.
 
-use crate::schema::{DeadLetterRow, OutboxRow, SubscriptionRow};
-use crate::statement::{Dialect, Row, Statement};
+use crate::store::schema::{DeadLetterRow, OutboxRow, SubscriptionRow};
+use crate::store::settings::{StoreSettings, WakeupChannel};
+use crate::store::statement::{Dialect, Row, Statement};
 use diesel::QueryResult;
 use diesel_async::AsyncConnection;
 use std::future::Future;
 use std::ops::DerefMut;
-use std::time::Duration;
 use uuid::Uuid;
 
-/// Where and how a module opens its database.
-#[derive(Debug, Clone)]
-#[allow(unreachable_pub)] // named only by the sealed trait's hidden methods
-pub struct StoreSettings {
-    /// The module that owns the database, for error messages.
-    pub(crate) module: String,
-    /// An SQLite path (or `sqlite://` URL) or a `postgres://` URL.
-    pub(crate) url: String,
-    /// PostgreSQL only: the schema holding the module's tables.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) schema: Option<String>,
-    /// Connections in the module's pool.
-    pub(crate) pool_size: usize,
-    /// How long a checkout waits for a free connection.
-    pub(crate) checkout_timeout: Duration,
-    /// Run tickbox's migrations at open (false to attach to an existing
-    /// database, as an operator's tool does).
-    pub(crate) migrate: bool,
-    /// The application's own migrations for this module's database, run
-    /// after tickbox's.
-    pub(crate) app_migrations: Option<AppMigrations>,
-}
-
-/// The application's embedded migrations, as a migration source diesel's
-/// harness can take (it takes its source by value).
-#[derive(Clone, Copy)]
-pub(crate) struct AppMigrations(pub(crate) &'static diesel_migrations::EmbeddedMigrations);
-
-impl std::fmt::Debug for AppMigrations {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("AppMigrations")
-    }
-}
-
-impl<DB: diesel::backend::Backend> diesel::migration::MigrationSource<DB> for AppMigrations {
-    fn migrations(
-        &self,
-    ) -> diesel::migration::Result<Vec<Box<dyn diesel::migration::Migration<DB>>>> {
-        diesel::migration::MigrationSource::<DB>::migrations(self.0)
-    }
-}
-
-/// Where a module's commits wake buses in other processes: a PostgreSQL
-/// notification channel, one per outbox (per database and schema), and the
-/// URL a bus's listener connects to. SQLite modules have none.
-#[derive(Debug, Clone)]
-#[allow(unreachable_pub)] // named only by the sealed trait's hidden methods
-pub struct WakeupChannel {
-    /// The module's database URL, for the listener's own connection.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) url: String,
-    /// The channel name, at most 63 bytes, used as is (`pg_notify` takes it
-    /// as text; `LISTEN` needs it quoted).
-    pub(crate) channel: String,
-}
-
-/// A database backend: `Sqlite` or
-/// `Postgres`.
+/// A database backend: `Sqlite` (feature `sqlite`) or `Postgres` (feature
+/// `postgres`).
 ///
-/// The trait is implemented by tickbox for its backends and is not meant to be
-/// implemented elsewhere; its hidden methods may change in any release.
-pub trait Backend: Sized + Send + Sync + 'static {
-    /// The diesel-async connection that handlers and transactions receive.
-    type Connection: AsyncConnection + Send + 'static;
-
-    /// A connection pool.
-    #[doc(hidden)]
-    type Pool: Clone + Send + Sync + 'static;
-
-    /// A connection checked out of the pool; returned to it on drop.
-    #[doc(hidden)]
-    type Pooled: DerefMut<Target = Self::Connection> + Send + 'static;
-
+/// Sealed: tickbox implements it for its backends, and what it needs from a
+/// database (the [`Store`] it extends) is private to tickbox.
+pub trait Backend: Store {
     /// A short name for logs and metrics: `sqlite` or `postgres`.
     const NAME: &'static str;
 
     /// Pool size used when a module does not set one.
     const DEFAULT_POOL_SIZE: usize;
+}
+
+/// What tickbox needs from a database, implemented once per backend in
+/// `sqlite.rs` and `postgres.rs`. It lives in a private module, so no other
+/// crate can name it: that seals [`Backend`].
+pub trait Store: Sized + Send + Sync + 'static {
+    /// The diesel-async connection that handlers and transactions receive.
+    type Connection: AsyncConnection + Send + 'static;
+
+    /// A connection pool.
+    type Pool: Clone + Send + Sync + 'static;
+
+    /// A connection checked out of the pool; returned to it on drop.
+    type Pooled: DerefMut<Target = Self::Connection> + Send + 'static;
 
     /// The database takes one writer at a time (SQLite): writers of one
     /// process then queue in memory, first come first served, instead of
     /// polling the database's lock.
-    #[doc(hidden)]
     const ONE_WRITER: bool;
 
     /// Runs the embedded migrations (if `settings.migrate`) and opens the
     /// module's pool; also returns the channel on which commits to the
     /// module's outbox wake buses, where the backend has one (PostgreSQL).
-    #[doc(hidden)]
     fn open(
         settings: &StoreSettings,
     ) -> impl Future<Output = crate::Result<(Self::Pool, Option<WakeupChannel>)>> + Send;
 
     /// Closes the pool: idle connections now, the others when returned.
-    #[doc(hidden)]
     fn close(pool: &Self::Pool);
 
     /// Takes a connection from the pool.
-    #[doc(hidden)]
     fn checkout(pool: &Self::Pool) -> impl Future<Output = Result<Self::Pooled, String>> + Send;
 
     /// Begins a write transaction. SQLite takes its write lock at once
     /// (`BEGIN IMMEDIATE`), so concurrent writers wait instead of failing.
-    #[doc(hidden)]
     fn begin(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<()>> + Send;
 
     /// Begins a read-only transaction: one snapshot, no write lock.
-    #[doc(hidden)]
     fn begin_read(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<()>> + Send;
 
-    /// Commits the transaction begun by [`Backend::begin`].
-    #[doc(hidden)]
+    /// Commits the transaction begun by [`Store::begin`].
     fn commit(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<()>> + Send;
 
-    /// Rolls back the transaction begun by [`Backend::begin`].
-    #[doc(hidden)]
+    /// Rolls back the transaction begun by [`Store::begin`].
     fn rollback(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<()>> + Send;
 
     /// Sends a wake-up on `channel` inside the open transaction: listeners
     /// receive it if and only if the transaction commits (PostgreSQL
     /// `pg_notify`). Called only with a channel `open` returned, so never on
     /// SQLite.
-    #[doc(hidden)]
     fn notify(
         conn: &mut Self::Connection,
         channel: &str,
@@ -150,7 +88,6 @@ pub trait Backend: Sized + Send + Sync + 'static {
     /// backoff when the connection fails and never ends by itself: abort it.
     /// `None` where the backend has no notifications (SQLite: another
     /// process's commits are found by the bus's periodic scan).
-    #[doc(hidden)]
     fn listen(
         wakeup: WakeupChannel,
         module: std::sync::Arc<str>,
@@ -158,7 +95,6 @@ pub trait Backend: Sized + Send + Sync + 'static {
     ) -> Option<impl Future<Output = ()> + Send + 'static>;
 
     /// Inserts published messages into the outbox.
-    #[doc(hidden)]
     fn insert_outbox(
         conn: &mut Self::Connection,
         rows: Vec<OutboxRow>,
@@ -166,7 +102,6 @@ pub trait Backend: Sized + Send + Sync + 'static {
 
     /// Records `(message_id, handler)` in the inbox unless it is there;
     /// true when this call inserted it.
-    #[doc(hidden)]
     fn tick_inbox(
         conn: &mut Self::Connection,
         message_id: Uuid,
@@ -175,31 +110,26 @@ pub trait Backend: Sized + Send + Sync + 'static {
     ) -> impl Future<Output = QueryResult<bool>> + Send;
 
     /// How the dialect spells what tickbox's [`Statement`]s need.
-    #[doc(hidden)]
     const DIALECT: Dialect;
 
     /// What a claim's row selection ends with: `FOR UPDATE SKIP LOCKED` on
     /// PostgreSQL, so concurrent claims skip each other's rows instead of
     /// waiting; nothing on SQLite, whose writers take turns.
-    #[doc(hidden)]
     const SKIP_LOCKED: &'static str;
 
     /// The `RETURNING` list of a claim, read as a
-    /// [`ClaimedRow`](crate::schema::ClaimedRow): text columns as raw bytes
+    /// [`ClaimedRow`](crate::store::schema::ClaimedRow): text columns as raw bytes
     /// and a creation time that is NULL unless it is an integer, so that one
     /// malformed row is decoded (and dead-lettered) on its own.
-    #[doc(hidden)]
     const CLAIM_COLUMNS: &'static str;
 
     /// Runs a [`Statement`] and reads its rows.
-    #[doc(hidden)]
     fn load<R: Row>(
         conn: &mut Self::Connection,
         statement: Statement,
     ) -> impl Future<Output = QueryResult<Vec<R>>> + Send;
 
     /// Runs a [`Statement`]; the number of rows it changed.
-    #[doc(hidden)]
     fn execute(
         conn: &mut Self::Connection,
         statement: Statement,
@@ -207,21 +137,18 @@ pub trait Backend: Sized + Send + Sync + 'static {
 
     /// Records subscriptions, or updates the ones recorded (topic, when
     /// seen), keeping when each was first recorded.
-    #[doc(hidden)]
     fn record_subscriptions(
         conn: &mut Self::Connection,
         rows: Vec<SubscriptionRow>,
     ) -> impl Future<Output = QueryResult<()>> + Send;
 
     /// Every subscription recorded in this outbox's database.
-    #[doc(hidden)]
     fn subscriptions(
         conn: &mut Self::Connection,
     ) -> impl Future<Output = QueryResult<Vec<SubscriptionRow>>> + Send;
 
     /// Extends (or takes) the claim of `bus` on these undelivered rows unless
     /// another bus holds a live claim on them.
-    #[doc(hidden)]
     fn renew_claims(
         conn: &mut Self::Connection,
         ids: Vec<Uuid>,
@@ -232,7 +159,6 @@ pub trait Backend: Sized + Send + Sync + 'static {
 
     /// Gives up every claim of `bus` on undelivered rows (on a graceful
     /// stop).
-    #[doc(hidden)]
     fn release_claims(
         conn: &mut Self::Connection,
         bus: Uuid,
@@ -240,14 +166,12 @@ pub trait Backend: Sized + Send + Sync + 'static {
 
     /// Records a dead letter, or updates the one already recorded for the
     /// same message and handler.
-    #[doc(hidden)]
     fn insert_dead_letter(
         conn: &mut Self::Connection,
         row: DeadLetterRow,
     ) -> impl Future<Output = QueryResult<()>> + Send;
 
     /// Dead letters, oldest first, from `offset`.
-    #[doc(hidden)]
     fn dead_letters(
         conn: &mut Self::Connection,
         offset: i64,
@@ -255,7 +179,6 @@ pub trait Backend: Sized + Send + Sync + 'static {
     ) -> impl Future<Output = QueryResult<Vec<DeadLetterRow>>> + Send;
 
     /// One dead letter.
-    #[doc(hidden)]
     fn dead_letter(
         conn: &mut Self::Connection,
         message_id: Uuid,
@@ -263,7 +186,6 @@ pub trait Backend: Sized + Send + Sync + 'static {
     ) -> impl Future<Output = QueryResult<Option<DeadLetterRow>>> + Send;
 
     /// Deletes one dead letter; the number of rows deleted.
-    #[doc(hidden)]
     fn delete_dead_letter(
         conn: &mut Self::Connection,
         message_id: Uuid,
@@ -272,7 +194,6 @@ pub trait Backend: Sized + Send + Sync + 'static {
 
     /// Writes a message into the outbox as pending and unclaimed, or puts
     /// the row already there back to that state.
-    #[doc(hidden)]
     fn requeue_or_insert(
         conn: &mut Self::Connection,
         row: OutboxRow,
@@ -280,7 +201,6 @@ pub trait Backend: Sized + Send + Sync + 'static {
 
     /// Deletes up to `batch` messages' inbox rows processed before
     /// `before_us`; the number of rows deleted.
-    #[doc(hidden)]
     fn sweep_inbox(
         conn: &mut Self::Connection,
         before_us: i64,
@@ -288,7 +208,6 @@ pub trait Backend: Sized + Send + Sync + 'static {
     ) -> impl Future<Output = QueryResult<usize>> + Send;
 
     /// Deletes up to `batch` outbox rows delivered before `before_us`.
-    #[doc(hidden)]
     fn sweep_outbox(
         conn: &mut Self::Connection,
         before_us: i64,
@@ -298,23 +217,19 @@ pub trait Backend: Sized + Send + Sync + 'static {
     /// How many of tickbox's tables the database (PostgreSQL: the current
     /// schema) holds: [`TABLES`] when it is up to date, fewer when an older
     /// version of tickbox made them, none when it is not a module's database.
-    #[doc(hidden)]
     fn count_tables(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<i64>> + Send;
 
     /// Counts the dead letters (a small table).
-    #[doc(hidden)]
     fn count_dead_letters(
         conn: &mut Self::Connection,
     ) -> impl Future<Output = QueryResult<i64>> + Send;
 
     /// Counts the rows of the inbox and of the dead letters.
-    #[doc(hidden)]
     fn table_sizes(
         conn: &mut Self::Connection,
     ) -> impl Future<Output = QueryResult<(i64, i64)>> + Send;
 
     /// Marks outbox rows delivered.
-    #[doc(hidden)]
     fn mark_delivered(
         conn: &mut Self::Connection,
         ids: Vec<Uuid>,
@@ -323,7 +238,6 @@ pub trait Backend: Sized + Send + Sync + 'static {
 
     /// The number of undelivered outbox rows and the creation time of the
     /// oldest.
-    #[doc(hidden)]
     fn outbox_backlog(
         conn: &mut Self::Connection,
     ) -> impl Future<Output = QueryResult<(i64, Option<i64>)>> + Send;
@@ -334,8 +248,7 @@ pub(crate) const TABLES: i64 = 6;
 
 /// What a bus asks for when it claims outbox rows.
 #[derive(Debug, Clone)]
-#[allow(unreachable_pub)] // named only by the sealed trait's hidden methods
-pub struct Claim {
+pub(crate) struct Claim {
     /// The claiming bus instance.
     pub(crate) bus: Uuid,
     pub(crate) now_us: i64,
@@ -360,10 +273,10 @@ pub struct Claim {
 macro_rules! tick_inbox_statement {
     ($message_id:expr, $handler:expr, $now_us:expr) => {{
         use diesel::ExpressionMethods;
-        use $crate::schema::tickbox_inbox::dsl as inbox;
+        use $crate::store::schema::tickbox_inbox::dsl as inbox;
         diesel::insert_into(inbox::tickbox_inbox)
             .values((
-                inbox::message_id.eq($crate::schema::Id($message_id)),
+                inbox::message_id.eq($crate::store::schema::Id($message_id)),
                 inbox::handler.eq($handler),
                 inbox::processed_at_us.eq($now_us),
             ))
@@ -376,9 +289,9 @@ pub(crate) use tick_inbox_statement;
 /// `impl Backend` so they are compiled against its concrete connection.
 macro_rules! shared_queries {
     () => {
-        async fn load<R: $crate::statement::Row>(
+        async fn load<R: $crate::store::statement::Row>(
             conn: &mut Self::Connection,
-            statement: $crate::statement::Statement,
+            statement: $crate::store::statement::Statement,
         ) -> diesel::QueryResult<Vec<R>> {
             use diesel_async::RunQueryDsl;
             statement.load(conn).await
@@ -386,7 +299,7 @@ macro_rules! shared_queries {
 
         async fn execute(
             conn: &mut Self::Connection,
-            statement: $crate::statement::Statement,
+            statement: $crate::store::statement::Statement,
         ) -> diesel::QueryResult<usize> {
             use diesel_async::RunQueryDsl;
             statement.execute(conn).await
@@ -394,12 +307,12 @@ macro_rules! shared_queries {
 
         async fn record_subscriptions(
             conn: &mut Self::Connection,
-            rows: Vec<$crate::schema::SubscriptionRow>,
+            rows: Vec<$crate::store::schema::SubscriptionRow>,
         ) -> diesel::QueryResult<()> {
             use diesel::upsert::excluded;
             use diesel::ExpressionMethods;
             use diesel_async::RunQueryDsl;
-            use $crate::schema::tickbox_subscriptions::dsl as subs;
+            use $crate::store::schema::tickbox_subscriptions::dsl as subs;
             // One statement per row: SQLite's upsert takes no multi-row
             // VALUES through diesel, and a bus has few handlers.
             for row in rows {
@@ -422,12 +335,12 @@ macro_rules! shared_queries {
 
         async fn subscriptions(
             conn: &mut Self::Connection,
-        ) -> diesel::QueryResult<Vec<$crate::schema::SubscriptionRow>> {
+        ) -> diesel::QueryResult<Vec<$crate::store::schema::SubscriptionRow>> {
             use diesel::{QueryDsl, SelectableHelper};
             use diesel_async::RunQueryDsl;
-            use $crate::schema::tickbox_subscriptions::dsl as subs;
+            use $crate::store::schema::tickbox_subscriptions::dsl as subs;
             subs::tickbox_subscriptions
-                .select($crate::schema::SubscriptionRow::as_select())
+                .select($crate::store::schema::SubscriptionRow::as_select())
                 .order((subs::module, subs::handler))
                 .load(conn)
                 .await
@@ -442,8 +355,8 @@ macro_rules! shared_queries {
         ) -> diesel::QueryResult<usize> {
             use diesel::{BoolExpressionMethods, ExpressionMethods, QueryDsl};
             use diesel_async::RunQueryDsl;
-            use $crate::schema::tickbox_outbox::dsl as outbox;
-            use $crate::schema::Id;
+            use $crate::store::schema::tickbox_outbox::dsl as outbox;
+            use $crate::store::schema::Id;
             let ids: Vec<_> = ids.into_iter().map(Id).collect();
             diesel::update(
                 outbox::tickbox_outbox
@@ -470,8 +383,8 @@ macro_rules! shared_queries {
         ) -> diesel::QueryResult<usize> {
             use diesel::{ExpressionMethods, QueryDsl};
             use diesel_async::RunQueryDsl;
-            use $crate::schema::tickbox_outbox::dsl as outbox;
-            use $crate::schema::Id;
+            use $crate::store::schema::tickbox_outbox::dsl as outbox;
+            use $crate::store::schema::Id;
             diesel::update(
                 outbox::tickbox_outbox
                     .filter(outbox::delivered_at_us.is_null())
@@ -487,12 +400,12 @@ macro_rules! shared_queries {
 
         async fn insert_dead_letter(
             conn: &mut Self::Connection,
-            row: $crate::schema::DeadLetterRow,
+            row: $crate::store::schema::DeadLetterRow,
         ) -> diesel::QueryResult<()> {
             use diesel::upsert::excluded;
             use diesel::ExpressionMethods;
             use diesel_async::RunQueryDsl;
-            use $crate::schema::tickbox_dead_letters::dsl as dead;
+            use $crate::store::schema::tickbox_dead_letters::dsl as dead;
             diesel::insert_into(dead::tickbox_dead_letters)
                 .values(row)
                 .on_conflict((dead::message_id, dead::handler))
@@ -511,15 +424,15 @@ macro_rules! shared_queries {
             conn: &mut Self::Connection,
             offset: i64,
             limit: i64,
-        ) -> diesel::QueryResult<Vec<$crate::schema::DeadLetterRow>> {
+        ) -> diesel::QueryResult<Vec<$crate::store::schema::DeadLetterRow>> {
             use diesel::{QueryDsl, SelectableHelper};
             use diesel_async::RunQueryDsl;
-            use $crate::schema::tickbox_dead_letters::dsl as dead;
+            use $crate::store::schema::tickbox_dead_letters::dsl as dead;
             dead::tickbox_dead_letters
                 .order((dead::dead_at_us, dead::message_id, dead::handler))
                 .offset(offset)
                 .limit(limit)
-                .select($crate::schema::DeadLetterRow::as_select())
+                .select($crate::store::schema::DeadLetterRow::as_select())
                 .load(conn)
                 .await
         }
@@ -528,14 +441,14 @@ macro_rules! shared_queries {
             conn: &mut Self::Connection,
             message_id: uuid::Uuid,
             handler: String,
-        ) -> diesel::QueryResult<Option<$crate::schema::DeadLetterRow>> {
+        ) -> diesel::QueryResult<Option<$crate::store::schema::DeadLetterRow>> {
             use diesel::{ExpressionMethods, OptionalExtension, QueryDsl, SelectableHelper};
             use diesel_async::RunQueryDsl;
-            use $crate::schema::tickbox_dead_letters::dsl as dead;
+            use $crate::store::schema::tickbox_dead_letters::dsl as dead;
             dead::tickbox_dead_letters
-                .filter(dead::message_id.eq($crate::schema::Id(message_id)))
+                .filter(dead::message_id.eq($crate::store::schema::Id(message_id)))
                 .filter(dead::handler.eq(handler))
-                .select($crate::schema::DeadLetterRow::as_select())
+                .select($crate::store::schema::DeadLetterRow::as_select())
                 .first(conn)
                 .await
                 .optional()
@@ -548,10 +461,10 @@ macro_rules! shared_queries {
         ) -> diesel::QueryResult<usize> {
             use diesel::{ExpressionMethods, QueryDsl};
             use diesel_async::RunQueryDsl;
-            use $crate::schema::tickbox_dead_letters::dsl as dead;
+            use $crate::store::schema::tickbox_dead_letters::dsl as dead;
             diesel::delete(
                 dead::tickbox_dead_letters
-                    .filter(dead::message_id.eq($crate::schema::Id(message_id)))
+                    .filter(dead::message_id.eq($crate::store::schema::Id(message_id)))
                     .filter(dead::handler.eq(handler)),
             )
             .execute(conn)
@@ -560,18 +473,18 @@ macro_rules! shared_queries {
 
         async fn requeue_or_insert(
             conn: &mut Self::Connection,
-            row: $crate::schema::OutboxRow,
+            row: $crate::store::schema::OutboxRow,
         ) -> diesel::QueryResult<()> {
             use diesel::ExpressionMethods;
             use diesel_async::RunQueryDsl;
-            use $crate::schema::tickbox_outbox::dsl as outbox;
+            use $crate::store::schema::tickbox_outbox::dsl as outbox;
             diesel::insert_into(outbox::tickbox_outbox)
                 .values(&row)
                 .on_conflict(outbox::id)
                 .do_update()
                 .set((
                     outbox::delivered_at_us.eq(None::<i64>),
-                    outbox::claimed_by.eq(None::<$crate::schema::Id>),
+                    outbox::claimed_by.eq(None::<$crate::store::schema::Id>),
                     outbox::claimed_until_us.eq(None::<i64>),
                 ))
                 .execute(conn)
@@ -579,7 +492,7 @@ macro_rules! shared_queries {
             // Every subscription receives it again (the inbox skips it where
             // it was handled).
             use diesel::QueryDsl;
-            use $crate::schema::tickbox_outbox_done::dsl as done;
+            use $crate::store::schema::tickbox_outbox_done::dsl as done;
             diesel::delete(done::tickbox_outbox_done.filter(done::message_id.eq(row.id)))
                 .execute(conn)
                 .await
@@ -589,14 +502,14 @@ macro_rules! shared_queries {
         async fn count_dead_letters(conn: &mut Self::Connection) -> diesel::QueryResult<i64> {
             use diesel::QueryDsl;
             use diesel_async::RunQueryDsl;
-            use $crate::schema::tickbox_dead_letters;
+            use $crate::store::schema::tickbox_dead_letters;
             tickbox_dead_letters::table.count().get_result(conn).await
         }
 
         async fn table_sizes(conn: &mut Self::Connection) -> diesel::QueryResult<(i64, i64)> {
             use diesel::QueryDsl;
             use diesel_async::RunQueryDsl;
-            use $crate::schema::{tickbox_dead_letters, tickbox_inbox};
+            use $crate::store::schema::{tickbox_dead_letters, tickbox_inbox};
             let inbox = tickbox_inbox::table.count().get_result(conn).await?;
             let dead = tickbox_dead_letters::table.count().get_result(conn).await?;
             Ok((inbox, dead))
@@ -609,8 +522,8 @@ macro_rules! shared_queries {
         ) -> diesel::QueryResult<usize> {
             use diesel::{ExpressionMethods, QueryDsl};
             use diesel_async::RunQueryDsl;
-            use $crate::schema::tickbox_outbox::dsl as outbox;
-            let ids: Vec<_> = ids.into_iter().map($crate::schema::Id).collect();
+            use $crate::store::schema::tickbox_outbox::dsl as outbox;
+            let ids: Vec<_> = ids.into_iter().map($crate::store::schema::Id).collect();
             diesel::update(outbox::tickbox_outbox.filter(outbox::id.eq_any(ids)))
                 .set((
                     outbox::delivered_at_us.eq(now_us),
@@ -625,7 +538,7 @@ macro_rules! shared_queries {
         ) -> diesel::QueryResult<(i64, Option<i64>)> {
             use diesel::{ExpressionMethods, OptionalExtension, QueryDsl};
             use diesel_async::RunQueryDsl;
-            use $crate::schema::tickbox_outbox::dsl as outbox;
+            use $crate::store::schema::tickbox_outbox::dsl as outbox;
             // The count reads only the partial index of pending ids; the
             // oldest message is the first of them (ids are UUIDv7s, ordered
             // by time): one more row, not a scan of all pending rows.
@@ -647,47 +560,6 @@ macro_rules! shared_queries {
 }
 pub(crate) use shared_queries;
 
-/// Builds a deadpool pool for either backend: fast recycling (no ping on
-/// every checkout; broken connections are still discarded), a bounded wait for
-/// a free connection, and `setup` run on every new connection.
-pub(crate) fn build_pool<C>(
-    settings: &StoreSettings,
-    url: String,
-    setup: diesel_async::pooled_connection::SetupCallback<C>,
-) -> crate::Result<diesel_async::pooled_connection::deadpool::Pool<C>>
-where
-    C: AsyncConnection + 'static,
-    diesel_async::pooled_connection::AsyncDieselConnectionManager<C>:
-        deadpool::managed::Manager<Type = C, Error = diesel_async::pooled_connection::PoolError>,
-{
-    use diesel_async::pooled_connection::{
-        AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
-    };
-    let mut config = ManagerConfig::default();
-    config.recycling_method = RecyclingMethod::Fast;
-    config.custom_setup = setup;
-    let manager = AsyncDieselConnectionManager::new_with_config(url, config);
-    diesel_async::pooled_connection::deadpool::Pool::builder(manager)
-        .max_size(settings.pool_size)
-        .wait_timeout(Some(settings.checkout_timeout))
-        .create_timeout(Some(settings.checkout_timeout))
-        .runtime(deadpool::Runtime::Tokio1)
-        .build()
-        .map_err(|e| crate::Error::Config(format!("module `{}`: {e}", settings.module)))
-}
-
-/// Takes a connection from a deadpool pool, for either backend.
-pub(crate) async fn checkout<C>(
-    pool: &diesel_async::pooled_connection::deadpool::Pool<C>,
-) -> Result<diesel_async::pooled_connection::deadpool::Object<C>, String>
-where
-    C: AsyncConnection + 'static,
-    diesel_async::pooled_connection::AsyncDieselConnectionManager<C>:
-        deadpool::managed::Manager<Type = C, Error = diesel_async::pooled_connection::PoolError>,
-{
-    pool.get().await.map_err(|e| e.to_string())
-}
-
 /// Expands to `Backend::sweep_inbox` and `Backend::sweep_outbox` running the
 /// dialect's statements, whose binds are: id cutoff, time cutoff, batch, and
 /// (inbox only) the time cutoff again.
@@ -705,7 +577,9 @@ macro_rules! sweep_with {
             use diesel::sql_types::BigInt;
             use diesel_async::RunQueryDsl;
             diesel::sql_query($inbox)
-                .bind::<$crate::schema::DbUuid, _>($crate::schema::Id::earliest_at(before_us))
+                .bind::<$crate::store::schema::DbUuid, _>($crate::store::schema::Id::earliest_at(
+                    before_us,
+                ))
                 .bind::<BigInt, _>(before_us)
                 .bind::<BigInt, _>(batch)
                 .bind::<BigInt, _>(before_us)
@@ -721,7 +595,9 @@ macro_rules! sweep_with {
             use diesel::sql_types::BigInt;
             use diesel_async::RunQueryDsl;
             diesel::sql_query($outbox)
-                .bind::<$crate::schema::DbUuid, _>($crate::schema::Id::earliest_at(before_us))
+                .bind::<$crate::store::schema::DbUuid, _>($crate::store::schema::Id::earliest_at(
+                    before_us,
+                ))
                 .bind::<BigInt, _>(before_us)
                 .bind::<BigInt, _>(batch)
                 .execute(conn)
@@ -748,91 +624,3 @@ macro_rules! count_tables_with {
     };
 }
 pub(crate) use count_tables_with;
-
-/// Refuses a database migrated by a newer tickbox: a migration applied there
-/// that this build does not know means that version records things this one
-/// would not honour (and, across processes, could lose messages by).
-pub(crate) fn refuse_newer_migrations<DB, H, S>(
-    conn: &mut H,
-    known: &S,
-    module: &str,
-) -> crate::Result<()>
-where
-    DB: diesel::backend::Backend,
-    H: diesel::Connection<Backend = DB>,
-    S: diesel::migration::MigrationSource<DB>,
-    for<'a> diesel::query_builder::SqlQuery: diesel::query_dsl::LoadQuery<'a, H, SchemaVersionRow>,
-{
-    use diesel::RunQueryDsl;
-    let known: std::collections::HashSet<String> = versions(known, module)?
-        .into_iter()
-        .map(|(version, _)| version)
-        .collect();
-    let applied: Vec<SchemaVersionRow> =
-        diesel::sql_query("SELECT version FROM tickbox_schema_version").load(conn)?;
-    let unknown: Vec<String> = applied
-        .into_iter()
-        .map(|row| row.version)
-        .filter(|v| !known.contains(v))
-        .collect();
-    if unknown.is_empty() {
-        return Ok(());
-    }
-    Err(crate::Error::SchemaVersion {
-        module: module.to_string(),
-        reason: format!(
-            "was migrated by a newer version of tickbox (migrations {} are unknown to this one); upgrade this process to that version",
-            unknown.join(", ")
-        ),
-    })
-}
-
-/// Refuses application migrations that share a version with one of
-/// tickbox's: diesel records both in one table, so such a migration would be
-/// taken as applied and never run.
-pub(crate) fn refuse_clashing_versions<DB: diesel::backend::Backend>(
-    tickbox: &dyn diesel::migration::MigrationSource<DB>,
-    app: &dyn diesel::migration::MigrationSource<DB>,
-    module: &str,
-) -> crate::Result<()> {
-    let ours: std::collections::HashSet<String> = versions(tickbox, module)?
-        .into_iter()
-        .map(|(version, _)| version)
-        .collect();
-    let clashing: Vec<String> = versions(app, module)?
-        .into_iter()
-        .filter(|(version, _)| ours.contains(version))
-        .map(|(_, name)| name)
-        .collect();
-    if clashing.is_empty() {
-        return Ok(());
-    }
-    Err(crate::Error::Config(format!(
-        "module `{module}`: the application's migrations {} have the version of a tickbox migration \
-         (diesel would take them as applied and never run them); rename their folders to another \
-         date and time",
-        clashing.join(", ")
-    )))
-}
-
-/// The (version, name) of every migration of `source`.
-fn versions<DB: diesel::backend::Backend>(
-    source: &dyn diesel::migration::MigrationSource<DB>,
-    module: &str,
-) -> crate::Result<Vec<(String, String)>> {
-    let migrations = source.migrations().map_err(|e| crate::Error::Migration {
-        module: module.to_string(),
-        reason: e.to_string(),
-    })?;
-    Ok(migrations
-        .iter()
-        .map(|m| (m.name().version().to_string(), m.name().to_string()))
-        .collect())
-}
-
-/// A row of `tickbox_schema_version`.
-#[derive(diesel::QueryableByName)]
-pub(crate) struct SchemaVersionRow {
-    #[diesel(sql_type = diesel::sql_types::Text)]
-    version: String,
-}

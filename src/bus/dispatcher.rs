@@ -16,13 +16,14 @@
 //! (says they are served, finishes what every subscription is done with,
 //! learns of other processes' subscriptions) and runs the watchdog.
 
-use crate::backend::{Backend, Claim};
-use crate::bus::{BusCore, Route};
+use crate::bus::core::BusCore;
+use crate::bus::route::Route;
 use crate::message::{now_us, Envelope};
-use crate::module::ModuleHandle;
-use crate::schema::{ClaimedRow, DbUuid, Id, MalformedRow};
-use crate::subscription::{self, Served};
-use crate::watchdog::{self, Stalled};
+use crate::module::handle::ModuleHandle;
+use crate::outbox::subscription::{self, Served};
+use crate::outbox::watchdog::{self, Stalled};
+use crate::store::backend::{Backend, Claim};
+use crate::store::schema::{ClaimedRow, DbUuid, Id, MalformedRow};
 use futures_util::future::join_all;
 use std::collections::{HashSet, VecDeque};
 use std::future::Future;
@@ -196,12 +197,10 @@ impl<B: Backend> Dispatcher<B> {
         // PostgreSQL: other processes' commits request a scan through a
         // listener on a connection of its own; its own task, so a
         // notification never waits for this loop.
-        let listener = source.core.wakeup.clone().and_then(|wakeup| {
-            let core = source.core.clone();
-            B::listen(wakeup, source.core.name.clone(), move || {
-                core.request_scan()
-            })
-            .map(actix::spawn)
+        let outbox = source.core.outbox.clone();
+        let listener = outbox.wakeup.clone().and_then(|wakeup| {
+            let woken = outbox.clone();
+            B::listen(wakeup, outbox.module.clone(), move || woken.request_scan()).map(actix::spawn)
         });
         let mut stopped = bus.stopped.clone();
         let renew_every = bus.config.claim_lease / 3;
@@ -242,11 +241,7 @@ impl<B: Backend> Dispatcher<B> {
                         }
                     }
                 }
-                _ = source.core.wake.notified() => {
-                    if source.core.scan_requested.swap(false, Relaxed) {
-                        state.request_scan();
-                    }
-                }
+                _ = outbox.scan_request() => state.request_scan(),
                 _ = sleep_until(next_renewal) => {
                     next_renewal = Instant::now() + renew_every;
                     state.renew_due = true;
@@ -263,7 +258,7 @@ impl<B: Backend> Dispatcher<B> {
         // Stopping: from now on the module's commits are written unclaimed
         // (and on PostgreSQL wake other processes' buses). The running
         // statement and running deliveries may finish, within the timeout.
-        source.core.set_claimant(bus.id, None);
+        outbox.set_claimant(bus.id, None);
         if let Some(running) = statement.take() {
             if let Ok(done) = running.await {
                 state.apply(done);
@@ -290,7 +285,7 @@ impl<B: Backend> Dispatcher<B> {
         }
         state.release_claims().await;
         state.stop_serving().await;
-        source.core.busy.store(0, Relaxed);
+        outbox.busy.store(0, Relaxed);
         retention.abort();
         if let Some(listener) = listener {
             listener.abort();
@@ -298,7 +293,7 @@ impl<B: Backend> Dispatcher<B> {
         // The module may join another bus: what was announced and not
         // taken stays pending in the outbox for that bus's first scan.
         while announcements.try_recv().is_ok() {}
-        source.core.give_back_announcements(announcements);
+        outbox.give_back_announcements(announcements);
         tracing::debug!(module = %source.name(), "dispatcher stopped");
     }
 }
@@ -379,7 +374,7 @@ async fn mark<B: Backend>(
             )
             .await?;
             B::execute(&mut conn, subscription::release(B::DIALECT, &rest, bus)).await?;
-            if let Some(wakeup) = &source.core.wakeup {
+            if let Some(wakeup) = &source.core.outbox.wakeup {
                 B::notify(&mut conn, &wakeup.channel).await?;
             }
         }
@@ -404,7 +399,7 @@ async fn upkeep<B: Backend>(
     let result = async {
         let now = now_us();
         let others = subscription::record(
-            &source.core,
+            &source.core.db,
             &served,
             now,
             now.saturating_add(alive_for.as_micros() as i64),
@@ -423,7 +418,7 @@ async fn upkeep<B: Backend>(
             B::execute(&mut conn, subscription::clear_done(B::DIALECT)).await?;
         }
         if completed > 0 {
-            source.core.outbox.delivered(completed as u64);
+            source.core.outbox.gauges.delivered(completed as u64);
         }
         drop(conn);
         let mut conn = source.connection().await?;
@@ -518,11 +513,11 @@ impl<B: Backend> State<B> {
             Done::Marked(Ok(Marked { ids, finished })) => {
                 let count = ids.len();
                 self.bus.delivered.fetch_add(finished as u64, Relaxed);
-                self.source.core.outbox.delivered(finished as u64);
+                self.source.core.outbox.gauges.delivered(finished as u64);
                 self.to_mark.drain(..count);
                 for id in ids {
                     self.in_flight.remove(&id);
-                    self.source.core.busy.fetch_sub(1, Relaxed);
+                    self.source.core.outbox.busy.fetch_sub(1, Relaxed);
                     self.recent.insert(id);
                 }
                 if !self.to_mark.is_empty() {
@@ -565,7 +560,7 @@ impl<B: Backend> State<B> {
             }
             Done::Upkept(Ok(Upkeep { others, stalled })) => {
                 self.others = others;
-                self.source.core.outbox.stalled(stalled.count);
+                self.source.core.outbox.gauges.stalled(stalled.count);
                 if let Some(message) = stalled.oldest {
                     let repeat = self.bus.config.stalled_after;
                     let warned_lately = self
@@ -623,7 +618,7 @@ impl<B: Backend> State<B> {
         if !self.in_flight.insert(id) {
             return;
         }
-        self.source.core.busy.fetch_add(1, Relaxed);
+        self.source.core.outbox.busy.fetch_add(1, Relaxed);
         actix::spawn(reject_row(
             self.bus.clone(),
             self.source.clone(),
@@ -673,7 +668,7 @@ impl<B: Backend> State<B> {
         if !self.in_flight.insert(envelope.id) {
             return;
         }
-        self.source.core.busy.fetch_add(1, Relaxed);
+        self.source.core.outbox.busy.fetch_add(1, Relaxed);
         actix::spawn(deliver_message(
             self.bus.clone(),
             self.source.clone(),
@@ -691,7 +686,7 @@ impl<B: Backend> State<B> {
             }
             Finished::Rejected(id) => {
                 self.in_flight.remove(&id);
-                self.source.core.busy.fetch_sub(1, Relaxed);
+                self.source.core.outbox.busy.fetch_sub(1, Relaxed);
                 self.recent.insert(id);
             }
             Finished::Abandoned(id) => self.abandoned.push(id),
@@ -799,10 +794,7 @@ async fn deliver_to_route<B: Backend>(
                 None => return RouteEnd::Stopped,
             }
         };
-        let outcome = route
-            .module
-            .deliver(envelope.clone(), route.handler, attempt)
-            .await;
+        let outcome = route.deliver(envelope.clone(), attempt).await;
         drop(slot);
         let error = match outcome {
             Ok(_) => return RouteEnd::Handled,
@@ -919,7 +911,7 @@ async fn inject_duplicate<B: Backend>(
     join_all(
         routes
             .into_iter()
-            .map(|route| route.module.deliver(envelope.clone(), route.handler, 1)),
+            .map(|route| route.deliver(envelope.clone(), 1)),
     )
     .await;
 }

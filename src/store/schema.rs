@@ -5,7 +5,6 @@
 //!
 //! Items here are `pub` only because the hidden methods of the sealed
 //! [`Backend`](crate::Backend) trait name them; the module itself is private.
-#![allow(unreachable_pub)]
 
 use diesel::query_builder::QueryId;
 use diesel::sql_types::SqlType;
@@ -169,7 +168,7 @@ pub struct OutboxRow {
 /// could not. A scan reads rows one by one through this, so one row that
 /// cannot be read becomes a dead letter instead of failing the whole page.
 #[derive(Debug)]
-pub struct Lenient<T>(pub(crate) Result<T, String>);
+pub(crate) struct Lenient<T>(pub(crate) Result<T, String>);
 
 impl<T, ST, DB> diesel::deserialize::FromSql<ST, DB> for Lenient<T>
 where
@@ -190,7 +189,7 @@ where
 /// An outbox row as a scan claims it: every column read leniently (text as
 /// raw bytes), so each row is decoded on its own.
 #[derive(Debug, diesel::QueryableByName)]
-pub struct ClaimedRow {
+pub(crate) struct ClaimedRow {
     #[diesel(sql_type = DbUuid)]
     pub(crate) id: Lenient<Id>,
     #[diesel(sql_type = diesel::sql_types::Binary)]

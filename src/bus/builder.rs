@@ -1,20 +1,26 @@
-//! The bus: routes every committed outbox message to every subscribed
-//! handler, at least once.
+//! Setting up a bus over a set of started modules.
 
-use crate::backend::Backend;
-use crate::dispatcher::Dispatcher;
+use crate::bus::actor::Bus;
+use crate::bus::config::BusConfig;
+use crate::bus::core::BusCore;
+use crate::bus::dispatcher::Dispatcher;
+use crate::bus::handle::BusHandle;
+use crate::bus::route::Route;
 use crate::error::{Error, Result};
-use crate::metrics::BusMetrics;
-use crate::module::ModuleHandle;
+use crate::module::handle::ModuleHandle;
+use crate::outbox::subscription::{self, Served};
 use crate::retry::RetryPolicy;
-use crate::subscription::{self, Served};
-use actix::{Actor, ActorContext, Addr, Context, ResponseFuture};
+use crate::store::backend::Backend;
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{watch, Semaphore};
-use tokio::task::JoinHandle;
+
+impl<B: Backend> Bus<B> {
+    /// Starts building a bus; see [`BusBuilder`].
+    pub fn builder() -> BusBuilder<B> {
+        BusBuilder::default()
+    }
+}
 
 /// Sets up a bus over a set of started modules.
 ///
@@ -33,51 +39,6 @@ use tokio::task::JoinHandle;
 pub struct BusBuilder<B: Backend> {
     modules: Vec<ModuleHandle<B>>,
     config: BusConfig,
-}
-
-/// The bus's settings.
-#[derive(Debug, Clone)]
-pub(crate) struct BusConfig {
-    /// Handler attempts running at once, over all modules.
-    pub(crate) max_concurrent_deliveries: usize,
-    /// Messages per outbox held in memory (in delivery or waiting to retry).
-    pub(crate) max_messages_in_memory: usize,
-    /// How often the outbox tables are scanned for messages that neither an
-    /// announcement nor a notification brought (after a crash, a lost
-    /// notification, or, on SQLite, another process's commit).
-    pub(crate) scan_interval: Duration,
-    /// Rows read per scan query.
-    pub(crate) sweep_page: i64,
-    pub(crate) retry: RetryPolicy,
-    /// Probability of delivering a message a second time on purpose.
-    pub(crate) duplicate_rate: f64,
-    /// How long `stop` waits for running deliveries.
-    pub(crate) stop_timeout: Duration,
-    /// How long a claim on an outbox row keeps other processes' buses away;
-    /// renewed while the delivery runs.
-    pub(crate) claim_lease: Duration,
-    /// How long a message may stay pending before the watchdog reports it.
-    pub(crate) stalled_after: Duration,
-    /// The process's stable name, if it has one: its bus id then stays the
-    /// same across restarts.
-    pub(crate) instance: Option<String>,
-}
-
-impl Default for BusConfig {
-    fn default() -> Self {
-        BusConfig {
-            max_concurrent_deliveries: 64,
-            max_messages_in_memory: 2048,
-            scan_interval: Duration::from_secs(2),
-            sweep_page: 256,
-            retry: RetryPolicy::default(),
-            duplicate_rate: 0.0,
-            stop_timeout: Duration::from_secs(30),
-            claim_lease: Duration::from_secs(10),
-            stalled_after: Duration::from_secs(60),
-            instance: None,
-        }
-    }
 }
 
 impl<B: Backend> Default for BusBuilder<B> {
@@ -253,14 +214,14 @@ impl<B: Backend> BusBuilder<B> {
         let published: HashSet<&str> = self
             .modules
             .iter()
-            .flat_map(|m| m.core.publishes.iter().copied())
+            .flat_map(|m| m.core.outbox.publishes.iter().copied())
             .collect();
         // A redelivery can come as late as the last retry, plus a lease to
         // expire and a scan to find the message.
         let slack = config.claim_lease + config.scan_interval;
         let mut routes: HashMap<String, Vec<Route<B>>> = HashMap::new();
         for module in &self.modules {
-            for (index, entry) in module.core.handlers.iter().enumerate() {
+            for (index, entry) in module.core.handlers.entries.iter().enumerate() {
                 let policy = entry.retry.as_ref().unwrap_or(&config.retry);
                 module
                     .core
@@ -289,59 +250,45 @@ impl<B: Backend> BusBuilder<B> {
         for module in &self.modules {
             let served: Vec<Served> = routes
                 .iter()
-                .filter(|(topic, _)| module.core.publishes.contains(topic.as_str()))
+                .filter(|(topic, _)| module.core.outbox.publishes.contains(topic.as_str()))
                 .flat_map(|(_, routes)| routes.iter())
                 .map(|route| {
-                    let entry = &route.module.core.handlers[route.handler];
                     Served::new(
                         route.module.core.name.clone(),
-                        entry.name.clone(),
-                        entry.handler.topic(),
+                        route.name_arc(),
+                        route.topic(),
                     )
                 })
                 .collect();
             let others =
-                subscription::record(&module.core, &served, now, alive_until, true).await?;
+                subscription::record(&module.core.db, &served, now, alive_until, true).await?;
             served_by_module.push((served, others));
         }
         let id = bus_id(config.instance.as_deref());
         for module in &self.modules {
-            subscription::report_claimed_elsewhere(&module.core, id, now).await?;
+            subscription::report_claimed_elsewhere(&module.core.db, id, now).await?;
         }
         let mut announcements = Vec::new();
         for module in &self.modules {
-            match module.core.take_announcements() {
+            match module.core.outbox.take_announcements() {
                 Ok(taken) => announcements.push(taken),
                 Err(error) => {
                     // Not started: the modules taken so far stay free.
                     for (module, taken) in self.modules.iter().zip(announcements) {
-                        module.core.give_back_announcements(taken);
+                        module.core.outbox.give_back_announcements(taken);
                     }
                     return Err(error);
                 }
             }
         }
-        let (stop, stopped) = watch::channel(false);
-        let core = Arc::new(BusCore {
-            id,
-            known_topics: published.iter().map(|t| t.to_string()).collect(),
-            routes: routes
-                .into_iter()
-                .map(|(topic, routes)| (topic, Arc::from(routes)))
-                .collect(),
-            permits: Semaphore::new(config.max_concurrent_deliveries),
-            config,
-            stop,
-            stopped,
-            delivered: AtomicU64::new(0),
-            duplicates_injected: AtomicU64::new(0),
-            retrying: Mutex::new(HashMap::new()),
-        });
+        let known_topics = published.iter().map(|t| t.to_string()).collect();
+        let core = Arc::new(BusCore::new(id, known_topics, routes, config));
         for module in &self.modules {
             // A module is on one bus at a time (take_announcements made
             // sure).
             module
                 .core
+                .outbox
                 .set_claimant(core.id, Some(core.config.claim_lease));
         }
         let dispatchers = self
@@ -354,17 +301,8 @@ impl<B: Backend> BusBuilder<B> {
                 Dispatcher::new(core.clone(), module, announcements, served, others)
             })
             .collect();
-        let addr = Bus {
-            core: core.clone(),
-            dispatchers,
-            running: Vec::new(),
-        }
-        .start();
-        Ok(BusHandle {
-            core,
-            modules: self.modules,
-            addr,
-        })
+        let addr = Bus::start_with(core.clone(), dispatchers);
+        Ok(BusHandle::new(core, self.modules, addr))
     }
 }
 
@@ -378,217 +316,5 @@ fn bus_id(instance: Option<&str>) -> uuid::Uuid {
     match instance {
         Some(name) => uuid::Uuid::new_v5(&INSTANCE_NAMESPACE, name.as_bytes()),
         None => uuid::Uuid::now_v7(),
-    }
-}
-
-/// One subscriber of a topic: a handler of a module.
-pub(crate) struct Route<B: Backend> {
-    pub(crate) module: ModuleHandle<B>,
-    /// Index of the handler in its module.
-    pub(crate) handler: usize,
-}
-
-impl<B: Backend> Route<B> {
-    pub(crate) fn name(&self) -> &str {
-        &self.module.core.handlers[self.handler].name
-    }
-
-    /// Whether the handler takes its deliveries in batches.
-    pub(crate) fn is_batched(&self) -> bool {
-        self.module.core.handlers[self.handler].batches.is_some()
-    }
-
-    /// The handler's own retry policy, or the bus's.
-    pub(crate) fn retry<'a>(&'a self, bus: &'a BusConfig) -> &'a RetryPolicy {
-        self.module.core.handlers[self.handler]
-            .retry
-            .as_ref()
-            .unwrap_or(&bus.retry)
-    }
-}
-
-/// The bus's state, shared by its actor, its handle and its dispatchers.
-pub(crate) struct BusCore<B: Backend> {
-    /// This bus instance, as written in the claims it takes.
-    pub(crate) id: uuid::Uuid,
-    /// Topics some module on the bus declares; a message of any other topic
-    /// is dead-lettered.
-    pub(crate) known_topics: HashSet<String>,
-    /// Subscribers of each topic.
-    pub(crate) routes: HashMap<String, Arc<[Route<B>]>>,
-    /// One per running handler attempt.
-    pub(crate) permits: Semaphore,
-    pub(crate) config: BusConfig,
-    /// Set to true to stop.
-    stop: watch::Sender<bool>,
-    pub(crate) stopped: watch::Receiver<bool>,
-    pub(crate) delivered: AtomicU64,
-    pub(crate) duplicates_injected: AtomicU64,
-    /// Why messages being retried wait, for the watchdog's reports.
-    retrying: Mutex<HashMap<uuid::Uuid, String>>,
-}
-
-impl<B: Backend> BusCore<B> {
-    pub(crate) fn is_stopping(&self) -> bool {
-        *self.stopped.borrow()
-    }
-
-    /// Notes why message `id` waits for another attempt.
-    pub(crate) fn note_retry(&self, id: uuid::Uuid, note: String) {
-        self.retrying
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, note);
-    }
-
-    /// Forgets the retry note of a message this bus is done with.
-    pub(crate) fn forget_retry(&self, id: uuid::Uuid) {
-        self.retrying
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
-    }
-
-    /// What this bus knows of a message it holds in memory.
-    pub(crate) fn retry_note(&self, id: uuid::Uuid) -> String {
-        self.retrying
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&id)
-            .cloned()
-            .unwrap_or_else(|| "a handler is still running it".to_string())
-    }
-}
-
-/// The bus: an actor running one dispatcher per module outbox, started with
-/// [`Bus::builder`] and stopped with [`BusHandle::stop`].
-pub struct Bus<B: Backend> {
-    core: Arc<BusCore<B>>,
-    /// Dispatchers not yet started (they start with the actor).
-    dispatchers: Vec<Dispatcher<B>>,
-    running: Vec<JoinHandle<()>>,
-}
-
-impl<B: Backend> Bus<B> {
-    /// Starts building a bus; see [`BusBuilder`].
-    pub fn builder() -> BusBuilder<B> {
-        BusBuilder::default()
-    }
-}
-
-impl<B: Backend> Actor for Bus<B> {
-    type Context = Context<Self>;
-
-    fn started(&mut self, _: &mut Context<Self>) {
-        self.running = self
-            .dispatchers
-            .drain(..)
-            .map(|d| actix::spawn(d.run()))
-            .collect();
-    }
-}
-
-/// Asks the bus actor to stop: no new deliveries start, running ones may
-/// finish within the stop timeout, everything else stays pending in the
-/// outboxes for the next start.
-#[derive(Debug)]
-pub(crate) struct Stop;
-
-impl actix::Message for Stop {
-    type Result = ();
-}
-
-impl<B: Backend> actix::Handler<Stop> for Bus<B> {
-    type Result = ResponseFuture<()>;
-
-    fn handle(&mut self, _: Stop, ctx: &mut Context<Self>) -> Self::Result {
-        self.core.stop.send_replace(true);
-        let running = std::mem::take(&mut self.running);
-        ctx.stop();
-        Box::pin(async move {
-            for dispatcher in running {
-                let _ = dispatcher.await;
-            }
-        })
-    }
-}
-
-/// What application code holds of a started bus.
-pub struct BusHandle<B: Backend> {
-    core: Arc<BusCore<B>>,
-    modules: Vec<ModuleHandle<B>>,
-    addr: Addr<Bus<B>>,
-}
-
-impl<B: Backend> BusHandle<B> {
-    /// The bus's id, as its claims on outbox rows carry it
-    /// (`tickbox_outbox.claimed_by`): derived from [`BusBuilder::instance`],
-    /// or new on every start.
-    pub fn id(&self) -> uuid::Uuid {
-        self.core.id
-    }
-
-    /// The modules on this bus, in the order they were added.
-    pub fn modules(&self) -> &[ModuleHandle<B>] {
-        &self.modules
-    }
-
-    /// Stops the bus gracefully and waits until it has: no new deliveries
-    /// start, running ones may finish within the stop timeout
-    /// ([`BusBuilder::stop_timeout`]), everything else stays pending in the
-    /// outboxes for the next start.
-    pub async fn stop(&self) {
-        self.core.stop.send_replace(true);
-        // The actor may already be gone if stop was called twice.
-        let _ = self.addr.send(Stop).await;
-    }
-
-    /// A snapshot of the bus's and every module's counters.
-    pub fn metrics(&self) -> BusMetrics {
-        BusMetrics {
-            delivered: self.core.delivered.load(Relaxed),
-            duplicates_injected: self.core.duplicates_injected.load(Relaxed),
-            modules: self.modules.iter().map(ModuleHandle::metrics).collect(),
-        }
-    }
-
-    /// Waits until the bus has nothing left to do — no message in memory,
-    /// none announced and not taken, none pending in any outbox — or until
-    /// `timeout`; true if it became idle. Dead letters do not count as work.
-    ///
-    /// The outboxes are read one after another; the answer is trusted only
-    /// if nothing was delivered or held in memory while they were read.
-    pub async fn wait_idle(&self, timeout: Duration) -> Result<bool> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let (busy, delivered) = self.activity();
-            if busy == 0 && self.pending().await? == 0 && self.activity() == (0, delivered) {
-                return Ok(true);
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Ok(false);
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    /// Messages held in memory or waiting to be taken, and the delivered
-    /// count.
-    fn activity(&self) -> (usize, u64) {
-        let busy = self
-            .modules
-            .iter()
-            .map(|m| m.core.busy.load(Relaxed) + m.core.announced_waiting())
-            .sum();
-        (busy, self.core.delivered.load(Relaxed))
-    }
-
-    /// Undelivered messages summed over every module's outbox.
-    pub async fn pending(&self) -> Result<i64> {
-        let mut total = 0;
-        for module in &self.modules {
-            total += module.outbox_backlog().await?.0;
-        }
-        Ok(total)
     }
 }

@@ -3,9 +3,9 @@
 //! `tickbox_outbox_stalled`, and logged at warn level with its id and what
 //! holds it up — so that work never sits stuck in silence.
 
-use crate::backend::Backend;
-use crate::schema::{DbUuid, Id, Lenient};
-use crate::statement::StatementBuilder;
+use crate::store::backend::Backend;
+use crate::store::schema::{DbUuid, Id, Lenient};
+use crate::store::statement::StatementBuilder;
 use diesel::sql_types::{BigInt, Nullable, Text};
 use std::time::Duration;
 use uuid::Uuid;
@@ -90,8 +90,11 @@ pub(crate) async fn look<B: Backend>(
     let Some(row) = oldest.into_iter().next() else {
         return Ok(Stalled::default());
     };
-    let owing: Vec<OwingRow> =
-        B::load(conn, crate::subscription::owing(B::DIALECT, row.id.0)).await?;
+    let owing: Vec<OwingRow> = B::load(
+        conn,
+        crate::outbox::subscription::owing(B::DIALECT, row.id.0),
+    )
+    .await?;
     let claim = match (row.claimed_by.0, row.claimed_until_us.0) {
         (Ok(Some(bus)), Ok(Some(until))) => Some((bus.0, until)),
         _ => None,

@@ -1,12 +1,13 @@
 //! Handlers: named module code subscribed to one message type.
 
-use crate::backend::Backend;
-use crate::message::Message;
+use crate::message::{Envelope, Message};
 use crate::retry::RetryPolicy;
-use crate::tx::{Delivery, Tx};
+use crate::store::backend::Backend;
+use crate::tx::Tx;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 /// Module code that processes one message type.
 ///
@@ -190,6 +191,29 @@ impl fmt::Debug for HandlerError {
 impl fmt::Display for HandlerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(&crate::error::Chain(&*self.error), f)
+    }
+}
+
+/// One delivery of a message to a handler, as the handler receives it.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The message being handled.
+    pub envelope: Arc<Envelope>,
+    /// The handler's name (the other half of the inbox key).
+    pub handler: Arc<str>,
+    /// 1 for the first delivery to this handler, then 2, 3… on retries.
+    pub attempt: u32,
+}
+
+impl Delivery {
+    /// A key that is the same every time this message is delivered to this
+    /// handler, and different for any other pair. Pass it to external systems
+    /// that accept an idempotency key (payment APIs, mail services): an
+    /// external call is not part of the database transaction, so a crash after
+    /// the call and before COMMIT repeats it, and only such a key makes the
+    /// repeat harmless.
+    pub fn idempotency_key(&self) -> String {
+        format!("{}:{}", self.envelope.id, self.handler)
     }
 }
 

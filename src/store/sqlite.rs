@@ -4,13 +4,15 @@
 //! SQLite has no notifications: commits made by another process are found by
 //! the bus's periodic outbox scan (`BusBuilder::scan_interval`).
 
-use crate::backend::{
-    build_pool, checkout, count_tables_with, refuse_newer_migrations, shared_queries, sweep_with,
-    tick_inbox_statement, Backend, StoreSettings, WakeupChannel,
-};
 use crate::error::Error;
-use crate::schema::{tickbox_outbox, OutboxRow};
-use crate::statement::Dialect;
+use crate::store::backend::{
+    count_tables_with, shared_queries, sweep_with, tick_inbox_statement, Backend, Store,
+};
+use crate::store::migrations::{refuse_clashing_versions, refuse_newer_migrations};
+use crate::store::pool::{build_pool, checkout};
+use crate::store::schema::{tickbox_outbox, OutboxRow};
+use crate::store::settings::{StoreSettings, WakeupChannel};
+use crate::store::statement::Dialect;
 use diesel::connection::{
     AnsiTransactionManager, Connection, SimpleConnection, TransactionManager,
 };
@@ -50,7 +52,7 @@ const OPEN_BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10
 fn prepare_file(
     path: &str,
     migrate: bool,
-    app_migrations: Option<crate::backend::AppMigrations>,
+    app_migrations: Option<crate::store::settings::AppMigrations>,
     module: &str,
 ) -> crate::Result<()> {
     let bad_url = |reason: String| Error::BadDatabaseUrl {
@@ -78,11 +80,7 @@ fn prepare_file(
             })?;
         refuse_newer_migrations(conn, &MIGRATIONS, module)?;
         if let Some(app) = app_migrations {
-            crate::backend::refuse_clashing_versions::<diesel::sqlite::Sqlite>(
-                &MIGRATIONS,
-                &app,
-                module,
-            )?;
+            refuse_clashing_versions::<diesel::sqlite::Sqlite>(&MIGRATIONS, &app, module)?;
             conn.run_pending_migrations(app)
                 .map(drop)
                 .map_err(|e| Error::Migration {
@@ -134,12 +132,15 @@ fn database_path(settings: &StoreSettings) -> crate::Result<String> {
 }
 
 impl Backend for Sqlite {
+    const NAME: &'static str = "sqlite";
+    const DEFAULT_POOL_SIZE: usize = 4;
+}
+
+impl Store for Sqlite {
     type Connection = SqliteConnection;
     type Pool = Pool<SqliteConnection>;
     type Pooled = Object<SqliteConnection>;
 
-    const NAME: &'static str = "sqlite";
-    const DEFAULT_POOL_SIZE: usize = 4;
     const DIALECT: Dialect = Dialect {
         // SQLite has no arrays: a JSON array of the ids in hex to look up,
         // and ",HEX,HEX," to search in (no temporary table per row).

@@ -1,0 +1,68 @@
+//! The bus actor: runs one dispatcher per module outbox until stopped.
+
+use crate::bus::core::BusCore;
+use crate::bus::dispatcher::Dispatcher;
+use crate::store::backend::Backend;
+use actix::{Actor, ActorContext, Addr, Context, ResponseFuture};
+use std::sync::Arc;
+use tokio::task::JoinHandle;
+
+/// The bus: an actor running one dispatcher per module outbox, started with
+/// [`Bus::builder`] and stopped with [`BusHandle::stop`].
+pub struct Bus<B: Backend> {
+    /// The state its dispatchers share.
+    core: Arc<BusCore<B>>,
+    /// Dispatchers not yet started (they start with the actor).
+    dispatchers: Vec<Dispatcher<B>>,
+    /// The running dispatchers.
+    running: Vec<JoinHandle<()>>,
+}
+
+impl<B: Backend> Bus<B> {
+    /// Starts the actor, which starts the dispatchers.
+    pub(crate) fn start_with(core: Arc<BusCore<B>>, dispatchers: Vec<Dispatcher<B>>) -> Addr<Self> {
+        Bus {
+            core,
+            dispatchers,
+            running: Vec::new(),
+        }
+        .start()
+    }
+}
+
+impl<B: Backend> Actor for Bus<B> {
+    type Context = Context<Self>;
+
+    fn started(&mut self, _: &mut Context<Self>) {
+        self.running = self
+            .dispatchers
+            .drain(..)
+            .map(|d| actix::spawn(d.run()))
+            .collect();
+    }
+}
+
+/// Asks the bus actor to stop: no new deliveries start, running ones may
+/// finish within the stop timeout, everything else stays pending in the
+/// outboxes for the next start.
+#[derive(Debug)]
+pub(crate) struct Stop;
+
+impl actix::Message for Stop {
+    type Result = ();
+}
+
+impl<B: Backend> actix::Handler<Stop> for Bus<B> {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, _: Stop, ctx: &mut Context<Self>) -> Self::Result {
+        self.core.stop();
+        let running = std::mem::take(&mut self.running);
+        ctx.stop();
+        Box::pin(async move {
+            for dispatcher in running {
+                let _ = dispatcher.await;
+            }
+        })
+    }
+}

@@ -1,0 +1,11 @@
+//! The bus: delivers every committed outbox message at least once to every
+//! subscribed handler — one dispatcher per outbox, fanning each message out
+//! to its routes.
+
+pub(crate) mod actor;
+pub(crate) mod builder;
+pub(crate) mod config;
+pub(crate) mod core;
+pub(crate) mod dispatcher;
+pub(crate) mod handle;
+pub(crate) mod route;

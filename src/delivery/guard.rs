@@ -1,0 +1,158 @@
+//! The inbox guard: one delivery of one message to one handler, as one
+//! transaction that records `(message id, handler)` before COMMIT.
+
+use crate::delivery::attempt::Attempt;
+use crate::delivery::handler::{CallError, Delivery};
+use crate::delivery::handlers::Handlers;
+use crate::delivery::outcome::{DeliveryError, FailureKind, Outcome};
+use crate::error::panic_message;
+use crate::message::now_us;
+use crate::store::backend::Backend;
+use crate::tx::Tx;
+use futures_util::FutureExt;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::{Instrument, Span};
+
+/// Runs one delivery: BEGIN; insert the inbox row unless present; if it was
+/// present, skip; else run the handler on the same connection; COMMIT. Any
+/// error or panic rolls back, leaving no inbox row and no change.
+pub(crate) async fn guard<B: Backend>(
+    handlers: Arc<Handlers<B>>,
+    attempt: Attempt,
+) -> Result<Outcome, DeliveryError> {
+    let span = delivery_span(&handlers, &attempt);
+    let started = Instant::now();
+    let label = attempt.clone();
+    let result = run(handlers.clone(), attempt)
+        .instrument(span.clone())
+        .await;
+    observe(&handlers, &label, &span, started, &result);
+    result
+}
+
+/// The span one delivery runs in, with what identifies it; counts a retry.
+pub(crate) fn delivery_span<B: Backend>(handlers: &Handlers<B>, attempt: &Attempt) -> Span {
+    let entry = &handlers.entries[attempt.handler];
+    if attempt.attempt > 1 {
+        entry.counters.retried();
+    }
+    tracing::info_span!(
+        "deliver",
+        message_id = %attempt.envelope.id,
+        topic = %attempt.envelope.topic,
+        module = %handlers.module,
+        handler = %entry.name,
+        attempt = attempt.attempt,
+        correlation_id = %attempt.envelope.correlation_id,
+        causation_id = ?attempt.envelope.causation_id,
+        outcome = tracing::field::Empty,
+    )
+}
+
+/// Counts how a delivery ended and reports it in its span. A failure is
+/// logged at warn level with what identifies the delivery on the event
+/// itself, so that it shows whatever level the span is filtered at.
+pub(crate) fn observe<B: Backend>(
+    handlers: &Handlers<B>,
+    attempt: &Attempt,
+    span: &Span,
+    started: Instant,
+    result: &Result<Outcome, DeliveryError>,
+) {
+    let entry = &handlers.entries[attempt.handler];
+    let published_us = attempt.envelope.created_at_us;
+    let counters = &entry.counters;
+    match result {
+        Ok(Outcome::Handled) => {
+            let end_to_end = now_us().saturating_sub(published_us).max(0) as u64;
+            counters.handled(started.elapsed(), Duration::from_micros(end_to_end));
+        }
+        Ok(Outcome::Duplicate) => counters.duplicate(),
+        Err(_) => counters.failed(),
+    }
+    let _entered = span.enter();
+    match result {
+        Ok(outcome) => {
+            span.record("outcome", tracing::field::debug(outcome));
+            tracing::debug!("delivery finished");
+        }
+        Err(error) => {
+            span.record("outcome", tracing::field::debug(error.kind));
+            tracing::warn!(
+                module = %handlers.module,
+                handler = %entry.name,
+                topic = %attempt.envelope.topic,
+                message_id = %attempt.envelope.id,
+                attempt = attempt.attempt,
+                reason = %error.reason,
+                "delivery failed; rolled back"
+            );
+        }
+    }
+}
+
+async fn run<B: Backend>(
+    handlers: Arc<Handlers<B>>,
+    attempt: Attempt,
+) -> Result<Outcome, DeliveryError> {
+    let mut tx = handlers.begin().await.map_err(DeliveryError::database)?;
+    match handle_in(&handlers, &mut tx, &attempt).await {
+        Ok(Outcome::Handled) => tx
+            .commit()
+            .await
+            .map(|()| Outcome::Handled)
+            .map_err(DeliveryError::database),
+        ended => {
+            tx.rollback().await;
+            ended
+        }
+    }
+}
+
+/// Inside an open write transaction: records the inbox row of `attempt`
+/// and, unless it was there already, runs the handler. After an error the
+/// transaction must be rolled back.
+pub(crate) async fn handle_in<B: Backend>(
+    handlers: &Handlers<B>,
+    tx: &mut Tx<B>,
+    attempt: &Attempt,
+) -> Result<Outcome, DeliveryError> {
+    let entry = &handlers.entries[attempt.handler];
+    let handler = entry.handler.clone();
+    let delivery = Delivery {
+        envelope: attempt.envelope.clone(),
+        handler: entry.name.clone(),
+        attempt: attempt.attempt,
+    };
+    tx.set_cause(attempt.envelope.clone());
+    let ticked = B::tick_inbox(tx.conn(), attempt.envelope.id, &entry.name, now_us())
+        .await
+        .map_err(|e| DeliveryError::database(e.into()))?;
+    if !ticked {
+        return Ok(Outcome::Duplicate);
+    }
+    let called = AssertUnwindSafe(handler.call(tx, &delivery))
+        .catch_unwind()
+        .await;
+    Err(match called {
+        Ok(Ok(())) => return Ok(Outcome::Handled),
+        Ok(Err(CallError::Undecodable(reason))) => DeliveryError::new(
+            FailureKind::Undecodable,
+            format!("payload does not decode as this handler's message: {reason}"),
+        ),
+        Ok(Err(CallError::Handler(error))) if error.is_permanent() => {
+            DeliveryError::new(FailureKind::Permanent, error)
+        }
+        Ok(Err(CallError::Handler(error))) if error.is_transient_database() => DeliveryError {
+            transient: true,
+            ..DeliveryError::new(FailureKind::Database, error)
+        },
+        Ok(Err(CallError::Handler(error))) => DeliveryError::new(FailureKind::Handler, error),
+        Err(panic) => DeliveryError::new(
+            FailureKind::Panic,
+            format!("handler panicked: {}", panic_message(&*panic)),
+        ),
+    })
+}

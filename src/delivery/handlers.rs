@@ -1,0 +1,54 @@
+//! A module's handlers, with what their deliveries need: the module's
+//! database and outbox (a handler's transaction may publish).
+
+use crate::delivery::batch_queue::BatchQueue;
+use crate::delivery::handler::ErasedHandler;
+use crate::error::Result;
+use crate::metrics::HandlerCounters;
+use crate::outbox::Outbox;
+use crate::retry::RetryPolicy;
+use crate::store::backend::Backend;
+use crate::store::database::Database;
+use crate::tx::{Mode, Tx};
+use std::sync::Arc;
+
+/// A registered handler.
+pub(crate) struct HandlerEntry<B: Backend> {
+    /// Its name, half of the inbox key.
+    pub(crate) name: Arc<str>,
+    /// The handler, its message type erased.
+    pub(crate) handler: Arc<dyn ErasedHandler<B>>,
+    /// Overrides the bus's retry policy for this handler.
+    pub(crate) retry: Option<RetryPolicy>,
+    /// Most messages handled in one transaction (1: no batching).
+    pub(crate) max_batch: usize,
+    /// Where deliveries wait for a batch, when `max_batch` is above 1.
+    pub(crate) batches: Option<BatchQueue>,
+    /// What its deliveries did.
+    pub(crate) counters: HandlerCounters,
+}
+
+/// The handlers of one module and the parts of the module their deliveries
+/// run on.
+pub(crate) struct Handlers<B: Backend> {
+    /// The module's name.
+    pub(crate) module: Arc<str>,
+    /// Where each delivery's transaction runs.
+    pub(crate) db: Arc<Database<B>>,
+    /// Where the messages a handler publishes go.
+    pub(crate) outbox: Arc<Outbox>,
+    /// The handlers, in registration order (the bus names them by index).
+    pub(crate) entries: Vec<HandlerEntry<B>>,
+}
+
+impl<B: Backend> Handlers<B> {
+    /// Begins a delivery's write transaction on the module's database.
+    pub(crate) async fn begin(&self) -> Result<Tx<B>> {
+        Tx::begin(&self.db, self.outbox.clone(), Mode::Write).await
+    }
+
+    /// The index of the handler named `name`.
+    pub(crate) fn position(&self, name: &str) -> Option<usize> {
+        self.entries.iter().position(|h| &*h.name == name)
+    }
+}

@@ -1,0 +1,12 @@
+//! Delivery: a message meets a handler. The inbox guard runs each attempt
+//! in a transaction that records `(message id, handler)` before COMMIT;
+//! batched handlers run several in one; every attempt ends in an
+//! [`outcome`].
+
+pub(crate) mod attempt;
+pub(crate) mod batch;
+pub(crate) mod batch_queue;
+pub(crate) mod guard;
+pub(crate) mod handler;
+pub(crate) mod handlers;
+pub(crate) mod outcome;

@@ -1,0 +1,95 @@
+//! How a delivery ends: handled, skipped as a duplicate, or failed (and
+//! why, so the bus knows whether to retry).
+
+use crate::error::Error;
+use std::fmt;
+
+/// How a delivery ended when it did not fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The handler ran and its transaction committed with the inbox row.
+    Handled,
+    /// The inbox already held the message: the handler was skipped.
+    Duplicate,
+}
+
+/// Why a delivery failed. Nothing of it was committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryError {
+    /// What kind of failure it was.
+    pub kind: FailureKind,
+    /// A description, with the error's chain of causes.
+    pub reason: String,
+    /// The database failed in a way that may pass (a lost connection, a
+    /// serialization failure, a busy database).
+    pub transient: bool,
+}
+
+/// The kinds of delivery failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailureKind {
+    /// The handler returned an error that a retry may fix.
+    Handler,
+    /// The handler returned an error marked permanent.
+    Permanent,
+    /// The handler panicked.
+    Panic,
+    /// The payload does not decode into the handler's message type.
+    Undecodable,
+    /// The database failed (begin, inbox insert, outbox insert or commit).
+    Database,
+    /// The module or its runtime stopped before the delivery finished.
+    Stopped,
+    /// The delivery named a handler the module does not have, or one that
+    /// subscribes to another topic.
+    NoSuchHandler,
+}
+
+impl DeliveryError {
+    pub(crate) fn new(kind: FailureKind, reason: impl fmt::Display) -> Self {
+        DeliveryError {
+            kind,
+            reason: reason.to_string(),
+            transient: false,
+        }
+    }
+
+    pub(crate) fn database(error: Error) -> Self {
+        DeliveryError {
+            transient: error.is_transient(),
+            ..Self::new(FailureKind::Database, error)
+        }
+    }
+
+    /// Whether this failure uses up one of the retry policy's attempts:
+    /// transient database failures and stops do not.
+    pub fn counts_as_attempt(&self) -> bool {
+        match self.kind {
+            FailureKind::Database => !self.transient,
+            FailureKind::Stopped => false,
+            _ => true,
+        }
+    }
+
+    pub(crate) fn stopped(reason: impl fmt::Display) -> Self {
+        Self::new(FailureKind::Stopped, reason)
+    }
+
+    /// False when no retry can succeed (a permanent error, an undecodable
+    /// payload).
+    pub fn is_retryable(&self) -> bool {
+        !matches!(
+            self.kind,
+            FailureKind::Permanent | FailureKind::Undecodable | FailureKind::NoSuchHandler
+        )
+    }
+}
+
+impl fmt::Display for DeliveryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}: {}", self.kind, self.reason)
+    }
+}
+
+impl std::error::Error for DeliveryError {}

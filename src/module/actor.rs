@@ -1,0 +1,56 @@
+//! The module actor: runs the deliveries the bus asks for, each in its own
+//! task, so one slow handler never holds up the mailbox.
+
+use crate::delivery::attempt::Attempt;
+use crate::delivery::guard::guard;
+use crate::delivery::outcome::{DeliveryError, Outcome};
+use crate::module::core::ModuleCore;
+use crate::store::backend::Backend;
+use actix::{Actor, Context, ResponseFuture};
+use std::sync::Arc;
+
+/// A module: an actor the bus sends one delivery per handler and message;
+/// it runs each delivery through the inbox guard in its own task, so one slow
+/// handler never holds up the mailbox.
+pub struct Module<B: Backend> {
+    /// The module it runs the deliveries of.
+    pub(crate) core: Arc<ModuleCore<B>>,
+}
+
+impl<B: Backend> Actor for Module<B> {
+    type Context = Context<Self>;
+}
+
+/// Asks a module actor to run one delivery of a message to one of its
+/// handlers. Sent by the bus.
+#[derive(Debug, Clone)]
+pub(crate) struct Deliver(pub(crate) Attempt);
+
+impl actix::Message for Deliver {
+    type Result = std::result::Result<Outcome, DeliveryError>;
+}
+
+impl<B: Backend> actix::Handler<Deliver> for Module<B> {
+    type Result = ResponseFuture<std::result::Result<Outcome, DeliveryError>>;
+
+    fn handle(&mut self, deliver: Deliver, _: &mut Context<Self>) -> Self::Result {
+        let core = self.core.clone();
+        core.mailbox.started();
+        Box::pin(async move {
+            let Deliver(attempt) = deliver;
+            let batches = core.handlers.entries[attempt.handler].batches.as_ref();
+            let result = match batches {
+                // A retry runs alone: a message that failed once fails a
+                // whole batch too often.
+                Some(batches) if attempt.attempt == 1 => batches.submit(attempt).await,
+                // Its own task: a transaction is never dropped half way, even
+                // if the caller stops waiting.
+                _ => tokio::spawn(guard(core.handlers.clone(), attempt))
+                    .await
+                    .unwrap_or_else(|e| Err(DeliveryError::stopped(e.to_string()))),
+            };
+            core.mailbox.finished();
+            result
+        })
+    }
+}

@@ -1,0 +1,318 @@
+//! Setting up a module: its database, what it publishes, its handlers.
+
+use crate::delivery::batch;
+use crate::delivery::batch_queue::BatchQueue;
+use crate::delivery::handler::{Handler, HandlerOptions, Typed};
+use crate::delivery::handlers::{HandlerEntry, Handlers};
+use crate::error::{Error, Result};
+use crate::message::Message;
+use crate::metrics::{HandlerCounters, Mailbox};
+use crate::module::actor::Module;
+use crate::module::core::{sample_outbox_periodically, ModuleCore};
+use crate::module::handle::ModuleHandle;
+use crate::outbox::Outbox;
+use crate::retention::Retention;
+use crate::store::backend::Backend;
+use crate::store::database::Database;
+use crate::store::settings::{AppMigrations, StoreSettings};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Sets up a module: its database, what it publishes and its handlers.
+///
+/// ```no_run
+/// # use tickbox::{Module, Sqlite};
+/// # async fn start() -> tickbox::Result<()> {
+/// let orders = Module::<Sqlite>::builder("orders", "data/orders.db")
+///     .start()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[must_use = "a builder does nothing until `start` is called"]
+pub struct ModuleBuilder<B: Backend> {
+    settings: StoreSettings,
+    max_payload_bytes: usize,
+    retention: Retention,
+    metrics_interval: Duration,
+    publishes: HashSet<&'static str>,
+    handlers: Vec<HandlerEntry<B>>,
+}
+
+#[cfg(feature = "postgres")]
+impl ModuleBuilder<crate::Postgres> {
+    /// Keeps the module's tables in this schema (created if missing)
+    /// instead of the connection's default one. Lets several modules share
+    /// one database while each owns its tables.
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.settings.schema = Some(schema.into());
+        self
+    }
+}
+
+impl<B: Backend> Module<B> {
+    /// Starts building a module; see [`ModuleBuilder`].
+    pub fn builder(name: impl Into<String>, url: impl Into<String>) -> ModuleBuilder<B> {
+        ModuleBuilder::new(name, url)
+    }
+}
+
+impl<B: Backend> ModuleBuilder<B> {
+    /// Starts a builder for module `name` on the database at `url`: an SQLite
+    /// file path for `Sqlite`, a `postgres://` URL for
+    /// `Postgres`.
+    pub(crate) fn new(name: impl Into<String>, url: impl Into<String>) -> Self {
+        ModuleBuilder {
+            settings: StoreSettings {
+                module: name.into(),
+                url: url.into(),
+                schema: None,
+                pool_size: B::DEFAULT_POOL_SIZE,
+                checkout_timeout: Duration::from_secs(30),
+                migrate: true,
+                app_migrations: None,
+            },
+            max_payload_bytes: 256 * 1024,
+            retention: Retention::default(),
+            metrics_interval: Duration::from_secs(5),
+            publishes: HashSet::new(),
+            handlers: Vec::new(),
+        }
+    }
+
+    /// The application's own migrations for this module's tables, run when
+    /// the module starts, after tickbox's own and under the same lock (so
+    /// processes starting together run them once):
+    ///
+    /// ```ignore
+    /// use tickbox::diesel_migrations::{self, embed_migrations, EmbeddedMigrations};
+    /// const WAREHOUSE: EmbeddedMigrations = embed_migrations!("migrations/warehouse");
+    /// Module::<Sqlite>::builder("warehouse", "data/warehouse.db").migrations(&WAREHOUSE)
+    /// ```
+    ///
+    /// They are recorded in diesel's own table (`__diesel_schema_migrations`),
+    /// as the diesel CLI records them, so `diesel migration run` and this
+    /// agree. tickbox keeps its own versions apart (`tickbox_schema_version`),
+    /// so the application's migrations never look like a newer tickbox's.
+    pub fn migrations(
+        mut self,
+        migrations: &'static diesel_migrations::EmbeddedMigrations,
+    ) -> Self {
+        self.settings.app_migrations = Some(AppMigrations(migrations));
+        self
+    }
+
+    /// Connections in the module's pool; each running transaction holds one.
+    pub fn pool_size(mut self, size: usize) -> Self {
+        self.settings.pool_size = size;
+        self
+    }
+
+    /// How long a transaction waits for a free connection before failing
+    /// (default 30 s).
+    pub fn checkout_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.checkout_timeout = timeout;
+        self
+    }
+
+    /// Largest encoded message this module may publish (default 256 KiB).
+    pub fn max_payload_bytes(mut self, limit: usize) -> Self {
+        self.max_payload_bytes = limit;
+        self
+    }
+
+    /// Declares that this module publishes messages of type `M`. Publishing
+    /// an undeclared type fails, and the bus refuses subscriptions to topics
+    /// no module declares — both catch a mistyped topic early.
+    pub fn publishes<M: Message>(mut self) -> Self {
+        self.publishes.insert(M::TOPIC);
+        self
+    }
+
+    /// Subscribes `handler` to its message type under `name`.
+    ///
+    /// The name is half of the inbox key: keep it stable across releases (a
+    /// renamed handler would process old messages again) and unique within
+    /// the module.
+    pub fn handler<H: Handler<B>>(self, name: impl Into<String>, handler: H) -> Self {
+        self.handler_with(name, handler, HandlerOptions::new())
+    }
+
+    /// Like [`ModuleBuilder::handler`], with [`HandlerOptions`]: a retry
+    /// policy of its own, batches of messages per transaction.
+    pub fn handler_with<H: Handler<B>>(
+        mut self,
+        name: impl Into<String>,
+        handler: H,
+        options: HandlerOptions,
+    ) -> Self {
+        let name = name.into();
+        let counters = HandlerCounters::new(&self.settings.module, &name, H::Message::TOPIC);
+        self.handlers.push(HandlerEntry {
+            name: Arc::from(name),
+            handler: Arc::new(Typed(handler)),
+            retry: options.retry,
+            max_batch: options.max_batch,
+            batches: None,
+            counters,
+        });
+        self
+    }
+
+    /// How often the module reads its outbox gauges (pending count, lag,
+    /// dead letters) from its database (default 5 s). Indexed queries, never
+    /// one per message.
+    pub fn metrics_interval(mut self, interval: Duration) -> Self {
+        self.metrics_interval = interval;
+        self
+    }
+
+    /// How long processed inbox rows and delivered outbox rows are kept
+    /// (default: [`Retention::default`], seven days). The bus refuses an
+    /// inbox window shorter than a handler's redelivery horizon.
+    pub fn retention(mut self, retention: Retention) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Checks the configuration, opens the database (running tickbox's
+    /// migrations) and starts the module actor.
+    pub async fn start(self) -> Result<ModuleHandle<B>> {
+        self.open().await
+    }
+
+    /// Opens an existing module database without running migrations, for
+    /// tools that inspect or repair it while the application runs elsewhere.
+    /// Fails with [`Error::NotATickboxDatabase`] when the database has no
+    /// tickbox tables.
+    pub async fn attach(mut self) -> Result<ModuleHandle<B>> {
+        self.settings.migrate = false;
+        self.open().await
+    }
+
+    async fn open(self) -> Result<ModuleHandle<B>> {
+        let name = self.settings.module.trim();
+        if name.is_empty() {
+            return Err(Error::Config("a module name must not be empty".into()));
+        }
+        if self.settings.pool_size == 0 {
+            return Err(Error::Config(format!(
+                "module `{name}`: pool_size must be at least 1"
+            )));
+        }
+        if self.max_payload_bytes == 0 {
+            return Err(Error::Config(format!(
+                "module `{name}`: max_payload_bytes must be at least 1"
+            )));
+        }
+        if self.metrics_interval.is_zero() {
+            return Err(Error::Config(format!(
+                "module `{name}`: the metrics interval must be above zero"
+            )));
+        }
+        if self.retention.interval.is_zero() {
+            return Err(Error::Config(format!(
+                "module `{name}`: the retention interval must be above zero"
+            )));
+        }
+        let mut seen = HashSet::new();
+        for entry in &self.handlers {
+            if let Some(policy) = &entry.retry {
+                policy.validate()?;
+            }
+            if entry.name.trim().is_empty() {
+                return Err(Error::Config(format!(
+                    "module `{name}`: a handler name must not be empty"
+                )));
+            }
+            if entry.max_batch == 0 {
+                return Err(Error::Config(format!(
+                    "module `{name}`: handler `{}`: a batch holds at least 1 message",
+                    entry.name
+                )));
+            }
+            if !seen.insert(entry.name.clone()) {
+                return Err(Error::DuplicateHandler {
+                    module: name.to_string(),
+                    handler: entry.name.to_string(),
+                });
+            }
+        }
+        let (pool, wakeup) = B::open(&self.settings).await?;
+        if !self.settings.migrate {
+            let mut conn = B::checkout(&pool).await.map_err(|reason| Error::Pool {
+                module: name.to_string(),
+                reason,
+            })?;
+            match B::count_tables(&mut conn).await? {
+                0 => {
+                    return Err(Error::NotATickboxDatabase {
+                        module: name.to_string(),
+                        url: crate::error::redact_url(&self.settings.url),
+                    })
+                }
+                crate::store::backend::TABLES => {}
+                _ => {
+                    return Err(Error::SchemaVersion {
+                        module: name.to_string(),
+                        reason: "has the tables of an older version of tickbox; start the application once with this version (it migrates its databases), then try again".into(),
+                    })
+                }
+            }
+        }
+        let mut handlers = self.handlers;
+        let batch_queues: Vec<_> = handlers
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, entry)| entry.max_batch > 1)
+            .map(|(index, entry)| {
+                let (queue, waiting) = BatchQueue::new();
+                entry.batches = Some(queue);
+                (index, waiting)
+            })
+            .collect();
+        let name: Arc<str> = Arc::from(name);
+        let db = Arc::new(Database::new(name.clone(), pool));
+        let outbox = Arc::new(Outbox::new(
+            name.clone(),
+            self.publishes,
+            self.max_payload_bytes,
+            wakeup,
+        ));
+        let handlers = Arc::new(Handlers {
+            module: name.clone(),
+            db: db.clone(),
+            outbox: outbox.clone(),
+            entries: handlers,
+        });
+        let core = Arc::new(ModuleCore {
+            mailbox: Mailbox::new(&name),
+            name,
+            db,
+            outbox,
+            handlers,
+            retention: self.retention,
+        });
+        tracing::info!(module = %core.name, backend = B::NAME, handlers = core.handlers.entries.len(), "module started");
+        actix::spawn(sample_outbox_periodically(
+            Arc::downgrade(&core),
+            self.metrics_interval,
+        ));
+        // Batches of one module's handlers share its connections: as many
+        // run at once as the database takes writers, at most half the pool.
+        let batches_at_once = if B::ONE_WRITER {
+            1
+        } else {
+            self.settings.pool_size.div_ceil(2)
+        };
+        for (handler, waiting) in batch_queues {
+            actix::spawn(batch::run_batches(
+                Arc::downgrade(&core.handlers),
+                handler,
+                waiting,
+                batches_at_once,
+            ));
+        }
+        Ok(ModuleHandle::start(core))
+    }
+}

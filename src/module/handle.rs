@@ -1,0 +1,284 @@
+//! What application code holds of a started module.
+
+use crate::delivery::attempt::Attempt;
+use crate::delivery::outcome::{DeliveryError, FailureKind, Outcome};
+use crate::error::{Error, Result};
+use crate::message::Envelope;
+use crate::metrics::ModuleMetrics;
+use crate::module::actor::{Deliver, Module};
+use crate::module::core::ModuleCore;
+use crate::store::backend::Backend;
+use crate::store::database::WriteConnection;
+use crate::tx::{Mode, Tx, TxFn};
+use actix::{Actor, Addr};
+use futures_util::FutureExt;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+/// Sizes of a module's tickbox tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct StoreStats {
+    /// Outbox messages not yet delivered to all their subscribers.
+    pub outbox_pending: i64,
+    /// When the oldest of them was published (µs since the Unix epoch).
+    pub oldest_pending_us: Option<i64>,
+    /// Rows in the inbox (the duplicate-detection window).
+    pub inbox_rows: i64,
+    /// Dead letters waiting for an operator.
+    pub dead_letters: i64,
+}
+
+/// What application code holds of a started module: run transactions, read
+/// metrics, give it to a [`BusBuilder`](crate::BusBuilder).
+pub struct ModuleHandle<B: Backend> {
+    pub(crate) core: Arc<ModuleCore<B>>,
+    addr: Addr<Module<B>>,
+}
+
+impl<B: Backend> Clone for ModuleHandle<B> {
+    fn clone(&self) -> Self {
+        ModuleHandle {
+            core: self.core.clone(),
+            addr: self.addr.clone(),
+        }
+    }
+}
+
+impl<B: Backend> std::fmt::Debug for ModuleHandle<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModuleHandle")
+            .field("name", &self.core.name)
+            .field("backend", &B::NAME)
+            .finish()
+    }
+}
+
+impl<B: Backend> ModuleHandle<B> {
+    /// Starts the actor of a module just set up.
+    pub(crate) fn start(core: Arc<ModuleCore<B>>) -> Self {
+        let addr = Module { core: core.clone() }.start();
+        ModuleHandle { core, addr }
+    }
+
+    /// The module's name.
+    pub fn name(&self) -> &str {
+        &self.core.name
+    }
+
+    /// PostgreSQL: the notification channel of this module's outbox (one per
+    /// database and schema, at most 63 bytes). A transaction that publishes
+    /// messages while the module has joined no bus sends a notification on
+    /// it as it commits, and every bus delivering this outbox listens on it,
+    /// so messages committed by another process are delivered at once rather
+    /// than at the bus's next periodic scan. A program that writes outbox
+    /// rows by other means can wake the buses itself with
+    /// `SELECT pg_notify('<channel>', '')`. `None` on SQLite, which has no
+    /// notifications.
+    pub fn wakeup_channel(&self) -> Option<&str> {
+        self.core.outbox.wakeup.as_ref().map(|w| w.channel.as_str())
+    }
+
+    /// Runs `f` in a transaction on the module's database and commits it if
+    /// `f` returns `Ok`.
+    ///
+    /// Messages published with [`Tx::publish`] are written to the outbox in
+    /// the same transaction: they exist if and only if it commits, and a bus
+    /// delivering this outbox is told about them the moment it does — in
+    /// memory when the module is on a bus of this process; otherwise, on
+    /// PostgreSQL, by a notification on [`ModuleHandle::wakeup_channel`]
+    /// (on SQLite another process's bus finds them at its periodic scan).
+    /// An `Err` or a panic rolls everything back (the panic then continues
+    /// in the caller). The transaction runs in its own task, so dropping the
+    /// returned future does not leave it half done.
+    ///
+    /// ```no_run
+    /// # use serde::{Deserialize, Serialize};
+    /// # use tickbox::{Message, ModuleHandle, Sqlite};
+    /// # #[derive(Serialize, Deserialize)] struct OrderPlaced { order_id: u64 }
+    /// # impl Message for OrderPlaced { const TOPIC: &'static str = "orders.order_placed"; }
+    /// # async fn place(orders: ModuleHandle<Sqlite>) -> tickbox::Result<()> {
+    /// use diesel_async::RunQueryDsl;
+    ///
+    /// orders
+    ///     .transaction(async move |tx| {
+    ///         diesel::sql_query("INSERT INTO orders (id) VALUES (7)")
+    ///             .execute(tx.conn())
+    ///             .await?;
+    ///         tx.publish(&OrderPlaced { order_id: 7 })?;
+    ///         Ok::<_, tickbox::Error>(())
+    ///     })
+    ///     .await
+    /// # }
+    /// ```
+    pub async fn transaction<R, E, F>(&self, f: F) -> std::result::Result<R, E>
+    where
+        for<'r> F: AsyncFnOnce(&'r mut Tx<B>) -> std::result::Result<R, E>
+            + TxFn<&'r mut Tx<B>, std::result::Result<R, E>, Fut: Send>
+            + Send
+            + 'static,
+        R: Send + 'static,
+        E: From<Error> + Send + 'static,
+    {
+        self.run(Mode::Write, f).await
+    }
+
+    /// Runs `f` in a read-only transaction: one consistent snapshot of the
+    /// module's database, without taking SQLite's write lock (PostgreSQL:
+    /// `READ ONLY`). Publishing from it fails. For queries, reports and
+    /// monitoring that must not queue behind writers.
+    pub async fn read<R, E, F>(&self, f: F) -> std::result::Result<R, E>
+    where
+        for<'r> F: AsyncFnOnce(&'r mut Tx<B>) -> std::result::Result<R, E>
+            + TxFn<&'r mut Tx<B>, std::result::Result<R, E>, Fut: Send>
+            + Send
+            + 'static,
+        R: Send + 'static,
+        E: From<Error> + Send + 'static,
+    {
+        self.run(Mode::Read, f).await
+    }
+
+    /// Runs `f` in a transaction of its own task: commits a write
+    /// transaction on `Ok`, rolls back otherwise (and always for reads).
+    async fn run<R, E, F>(&self, mode: Mode, f: F) -> std::result::Result<R, E>
+    where
+        for<'r> F: AsyncFnOnce(&'r mut Tx<B>) -> std::result::Result<R, E>
+            + TxFn<&'r mut Tx<B>, std::result::Result<R, E>, Fut: Send>
+            + Send
+            + 'static,
+        R: Send + 'static,
+        E: From<Error> + Send + 'static,
+    {
+        let core = self.core.clone();
+        let task = tokio::spawn(async move {
+            let mut tx = Tx::begin(&core.db, core.outbox.clone(), mode).await?;
+            match AssertUnwindSafe(f(&mut tx)).catch_unwind().await {
+                Ok(Ok(value)) if mode == Mode::Write => {
+                    tx.commit().await?;
+                    Ok(value)
+                }
+                Ok(Ok(value)) => {
+                    tx.rollback().await;
+                    Ok(value)
+                }
+                Ok(Err(error)) => {
+                    tx.rollback().await;
+                    Err(error)
+                }
+                Err(panic) => {
+                    tx.rollback().await;
+                    std::panic::resume_unwind(panic)
+                }
+            }
+        });
+        match task.await {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Err(Error::Stopped("the module's runtime").into()),
+        }
+    }
+
+    /// The number of outbox messages not yet delivered to all their
+    /// subscribers, and when the oldest of them was published (microseconds
+    /// since the Unix epoch).
+    pub async fn outbox_backlog(&self) -> Result<(i64, Option<i64>)> {
+        let mut conn = self.connection().await?;
+        Ok(B::outbox_backlog(&mut conn).await?)
+    }
+
+    /// Sizes of the module's tickbox tables, read from the database.
+    pub async fn store_stats(&self) -> Result<StoreStats> {
+        let mut conn = self.connection().await?;
+        let (outbox_pending, oldest_pending_us) = B::outbox_backlog(&mut conn).await?;
+        let (inbox_rows, dead_letters) = B::table_sizes(&mut conn).await?;
+        Ok(StoreStats {
+            outbox_pending,
+            oldest_pending_us,
+            inbox_rows,
+            dead_letters,
+        })
+    }
+
+    /// A connection from the module's pool, outside any transaction.
+    pub(crate) async fn connection(&self) -> Result<B::Pooled> {
+        self.core.db.connection().await
+    }
+
+    /// A connection for statements that write, taken in this process's turn.
+    pub(crate) async fn write_connection(&self) -> Result<WriteConnection<B>> {
+        self.core.db.write_connection().await
+    }
+
+    /// Closes the module's connection pool: idle connections close now,
+    /// connections in use when they are returned, and later transactions
+    /// fail with [`Error::Pool`]. Stop the bus first. Dropping every handle
+    /// (and the bus) closes the pool too; this does it at a known moment.
+    pub fn close(&self) {
+        self.core.db.close();
+    }
+
+    /// A snapshot of the module's mailbox and handler counters.
+    pub fn metrics(&self) -> ModuleMetrics {
+        let (mailbox_queued, mailbox_in_flight) = self.core.mailbox.depth();
+        ModuleMetrics {
+            module: self.core.name.to_string(),
+            mailbox_queued,
+            mailbox_in_flight,
+            outbox: self.core.outbox.gauges.snapshot(),
+            handlers: self
+                .core
+                .handlers
+                .entries
+                .iter()
+                .map(|h| h.counters.snapshot(&h.name, h.handler.topic()))
+                .collect(),
+        }
+    }
+
+    /// Delivers a message straight to one of this module's handlers, through
+    /// the module actor and the inbox guard but not the bus: a duplicate is
+    /// skipped, a failure is reported and not retried. For operators' replays
+    /// and for tests.
+    pub async fn deliver_to(
+        &self,
+        envelope: Envelope,
+        handler: &str,
+    ) -> std::result::Result<Outcome, DeliveryError> {
+        let index = self.core.handlers.position(handler).ok_or_else(|| {
+            DeliveryError::new(
+                FailureKind::NoSuchHandler,
+                format!("module `{}` has no handler `{handler}`", self.name()),
+            )
+        })?;
+        if self.core.handlers.entries[index].handler.topic() != envelope.topic {
+            return Err(DeliveryError::new(
+                FailureKind::NoSuchHandler,
+                format!(
+                    "handler `{handler}` subscribes to `{}`, not `{}`",
+                    self.core.handlers.entries[index].handler.topic(),
+                    envelope.topic
+                ),
+            ));
+        }
+        self.deliver(Arc::new(envelope), index, 1).await
+    }
+
+    /// Sends one delivery to the module actor and waits for its outcome.
+    pub(crate) async fn deliver(
+        &self,
+        envelope: Arc<Envelope>,
+        handler: usize,
+        attempt: u32,
+    ) -> std::result::Result<Outcome, DeliveryError> {
+        self.core.mailbox.sent();
+        let sent = self.addr.send(Deliver(Attempt {
+            envelope,
+            handler,
+            attempt,
+        }));
+        sent.await.unwrap_or_else(|e| {
+            self.core.mailbox.lost();
+            Err(DeliveryError::stopped(e.to_string()))
+        })
+    }
+}

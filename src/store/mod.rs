@@ -1,0 +1,16 @@
+//! Storage: what tickbox needs from a database ([`backend::Store`], sealed
+//! behind the public [`Backend`](backend::Backend)), each backend's SQL and
+//! quirks in its own file, and what reads the same on both written once.
+
+pub(crate) mod backend;
+pub(crate) mod database;
+pub(crate) mod migrations;
+pub(crate) mod pool;
+pub(crate) mod schema;
+pub(crate) mod settings;
+pub(crate) mod statement;
+
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
+#[cfg(feature = "sqlite")]
+pub(crate) mod sqlite;

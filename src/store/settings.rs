@@ -1,0 +1,57 @@
+//! Where and how a module opens its database.
+
+use std::time::Duration;
+
+/// Where and how a module opens its database.
+#[derive(Debug, Clone)]
+pub struct StoreSettings {
+    /// The module that owns the database, for error messages.
+    pub(crate) module: String,
+    /// An SQLite path (or `sqlite://` URL) or a `postgres://` URL.
+    pub(crate) url: String,
+    /// PostgreSQL only: the schema holding the module's tables.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) schema: Option<String>,
+    /// Connections in the module's pool.
+    pub(crate) pool_size: usize,
+    /// How long a checkout waits for a free connection.
+    pub(crate) checkout_timeout: Duration,
+    /// Run tickbox's migrations at open (false to attach to an existing
+    /// database, as an operator's tool does).
+    pub(crate) migrate: bool,
+    /// The application's own migrations for this module's database, run
+    /// after tickbox's.
+    pub(crate) app_migrations: Option<AppMigrations>,
+}
+
+/// The application's embedded migrations, as a migration source diesel's
+/// harness can take (it takes its source by value).
+#[derive(Clone, Copy)]
+pub(crate) struct AppMigrations(pub(crate) &'static diesel_migrations::EmbeddedMigrations);
+
+impl std::fmt::Debug for AppMigrations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AppMigrations")
+    }
+}
+
+impl<DB: diesel::backend::Backend> diesel::migration::MigrationSource<DB> for AppMigrations {
+    fn migrations(
+        &self,
+    ) -> diesel::migration::Result<Vec<Box<dyn diesel::migration::Migration<DB>>>> {
+        diesel::migration::MigrationSource::<DB>::migrations(self.0)
+    }
+}
+
+/// Where a module's commits wake buses in other processes: a PostgreSQL
+/// notification channel, one per outbox (per database and schema), and the
+/// URL a bus's listener connects to. SQLite modules have none.
+#[derive(Debug, Clone)]
+pub struct WakeupChannel {
+    /// The module's database URL, for the listener's own connection.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) url: String,
+    /// The channel name, at most 63 bytes, used as is (`pg_notify` takes it
+    /// as text; `LISTEN` needs it quoted).
+    pub(crate) channel: String,
+}
