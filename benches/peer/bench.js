@@ -2,13 +2,13 @@
 // The tickbox benchmark workload through the npm package pg-transactional-outbox
 // (transactional outbox + inbox for PostgreSQL), for a side-by-side comparison.
 //
-// Run by `cargo run --release --features postgres --example bench -- --backend postgres --peer ...`
+// Run by `cargo run --release -p tickbox-bench --features postgres -- --backend postgres --peer ...`
 // or on its own:
 //   npm ci --prefix benches/peer
 //   node benches/peer/bench.js --database-url postgres://postgres@127.0.0.1:5432/test \
 //       --messages 20000 --concurrency 4 [--mode inbox|direct] [--batch 8] [--poll-ms 1] [--lock-ms 1000] [--json]
 //
-// Workload, as in examples/bench.rs: C producer loops each commit a business row
+// Workload, as in tools/tickbox-bench: C producer loops each commit a business row
 // and an outbox message per transaction; one handler per message inserts a
 // business row in its transaction; the run ends when N messages are handled.
 //

@@ -1,0 +1,118 @@
+//! Throughput: the baseline and tickbox alternated `--repeat` times on fresh
+//! databases; with `--peer`, the peer and the producers alone after them.
+
+use crate::backend::BenchBackend;
+use crate::baseline::{run_baseline, run_producers_alone};
+use crate::cli::Args;
+use crate::measure::RunResult;
+use crate::pair::run_tickbox;
+use crate::peer::run_peer;
+use crate::place::Place;
+use crate::report::{base_json, lat_json, median, print_runs, Json};
+use crate::Res;
+
+/// Runs the throughput scenario; with `--only`, one side and no ratio.
+pub(crate) async fn run<B: BenchBackend>(place: &Place, args: &Args) -> Res<Json> {
+    let (mut baselines, mut tickboxes) = (Vec::new(), Vec::new());
+    let mut offset = 0;
+    for round in 1..=args.repeat {
+        if args.runs_baseline() {
+            eprintln!("round {round}/{}: baseline", args.repeat);
+            baselines.push(run_baseline::<B>(place, args, offset, args.rate).await?);
+            offset += args.messages;
+        }
+        if args.runs_tickbox() {
+            eprintln!("round {round}/{}: tickbox", args.repeat);
+            tickboxes.push(run_tickbox::<B>(place, args, offset, args.rate).await?);
+            offset += args.messages;
+        }
+    }
+    if args.only.is_some() {
+        let runs: Vec<RunResult> = baselines.into_iter().chain(tickboxes).collect();
+        print_runs(&runs);
+        let mut j = base_json(args);
+        j.insert("scenario".into(), "throughput".into());
+        j.insert("runs".into(), serde_json::to_value(&runs)?);
+        return Ok(j);
+    }
+    let runs: Vec<RunResult> = baselines
+        .iter()
+        .zip(&tickboxes)
+        .flat_map(|(b, t)| [b.clone(), t.clone()])
+        .collect();
+    println!(
+        "\n{} · concurrency {} · {} messages per run{}",
+        args.backend.name(),
+        args.concurrency,
+        args.messages,
+        args.rate
+            .map_or(String::new(), |r| format!(" · rate {r:.0}/s"))
+    );
+    print_runs(&runs);
+    let ratios: Vec<f64> = baselines
+        .iter()
+        .zip(&tickboxes)
+        .map(|(b, t)| t.per_s / b.per_s)
+        .collect();
+    let baseline = median(baselines.iter().map(|r| r.per_s).collect());
+    let tickbox = median(tickboxes.iter().map(|r| r.per_s).collect());
+    // Latency of the median tickbox run.
+    let mid = {
+        let mut sorted: Vec<&RunResult> = tickboxes.iter().collect();
+        sorted.sort_by(|a, b| a.per_s.total_cmp(&b.per_s));
+        sorted[sorted.len() / 2].clone()
+    };
+    let ratio = median(ratios.clone());
+    println!(
+        "\nbaseline {baseline:.0}/s · tickbox {tickbox:.0}/s · ratio {ratio:.3} (per round: {})",
+        ratios
+            .iter()
+            .map(|r| format!("{r:.3}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+
+    let mut j = base_json(args);
+    j.insert("scenario".into(), "throughput".into());
+    j.insert("repeat".into(), args.repeat.into());
+    j.insert("baseline_per_s".into(), baseline.into());
+    j.insert("tickbox_per_s".into(), tickbox.into());
+    j.insert("ratio".into(), ratio.into());
+    j.insert("ratios".into(), serde_json::json!(ratios));
+    j.insert(
+        "latency_measured_to".into(),
+        mid.latency_measured_to().into(),
+    );
+    lat_json(&mut j, "", mid.latency());
+    lat_json(&mut j, "handler_end_", mid.commit_to_handler_end);
+    lat_json(&mut j, "baseline_", baselines[0].commit_to_commit);
+    j.insert("runs".into(), serde_json::to_value(&runs)?);
+
+    if args.peer {
+        let peer = run_peer(place, args).await?;
+        let peer_per_s = peer
+            .get("peer_per_s")
+            .and_then(|v| v.as_f64())
+            .unwrap_or(0.0);
+        println!(
+            "\npeer pg-transactional-outbox ({} mode): {peer_per_s:.0}/s · tickbox/peer {:.2}",
+            args.peer_mode.name(),
+            tickbox / peer_per_s
+        );
+        eprintln!("producers alone (no consumer, no bus)");
+        let alone = run_producers_alone::<B>(place, args).await?.per_s;
+        println!(
+            "producers alone, no delivery at all: {alone:.0}/s · producers alone/peer {:.2} (the most any outbox could reach here)",
+            alone / peer_per_s
+        );
+        j.insert("peer_per_s".into(), peer_per_s.into());
+        j.insert("tickbox_over_peer".into(), (tickbox / peer_per_s).into());
+        j.insert("producers_alone_per_s".into(), alone.into());
+        j.insert(
+            "producers_alone_over_peer".into(),
+            (alone / peer_per_s).into(),
+        );
+        j.insert("peer".into(), serde_json::Value::Object(peer));
+    }
+    Ok(j)
+}
