@@ -188,31 +188,42 @@
 //!
 //! # Layout
 //!
-//! - `message` — [`Message`] types and the [`Envelope`] they travel in.
-//! - `module` — [`Module`], the actor owning a database, built with
-//!   [`ModuleBuilder`]; [`ModuleHandle`] runs transactions.
-//! - `tx` — [`Tx`], a module transaction that publishes.
-//! - `handler` — the [`Handler`] trait and [`HandlerError`].
-//! - `inbox` — the inbox guard that makes each delivery idempotent.
-//! - `batch` — several deliveries to one handler in one transaction, for
-//!   handlers built with [`HandlerOptions::batch`].
-//! - `bus` — [`Bus`], the actor that routes messages, built with
-//!   [`BusBuilder`]; `dispatcher` delivers one outbox.
-//! - `retry` — [`RetryPolicy`], the backoff between attempts and when to
-//!   give up.
-//! - `dead_letter` — [`DeadLetter`]s: list, replay, discard.
-//! - `retention` — [`Retention`]: the inbox window and the outbox sweep.
+//! One concept per file, a folder per layer; each layer uses only the ones
+//! above it in this list, and takes the narrow part of a module it works on
+//! (its database, its outbox, its handlers), never the
+//! whole module. No two files import each other.
+//!
+//! - `error`, `message`, `retry`, `retention` — the vocabulary: [`Error`],
+//!   [`Message`] and [`Envelope`], [`RetryPolicy`], [`Retention`].
+//! - `store/` — storage. `backend`: the public, sealed [`Backend`] and the
+//!   private `Store` trait each backend implements for what truly differs
+//!   (`sqlite`, `postgres`: opening, migrations, how a transaction begins,
+//!   the fast inbox and outbox inserts, LISTEN/NOTIFY); `queries`: what
+//!   reads the same on every backend, written once as `statement`s;
+//!   `schema`: the tables; `database`: a module's pool and write turn;
+//!   `settings`, `pool`, `migrations`.
 //! - `metrics` — counters, histograms and gauges, their snapshots, and the
 //!   names they are exported under; `prometheus` serves them.
-//! - `subscription` — [`Subscription`]s: which handlers of which processes
-//!   an outbox owes its messages to, and the statements that finish or hand
-//!   over a message by them; `statement` writes such statements once for
-//!   both dialects.
-//! - `watchdog` — reports messages pending for too long, and why.
-//! - `backend`, `schema`, `sqlite`, `postgres` — storage, one file per
-//!   backend for what differs (`postgres` also holds the LISTEN/NOTIFY
-//!   wake-ups).
-//! - `error` — [`Error`], the one error type.
+//! - `outbox/` — a module's outbox as this process sees it: what it may
+//!   publish, the hand-over of committed messages to the bus, who claims
+//!   them; `subscription`: which handlers of which processes it owes its
+//!   messages to ([`Subscription`]) and the statements that finish or hand
+//!   over a message; `watchdog`: messages pending too long, and why.
+//! - `tx` — [`Tx`], a module transaction: writes what it publishes to the
+//!   outbox at COMMIT.
+//! - `delivery/` — a message meets a handler: `handler` ([`Handler`],
+//!   [`Delivery`], [`HandlerOptions`]), `guard` (the inbox guard),
+//!   `batch` and `batch_queue` (several deliveries in one transaction),
+//!   `outcome` ([`Outcome`], [`DeliveryError`]), `handlers` (a module's
+//!   handlers and what their transactions run on), `attempt`.
+//! - `module/` — [`Module`]: `builder` ([`ModuleBuilder`]), `core` (the
+//!   parts), `actor` (runs deliveries), `handle` ([`ModuleHandle`]:
+//!   transactions, metrics), `subscriptions`, `sweep`, `dead_letters` —
+//!   [`DeadLetter`]s: list, replay, discard.
+//! - `bus/` — [`Bus`]: `builder` ([`BusBuilder`]), `config`, `core`,
+//!   `actor`, `handle` ([`BusHandle`]), `dispatcher` (one per outbox: takes
+//!   committed messages and fans each out), `route` (one subscriber, and
+//!   the seam where a message leaves the bus towards its handler).
 //!
 //! The operator's command-line tool, `tickbox` (status, subscriptions, dead
 //! letters, retention sweep), is the workspace crate `tools/tickbox-cli`,
@@ -228,7 +239,7 @@ compile_error!(
 );
 
 mod bus;
-mod dead_letter;
+
 mod delivery;
 mod error;
 mod message;
@@ -257,7 +268,6 @@ pub use diesel_migrations;
 pub use bus::actor::Bus;
 pub use bus::builder::BusBuilder;
 pub use bus::handle::BusHandle;
-pub use dead_letter::{DeadLetter, Replayed};
 pub use delivery::handler::{Delivery, Handler, HandlerError, HandlerOptions};
 pub use delivery::outcome::{DeliveryError, FailureKind, Outcome};
 pub use error::{redact_url, Error, Result};
@@ -265,6 +275,7 @@ pub use message::{Envelope, Message};
 pub use metrics::{BusMetrics, HandlerMetrics, LatencyMetrics, ModuleMetrics, OutboxMetrics};
 pub use module::actor::Module;
 pub use module::builder::ModuleBuilder;
+pub use module::dead_letters::{DeadLetter, Replayed};
 pub use module::handle::{ModuleHandle, StoreStats};
 pub use outbox::subscription::Subscription;
 pub use retention::{Retention, SweepReport};

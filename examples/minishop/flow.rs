@@ -193,7 +193,11 @@ impl Counts {
             })
         })
         .await?;
-        let pending = retrying("counting pending messages", || bus.pending()).await?;
+        let pending = retrying("counting pending messages", || store_stats(bus))
+            .await?
+            .iter()
+            .map(|(_, stats)| stats.outbox_pending)
+            .sum();
         Ok(Counts {
             orders,
             confirmed,

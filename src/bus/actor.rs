@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::task::JoinHandle;
 
 /// The bus: an actor running one dispatcher per module outbox, started with
-/// [`Bus::builder`] and stopped with [`BusHandle::stop`].
+/// [`Bus::builder`] and stopped with [`BusHandle::stop`](crate::BusHandle::stop).
 pub struct Bus<B: Backend> {
     /// The state its dispatchers share.
     core: Arc<BusCore<B>>,

@@ -36,7 +36,7 @@ impl<B: Backend> BusHandle<B> {
     }
 
     /// The bus's id, as its claims on outbox rows carry it
-    /// (`tickbox_outbox.claimed_by`): derived from [`BusBuilder::instance`],
+    /// (`tickbox_outbox.claimed_by`): derived from [`BusBuilder::instance`](crate::BusBuilder::instance),
     /// or new on every start.
     pub fn id(&self) -> uuid::Uuid {
         self.core.id
@@ -49,7 +49,7 @@ impl<B: Backend> BusHandle<B> {
 
     /// Stops the bus gracefully and waits until it has: no new deliveries
     /// start, running ones may finish within the stop timeout
-    /// ([`BusBuilder::stop_timeout`]), everything else stays pending in the
+    /// ([`BusBuilder::stop_timeout`](crate::BusBuilder::stop_timeout)), everything else stays pending in the
     /// outboxes for the next start.
     pub async fn stop(&self) {
         self.core.stop();
@@ -94,10 +94,10 @@ impl<B: Backend> BusHandle<B> {
     }
 
     /// Undelivered messages summed over every module's outbox.
-    pub async fn pending(&self) -> Result<i64> {
+    async fn pending(&self) -> Result<i64> {
         let mut total = 0;
         for module in &self.modules {
-            total += module.outbox_backlog().await?.0;
+            total += module.store_stats().await?.outbox_pending;
         }
         Ok(total)
     }

@@ -251,7 +251,7 @@ impl<B: Backend> ModuleBuilder<B> {
                         url: crate::error::redact_url(&self.settings.url),
                     })
                 }
-                crate::store::backend::TABLES => {}
+                crate::store::queries::TABLES => {}
                 _ => {
                     return Err(Error::SchemaVersion {
                         module: name.to_string(),

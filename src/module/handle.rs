@@ -178,15 +178,12 @@ impl<B: Backend> ModuleHandle<B> {
         }
     }
 
-    /// The number of outbox messages not yet delivered to all their
-    /// subscribers, and when the oldest of them was published (microseconds
-    /// since the Unix epoch).
-    pub async fn outbox_backlog(&self) -> Result<(i64, Option<i64>)> {
-        let mut conn = self.connection().await?;
-        Ok(B::outbox_backlog(&mut conn).await?)
-    }
-
-    /// Sizes of the module's tickbox tables, read from the database.
+    /// Sizes of the module's tickbox tables, read from the database now:
+    /// the pending outbox messages (and when the oldest was published), the
+    /// inbox rows, the dead letters. This is the exact reading; the gauges
+    /// of [`ModuleHandle::metrics`] are the same figures as last sampled
+    /// (every [`ModuleBuilder::metrics_interval`](crate::ModuleBuilder::metrics_interval)),
+    /// for monitoring.
     pub async fn store_stats(&self) -> Result<StoreStats> {
         let mut conn = self.connection().await?;
         let (outbox_pending, oldest_pending_us) = B::outbox_backlog(&mut conn).await?;

@@ -4,6 +4,7 @@
 pub(crate) mod actor;
 pub(crate) mod builder;
 pub(crate) mod core;
+pub(crate) mod dead_letters;
 pub(crate) mod handle;
 pub(crate) mod subscriptions;
 pub(crate) mod sweep;

@@ -14,7 +14,8 @@
 //! that keys the inbox, so every process computes the same one.
 
 use crate::error::{Error, Result};
-use crate::store::backend::{Backend, Claim};
+use crate::store::backend::Backend;
+use crate::store::contract::Claim;
 use crate::store::database::Database;
 use crate::store::schema::{Id, SubscriptionRow};
 use crate::store::statement::{Dialect, Statement, StatementBuilder};

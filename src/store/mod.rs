@@ -1,11 +1,13 @@
-//! Storage: what tickbox needs from a database ([`backend::Store`], sealed
-//! behind the public [`Backend`](backend::Backend)), each backend's SQL and
+//! Storage: what tickbox needs from a database (`contract::Store`, sealed
+//! behind the public [`Backend`](crate::Backend)), each backend's SQL and
 //! quirks in its own file, and what reads the same on both written once.
 
 pub(crate) mod backend;
+pub(crate) mod contract;
 pub(crate) mod database;
 pub(crate) mod migrations;
 pub(crate) mod pool;
+pub(crate) mod queries;
 pub(crate) mod schema;
 pub(crate) mod settings;
 pub(crate) mod statement;

@@ -7,14 +7,13 @@
 //! a bus listens on that channel on a connection of its own.
 
 use crate::error::{redact_url, Error};
-use crate::store::backend::{
-    count_tables_with, shared_queries, sweep_with, tick_inbox_statement, Backend, Store,
-};
+use crate::store::backend::Backend;
+use crate::store::contract::{tick_inbox_statement, Store};
 use crate::store::migrations::{refuse_clashing_versions, refuse_newer_migrations};
 use crate::store::pool::{build_pool, checkout};
 use crate::store::schema::{tickbox_outbox, OutboxRow};
 use crate::store::settings::{StoreSettings, WakeupChannel};
-use crate::store::statement::Dialect;
+use crate::store::statement::{Dialect, Row, Statement};
 use diesel::QueryResult;
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::pooled_connection::deadpool::{Object, Pool};
@@ -249,6 +248,8 @@ impl Store for Postgres {
     const CLAIM_COLUMNS: &'static str =
         "id, convert_to(topic, 'UTF8') AS topic, convert_to(payload, 'UTF8') AS payload, \
          correlation_id, causation_id, created_at_us";
+    const TABLES_BY_NAME: &'static str =
+        "information_schema.tables WHERE table_schema = current_schema() AND table_name";
     const ONE_WRITER: bool = false;
 
     async fn open(settings: &StoreSettings) -> crate::Result<(Self::Pool, Option<WakeupChannel>)> {
@@ -422,26 +423,16 @@ impl Store for Postgres {
         .map(drop)
     }
 
-    // SKIP LOCKED: rows another process is claiming right now are passed
-    // over, not waited for.
-    sweep_with!(
-        inbox: "DELETE FROM tickbox_inbox WHERE message_id IN \
-            (SELECT message_id FROM tickbox_inbox \
-             WHERE message_id < $1 AND processed_at_us < $2 LIMIT $3) \
-            AND processed_at_us < $4",
-        outbox: "DELETE FROM tickbox_outbox WHERE id IN \
-            (SELECT id FROM tickbox_outbox \
-             WHERE id < $1 AND delivered_at_us < $2 LIMIT $3)",
-    );
+    async fn load<R: Row>(
+        conn: &mut Self::Connection,
+        statement: Statement,
+    ) -> QueryResult<Vec<R>> {
+        diesel_async::RunQueryDsl::load(statement, conn).await
+    }
 
-    count_tables_with!(
-        "SELECT count(*) AS n FROM information_schema.tables \
-         WHERE table_schema = current_schema() \
-         AND table_name IN ('tickbox_outbox', 'tickbox_inbox', 'tickbox_dead_letters', \
-             'tickbox_subscriptions', 'tickbox_outbox_done', 'tickbox_schema_version')"
-    );
-
-    shared_queries!();
+    async fn execute(conn: &mut Self::Connection, statement: Statement) -> QueryResult<usize> {
+        diesel_async::RunQueryDsl::execute(statement, conn).await
+    }
 }
 
 #[cfg(test)]

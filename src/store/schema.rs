@@ -3,8 +3,8 @@
 //! Every table is prefixed `tickbox_` so it never collides with the
 //! application's tables in the same database.
 //!
-//! Items here are `pub` only because the hidden methods of the sealed
-//! [`Backend`](crate::Backend) trait name them; the module itself is private.
+//! Rows the sealed [`Backend`](crate::Backend)'s queries take and return are
+//! `pub` because those queries name them; the module itself is private.
 
 use diesel::query_builder::QueryId;
 use diesel::sql_types::SqlType;
@@ -118,7 +118,7 @@ diesel::table! {
 }
 
 /// One subscription row.
-#[derive(Debug, Clone, diesel::Queryable, diesel::Insertable, diesel::Selectable)]
+#[derive(Debug, Clone, diesel::QueryableByName)]
 #[diesel(table_name = tickbox_subscriptions)]
 pub struct SubscriptionRow {
     pub(crate) id: Id,
@@ -131,7 +131,7 @@ pub struct SubscriptionRow {
 }
 
 /// One dead letter row.
-#[derive(Debug, Clone, diesel::Queryable, diesel::Insertable, diesel::Selectable)]
+#[derive(Debug, Clone, diesel::QueryableByName)]
 #[diesel(table_name = tickbox_dead_letters, treat_none_as_default_value = false)]
 pub struct DeadLetterRow {
     pub(crate) message_id: Id,

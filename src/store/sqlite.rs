@@ -5,14 +5,13 @@
 //! the bus's periodic outbox scan (`BusBuilder::scan_interval`).
 
 use crate::error::Error;
-use crate::store::backend::{
-    count_tables_with, shared_queries, sweep_with, tick_inbox_statement, Backend, Store,
-};
+use crate::store::backend::Backend;
+use crate::store::contract::{tick_inbox_statement, Store};
 use crate::store::migrations::{refuse_clashing_versions, refuse_newer_migrations};
 use crate::store::pool::{build_pool, checkout};
 use crate::store::schema::{tickbox_outbox, OutboxRow};
 use crate::store::settings::{StoreSettings, WakeupChannel};
-use crate::store::statement::Dialect;
+use crate::store::statement::{Dialect, Row, Statement};
 use diesel::connection::{
     AnsiTransactionManager, Connection, SimpleConnection, TransactionManager,
 };
@@ -163,6 +162,7 @@ impl Store for Sqlite {
         "id, CAST(topic AS BLOB) AS topic, CAST(payload AS BLOB) AS payload, \
          correlation_id, causation_id, \
          CASE WHEN typeof(created_at_us) = 'integer' THEN created_at_us END AS created_at_us";
+    const TABLES_BY_NAME: &'static str = "sqlite_master WHERE type = 'table' AND name";
     const ONE_WRITER: bool = true;
 
     async fn open(settings: &StoreSettings) -> crate::Result<(Self::Pool, Option<WakeupChannel>)> {
@@ -292,21 +292,14 @@ impl Store for Sqlite {
         .await
     }
 
-    sweep_with!(
-        inbox: "DELETE FROM tickbox_inbox WHERE message_id IN \
-            (SELECT message_id FROM tickbox_inbox \
-             WHERE message_id < ? AND processed_at_us < ? LIMIT ?) \
-            AND processed_at_us < ?",
-        outbox: "DELETE FROM tickbox_outbox WHERE id IN \
-            (SELECT id FROM tickbox_outbox \
-             WHERE id < ? AND delivered_at_us < ? LIMIT ?)",
-    );
+    async fn load<R: Row>(
+        conn: &mut Self::Connection,
+        statement: Statement,
+    ) -> QueryResult<Vec<R>> {
+        diesel_async::RunQueryDsl::load(statement, conn).await
+    }
 
-    count_tables_with!(
-        "SELECT count(*) AS n FROM sqlite_master WHERE type = 'table' \
-         AND name IN ('tickbox_outbox', 'tickbox_inbox', 'tickbox_dead_letters', \
-             'tickbox_subscriptions', 'tickbox_outbox_done', 'tickbox_schema_version')"
-    );
-
-    shared_queries!();
+    async fn execute(conn: &mut Self::Connection, statement: Statement) -> QueryResult<usize> {
+        diesel_async::RunQueryDsl::execute(statement, conn).await
+    }
 }

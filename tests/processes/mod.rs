@@ -388,9 +388,23 @@ fn share_the_work_through_sigkills(place: Place, split: &[&str]) {
     let mut kills = 0;
     while kills < 8 {
         let victim = rng.usize(..children.len());
-        let moment = Duration::from_millis(rng.u64(50..1500));
+        // The first kill comes early, while the flow surely runs (it takes
+        // about a second undisturbed).
+        let moment = Duration::from_millis(if kills == 0 {
+            rng.u64(50..400)
+        } else {
+            rng.u64(50..1500)
+        });
         if wait_for(&mut children[victim], moment).is_some() {
             // It finished the whole flow by itself: no more kills.
+            break;
+        }
+        // Another one finished and checked the databases: a restarted
+        // orders process would now place orders it never saw.
+        if children
+            .iter_mut()
+            .any(|child| child.try_wait().expect("try_wait").is_some())
+        {
             break;
         }
         children[victim].kill().expect("SIGKILL");

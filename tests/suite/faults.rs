@@ -204,7 +204,7 @@ pub async fn bad_rows_become_dead_letters_and_nothing_else_is_lost<B: TestBacken
                 .expect("dead letters")
                 .len()
                 == 1
-                && orders.outbox_backlog().await.expect("backlog").0 == 0
+                && orders.store_stats().await.expect("stats").outbox_pending == 0
         },
     )
     .await;
@@ -271,7 +271,7 @@ pub async fn retention_sweeps_old_rows_and_keeps_recent_duplicates_out<B: TestBa
     let swept = orders.sweep_retention().await.expect("sweep");
     assert_eq!((swept.inbox_rows, swept.outbox_rows), (0, 1));
     assert_eq!(
-        orders.outbox_backlog().await.expect("backlog").0,
+        orders.store_stats().await.expect("stats").outbox_pending,
         1,
         "the pending row stays"
     );
@@ -352,7 +352,7 @@ pub async fn stopping_with_deliveries_in_flight_loses_and_doubles_nothing<B: Tes
         handled_before < 20,
         "the stop came mid-way ({handled_before} handled)"
     );
-    let pending = orders.outbox_backlog().await.expect("backlog").0;
+    let pending = orders.store_stats().await.expect("stats").outbox_pending;
     assert!(
         pending >= 20 - handled_before,
         "unhandled messages stay pending"

@@ -242,7 +242,7 @@ pub async fn hostile_rows_end_as_dead_letters_while_good_messages_flow<B: TestBa
     let rows: Vec<&Hostile> = before.iter().chain(&during).collect();
     let delivered = rows.iter().filter(|r| r.dead.is_none()).count() as i64;
     eventually("every row delivered or dead-lettered", WAIT, || async {
-        orders.outbox_backlog().await.expect("backlog").0 == 0
+        orders.store_stats().await.expect("stats").outbox_pending == 0
     })
     .await;
     assert_eq!(
@@ -301,7 +301,7 @@ pub async fn a_stalled_message_is_counted_and_named<B: TestBackend>(db: TestDb) 
     .await;
     FAILING.store(false, std::sync::atomic::Ordering::SeqCst);
     eventually("once handled, nothing is stalled", WAIT, || async {
-        stalled(&orders) == 0 && orders.outbox_backlog().await.expect("backlog").0 == 0
+        stalled(&orders) == 0 && orders.store_stats().await.expect("stats").outbox_pending == 0
     })
     .await;
     assert_eq!(effects(&warehouse, "warehouse.record").await, 1);

@@ -77,7 +77,7 @@ async fn handled<B: TestBackend>(module: &ModuleHandle<B>) -> (i64, i64) {
 }
 
 async fn pending<B: TestBackend>(orders: &ModuleHandle<B>) -> i64 {
-    orders.outbox_backlog().await.expect("backlog").0
+    orders.store_stats().await.expect("stats").outbox_pending
 }
 
 /// Runs `sets` as processes (started in order), publishes `n` messages from

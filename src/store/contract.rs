@@ -1,0 +1,164 @@
+//! The contract each backend implements (in `sqlite.rs` and `postgres.rs`)
+//! for what truly differs between them. What reads the same on every backend
+//! is written once, in [`Queries`](crate::store::queries::Queries).
+
+use crate::store::schema::OutboxRow;
+use crate::store::settings::{StoreSettings, WakeupChannel};
+use crate::store::statement::{Dialect, Row, Statement};
+use diesel::QueryResult;
+use diesel_async::AsyncConnection;
+use std::future::Future;
+use std::ops::DerefMut;
+use uuid::Uuid;
+
+/// What tickbox needs from a database, implemented once per backend in
+/// `sqlite.rs` and `postgres.rs`. It lives in a private module, so no other
+/// crate can name it: that seals [`Backend`](crate::Backend).
+pub trait Store: Sized + Send + Sync + 'static {
+    /// The diesel-async connection that handlers and transactions receive.
+    type Connection: AsyncConnection + Send + 'static;
+
+    /// A connection pool.
+    type Pool: Clone + Send + Sync + 'static;
+
+    /// A connection checked out of the pool; returned to it on drop.
+    type Pooled: DerefMut<Target = Self::Connection> + Send + 'static;
+
+    /// The database takes one writer at a time (SQLite): writers of one
+    /// process then queue in memory, first come first served, instead of
+    /// polling the database's lock.
+    const ONE_WRITER: bool;
+
+    /// Runs the embedded migrations (if `settings.migrate`) and opens the
+    /// module's pool; also returns the channel on which commits to the
+    /// module's outbox wake buses, where the backend has one (PostgreSQL).
+    fn open(
+        settings: &StoreSettings,
+    ) -> impl Future<Output = crate::Result<(Self::Pool, Option<WakeupChannel>)>> + Send;
+
+    /// Closes the pool: idle connections now, the others when returned.
+    fn close(pool: &Self::Pool);
+
+    /// Takes a connection from the pool.
+    fn checkout(pool: &Self::Pool) -> impl Future<Output = Result<Self::Pooled, String>> + Send;
+
+    /// Begins a write transaction. SQLite takes its write lock at once
+    /// (`BEGIN IMMEDIATE`), so concurrent writers wait instead of failing.
+    fn begin(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Begins a read-only transaction: one snapshot, no write lock.
+    fn begin_read(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Commits the transaction begun by [`Store::begin`].
+    fn commit(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Rolls back the transaction begun by [`Store::begin`].
+    fn rollback(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Sends a wake-up on `channel` inside the open transaction: listeners
+    /// receive it if and only if the transaction commits (PostgreSQL
+    /// `pg_notify`). Called only with a channel `open` returned, so never on
+    /// SQLite.
+    fn notify(
+        conn: &mut Self::Connection,
+        channel: &str,
+    ) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// A task that listens on the module's wake-up channel, on a connection
+    /// of its own outside the pool, and calls `wake` for every notification
+    /// and once after every (re)connection (notifications sent while it was
+    /// not listening are lost, so the caller scans). It reconnects with
+    /// backoff when the connection fails and never ends by itself: abort it.
+    /// `None` where the backend has no notifications (SQLite: another
+    /// process's commits are found by the bus's periodic scan).
+    fn listen(
+        wakeup: WakeupChannel,
+        module: std::sync::Arc<str>,
+        wake: impl Fn() + Send + Sync + 'static,
+    ) -> Option<impl Future<Output = ()> + Send + 'static>;
+
+    /// Inserts published messages into the outbox.
+    fn insert_outbox(
+        conn: &mut Self::Connection,
+        rows: Vec<OutboxRow>,
+    ) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Records `(message_id, handler)` in the inbox unless it is there;
+    /// true when this call inserted it.
+    fn tick_inbox(
+        conn: &mut Self::Connection,
+        message_id: Uuid,
+        handler: &str,
+        now_us: i64,
+    ) -> impl Future<Output = QueryResult<bool>> + Send;
+
+    /// How the dialect spells what tickbox's [`Statement`]s need.
+    const DIALECT: Dialect;
+
+    /// What a claim's row selection ends with: `FOR UPDATE SKIP LOCKED` on
+    /// PostgreSQL, so concurrent claims skip each other's rows instead of
+    /// waiting; nothing on SQLite, whose writers take turns.
+    const SKIP_LOCKED: &'static str;
+
+    /// The `RETURNING` list of a claim, read as a
+    /// [`ClaimedRow`](crate::store::schema::ClaimedRow): text columns as raw bytes
+    /// and a creation time that is NULL unless it is an integer, so that one
+    /// malformed row is decoded (and dead-lettered) on its own.
+    const CLAIM_COLUMNS: &'static str;
+
+    /// Runs a [`Statement`] and reads its rows.
+    fn load<R: Row>(
+        conn: &mut Self::Connection,
+        statement: Statement,
+    ) -> impl Future<Output = QueryResult<Vec<R>>> + Send;
+
+    /// Runs a [`Statement`]; the number of rows it changed.
+    fn execute(
+        conn: &mut Self::Connection,
+        statement: Statement,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
+
+    /// Where the catalog lists tables by name, as a query's `FROM` and the
+    /// start of its `WHERE`: `… WHERE <name column>` (the current schema's
+    /// tables on PostgreSQL).
+    const TABLES_BY_NAME: &'static str;
+}
+
+/// What a bus asks for when it claims outbox rows.
+#[derive(Debug, Clone)]
+pub(crate) struct Claim {
+    /// The claiming bus instance.
+    pub(crate) bus: Uuid,
+    pub(crate) now_us: i64,
+    /// The claim holds until then unless renewed.
+    pub(crate) until_us: i64,
+    /// A claim said to hold beyond this was not taken by a live bus (buses
+    /// claim one lease at a time): it is taken like an expired one, so a
+    /// corrupted claim cannot hide a row for ever.
+    pub(crate) beyond_us: i64,
+    /// Only rows with ids above this are read (a scan's cursor); `None`
+    /// from the first row on.
+    pub(crate) after: Option<Uuid>,
+    pub(crate) limit: i64,
+    /// The subscriptions the claiming bus serves: it claims only rows one of
+    /// them still owes (or rows of a topic nobody subscribes to).
+    pub(crate) served: std::sync::Arc<[Uuid]>,
+}
+
+/// The inbox guard's insert: `(message_id, handler)` unless present. Each
+/// backend runs it its own way (SQLite on its blocking thread, where the
+/// statement of this fixed shape is prepared once and its SQL never rebuilt).
+macro_rules! tick_inbox_statement {
+    ($message_id:expr, $handler:expr, $now_us:expr) => {{
+        use diesel::ExpressionMethods;
+        use $crate::store::schema::tickbox_inbox::dsl as inbox;
+        diesel::insert_into(inbox::tickbox_inbox)
+            .values((
+                inbox::message_id.eq($crate::store::schema::Id($message_id)),
+                inbox::handler.eq($handler),
+                inbox::processed_at_us.eq($now_us),
+            ))
+            .on_conflict_do_nothing()
+    }};
+}
+pub(crate) use tick_inbox_statement;

@@ -1,0 +1,364 @@
+//! The queries that read the same on every backend, written once: each is a
+//! [`Statement`] with the dialect's placeholders, run by the backend's
+//! [`Store::load`] or [`Store::execute`]. Only what truly differs (opening a
+//! pool, migrations, how a transaction begins, notifications, the fast inbox
+//! and outbox inserts) is written per backend, in `sqlite.rs` and
+//! `postgres.rs`.
+
+use crate::store::contract::Store;
+use crate::store::schema::{DeadLetterRow, Id, OutboxRow, SubscriptionRow};
+use crate::store::statement::{Bind, Dialect, Statement, StatementBuilder};
+use diesel::sql_types::{BigInt, Nullable};
+use diesel::QueryResult;
+use std::future::Future;
+use uuid::Uuid;
+
+/// tickbox's tables, as [`Queries::count_tables`] counts them.
+pub(crate) const TABLES: i64 = 6;
+
+/// Their names, as the catalog lists them.
+const TABLE_NAMES: &str = "'tickbox_outbox', 'tickbox_inbox', 'tickbox_dead_letters', \
+     'tickbox_subscriptions', 'tickbox_outbox_done', 'tickbox_schema_version'";
+
+/// The columns of a subscription row, in [`SubscriptionRow`]'s order.
+const SUBSCRIPTION_COLUMNS: &str =
+    "id, module, handler, topic, subscribed_at_us, seen_at_us, alive_until_us";
+
+/// The columns of a dead letter row, in [`DeadLetterRow`]'s order.
+const DEAD_LETTER_COLUMNS: &str = "message_id, handler, topic, payload, correlation_id, \
+     causation_id, created_at_us, attempts, reason, dead_at_us";
+
+/// A count.
+#[derive(diesel::QueryableByName)]
+struct Count {
+    /// The number counted.
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+/// When a message was published.
+#[derive(diesel::QueryableByName)]
+struct Published {
+    /// Microseconds since the Unix epoch.
+    #[diesel(sql_type = Nullable<BigInt>)]
+    created_at_us: Option<i64>,
+}
+
+/// A statement without binds.
+fn plain(dialect: Dialect, sql: &str) -> Statement {
+    StatementBuilder::new(dialect).finish(sql.to_string())
+}
+
+/// Binds an optional id: its placeholder, or `NULL`.
+fn optional_id(b: &mut StatementBuilder, id: Option<Id>) -> String {
+    id.map_or_else(|| "NULL".to_string(), |id| b.id(id.0))
+}
+
+/// The queries every backend runs alike, for every [`Store`].
+pub trait Queries: Store {
+    /// Records subscriptions, or updates the ones recorded (topic, when
+    /// seen), keeping when each was first recorded.
+    fn record_subscriptions(
+        conn: &mut Self::Connection,
+        rows: Vec<SubscriptionRow>,
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        async move {
+            // One statement per row: a bus has few handlers.
+            for row in rows {
+                let mut b = StatementBuilder::new(Self::DIALECT);
+                let values = [
+                    b.id(row.id.0),
+                    b.text(&row.module),
+                    b.text(&row.handler),
+                    b.text(&row.topic),
+                    b.int(row.subscribed_at_us),
+                    b.int(row.seen_at_us),
+                    b.int(row.alive_until_us),
+                ]
+                .join(", ");
+                let sql = format!(
+                    "INSERT INTO tickbox_subscriptions ({SUBSCRIPTION_COLUMNS}) VALUES ({values}) \
+                     ON CONFLICT (id) DO UPDATE SET module = excluded.module, \
+                     handler = excluded.handler, topic = excluded.topic, \
+                     seen_at_us = excluded.seen_at_us, alive_until_us = excluded.alive_until_us"
+                );
+                Self::execute(conn, b.finish(sql)).await?;
+            }
+            Ok(())
+        }
+    }
+
+    /// Every subscription recorded in this outbox's database.
+    fn subscriptions(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = QueryResult<Vec<SubscriptionRow>>> + Send {
+        let sql = format!(
+            "SELECT {SUBSCRIPTION_COLUMNS} FROM tickbox_subscriptions ORDER BY module, handler"
+        );
+        Self::load(conn, plain(Self::DIALECT, &sql))
+    }
+
+    /// Extends (or takes) the claim of `bus` on these undelivered rows unless
+    /// another bus holds a live claim on them.
+    fn renew_claims(
+        conn: &mut Self::Connection,
+        ids: Vec<Uuid>,
+        bus: Uuid,
+        now_us: i64,
+        until_us: i64,
+    ) -> impl Future<Output = QueryResult<usize>> + Send {
+        let mut b = StatementBuilder::new(Self::DIALECT);
+        let (bus, now, until) = (b.id(bus), b.int(now_us), b.int(until_us));
+        let listed = b.in_ids("id", &ids);
+        let sql = format!(
+            "UPDATE tickbox_outbox SET claimed_by = {bus}, claimed_until_us = {until} \
+             WHERE {listed} AND delivered_at_us IS NULL \
+             AND (claimed_by = {bus} OR claimed_until_us IS NULL OR claimed_until_us < {now})"
+        );
+        Self::execute(conn, b.finish(sql))
+    }
+
+    /// Gives up every claim of `bus` on undelivered rows (on a graceful
+    /// stop).
+    fn release_claims(
+        conn: &mut Self::Connection,
+        bus: Uuid,
+    ) -> impl Future<Output = QueryResult<usize>> + Send {
+        let mut b = StatementBuilder::new(Self::DIALECT);
+        let bus = b.id(bus);
+        let sql = format!(
+            "UPDATE tickbox_outbox SET claimed_by = NULL, claimed_until_us = NULL \
+             WHERE delivered_at_us IS NULL AND claimed_by = {bus}"
+        );
+        Self::execute(conn, b.finish(sql))
+    }
+
+    /// Records a dead letter, or updates the one already recorded for the
+    /// same message and handler.
+    fn insert_dead_letter(
+        conn: &mut Self::Connection,
+        row: DeadLetterRow,
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        let mut b = StatementBuilder::new(Self::DIALECT);
+        let values = [
+            b.id(row.message_id.0),
+            b.text(&row.handler),
+            b.text(&row.topic),
+            b.text(&row.payload),
+            b.id(row.correlation_id.0),
+            optional_id(&mut b, row.causation_id),
+            b.int(row.created_at_us),
+            b.int(row.attempts.into()),
+            b.text(&row.reason),
+            b.int(row.dead_at_us),
+        ]
+        .join(", ");
+        let sql = format!(
+            "INSERT INTO tickbox_dead_letters ({DEAD_LETTER_COLUMNS}) VALUES ({values}) \
+             ON CONFLICT (message_id, handler) DO UPDATE SET attempts = excluded.attempts, \
+             reason = excluded.reason, dead_at_us = excluded.dead_at_us"
+        );
+        let statement = b.finish(sql);
+        async move { Self::execute(conn, statement).await.map(drop) }
+    }
+
+    /// Dead letters, oldest first, from `offset`.
+    fn dead_letters(
+        conn: &mut Self::Connection,
+        offset: i64,
+        limit: i64,
+    ) -> impl Future<Output = QueryResult<Vec<DeadLetterRow>>> + Send {
+        let mut b = StatementBuilder::new(Self::DIALECT);
+        let (limit, offset) = (b.int(limit), b.int(offset));
+        let sql = format!(
+            "SELECT {DEAD_LETTER_COLUMNS} FROM tickbox_dead_letters \
+             ORDER BY dead_at_us, message_id, handler LIMIT {limit} OFFSET {offset}"
+        );
+        Self::load(conn, b.finish(sql))
+    }
+
+    /// One dead letter.
+    fn dead_letter(
+        conn: &mut Self::Connection,
+        message_id: Uuid,
+        handler: String,
+    ) -> impl Future<Output = QueryResult<Option<DeadLetterRow>>> + Send {
+        let mut b = StatementBuilder::new(Self::DIALECT);
+        let (id, handler) = (b.id(message_id), b.text(&handler));
+        let sql = format!(
+            "SELECT {DEAD_LETTER_COLUMNS} FROM tickbox_dead_letters \
+             WHERE message_id = {id} AND handler = {handler}"
+        );
+        let statement = b.finish(sql);
+        async move {
+            let rows: Vec<DeadLetterRow> = Self::load(conn, statement).await?;
+            Ok(rows.into_iter().next())
+        }
+    }
+
+    /// Deletes one dead letter; the number of rows deleted.
+    fn delete_dead_letter(
+        conn: &mut Self::Connection,
+        message_id: Uuid,
+        handler: String,
+    ) -> impl Future<Output = QueryResult<usize>> + Send {
+        let mut b = StatementBuilder::new(Self::DIALECT);
+        let (id, handler) = (b.id(message_id), b.text(&handler));
+        let sql = format!(
+            "DELETE FROM tickbox_dead_letters WHERE message_id = {id} AND handler = {handler}"
+        );
+        Self::execute(conn, b.finish(sql))
+    }
+
+    /// Writes a message into the outbox as pending and unclaimed, or puts
+    /// the row already there back to that state; every subscription then
+    /// receives it again (the inbox skips it where it was handled).
+    fn requeue_or_insert(
+        conn: &mut Self::Connection,
+        row: OutboxRow,
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        let mut b = StatementBuilder::new(Self::DIALECT);
+        let id = b.id(row.id.0);
+        let values = [
+            id.clone(),
+            b.text(&row.topic),
+            b.text(&row.payload),
+            b.id(row.correlation_id.0),
+            optional_id(&mut b, row.causation_id),
+            b.int(row.created_at_us),
+        ]
+        .join(", ");
+        let insert = b.finish(format!(
+            "INSERT INTO tickbox_outbox \
+             (id, topic, payload, correlation_id, causation_id, created_at_us) VALUES ({values}) \
+             ON CONFLICT (id) DO UPDATE SET delivered_at_us = NULL, claimed_by = NULL, \
+             claimed_until_us = NULL"
+        ));
+        let mut b = StatementBuilder::new(Self::DIALECT);
+        let id = b.id(row.id.0);
+        let forget = b.finish(format!(
+            "DELETE FROM tickbox_outbox_done WHERE message_id = {id}"
+        ));
+        async move {
+            Self::execute(conn, insert).await?;
+            Self::execute(conn, forget).await.map(drop)
+        }
+    }
+
+    /// Deletes up to `batch` messages' inbox rows processed before
+    /// `before_us`; the number of rows deleted.
+    ///
+    /// A message is processed after it is created, so every row to go has
+    /// an id (a UUIDv7) below the cutoff: the primary key finds them, and no
+    /// extra index has to be kept up on every insert.
+    fn sweep_inbox(
+        conn: &mut Self::Connection,
+        before_us: i64,
+        batch: i64,
+    ) -> impl Future<Output = QueryResult<usize>> + Send {
+        let mut b = StatementBuilder::new(Self::DIALECT);
+        let earliest = b.bind(Bind::Id(Id::earliest_at(before_us)));
+        let (before, batch) = (b.int(before_us), b.int(batch));
+        let sql = format!(
+            "DELETE FROM tickbox_inbox WHERE message_id IN \
+             (SELECT message_id FROM tickbox_inbox \
+              WHERE message_id < {earliest} AND processed_at_us < {before} LIMIT {batch}) \
+             AND processed_at_us < {before}"
+        );
+        Self::execute(conn, b.finish(sql))
+    }
+
+    /// Deletes up to `batch` outbox rows delivered before `before_us`, found
+    /// by their ids like [`Queries::sweep_inbox`].
+    fn sweep_outbox(
+        conn: &mut Self::Connection,
+        before_us: i64,
+        batch: i64,
+    ) -> impl Future<Output = QueryResult<usize>> + Send {
+        let mut b = StatementBuilder::new(Self::DIALECT);
+        let earliest = b.bind(Bind::Id(Id::earliest_at(before_us)));
+        let (before, batch) = (b.int(before_us), b.int(batch));
+        let sql = format!(
+            "DELETE FROM tickbox_outbox WHERE id IN \
+             (SELECT id FROM tickbox_outbox \
+              WHERE id < {earliest} AND delivered_at_us < {before} LIMIT {batch})"
+        );
+        Self::execute(conn, b.finish(sql))
+    }
+
+    /// How many of tickbox's tables the database (PostgreSQL: the current
+    /// schema) holds: [`TABLES`] when it is up to date, fewer when an older
+    /// version of tickbox made them, none when it is not a module's database.
+    fn count_tables(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<i64>> + Send {
+        let sql = format!(
+            "SELECT count(*) AS n FROM {} IN ({TABLE_NAMES})",
+            Self::TABLES_BY_NAME
+        );
+        count::<Self>(conn, plain(Self::DIALECT, &sql))
+    }
+
+    /// Counts the dead letters (a small table).
+    fn count_dead_letters(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = QueryResult<i64>> + Send {
+        let sql = "SELECT count(*) AS n FROM tickbox_dead_letters";
+        count::<Self>(conn, plain(Self::DIALECT, sql))
+    }
+
+    /// Counts the rows of the inbox and of the dead letters.
+    fn table_sizes(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = QueryResult<(i64, i64)>> + Send {
+        async move {
+            let inbox = plain(Self::DIALECT, "SELECT count(*) AS n FROM tickbox_inbox");
+            let inbox = count::<Self>(conn, inbox).await?;
+            let dead = Self::count_dead_letters(conn).await?;
+            Ok((inbox, dead))
+        }
+    }
+
+    /// Marks outbox rows delivered.
+    fn mark_delivered(
+        conn: &mut Self::Connection,
+        ids: Vec<Uuid>,
+        now_us: i64,
+    ) -> impl Future<Output = QueryResult<usize>> + Send {
+        let mut b = StatementBuilder::new(Self::DIALECT);
+        let now = b.int(now_us);
+        let listed = b.in_ids("id", &ids);
+        let sql = format!(
+            "UPDATE tickbox_outbox SET delivered_at_us = {now}, claimed_until_us = NULL \
+             WHERE {listed}"
+        );
+        Self::execute(conn, b.finish(sql))
+    }
+
+    /// The number of undelivered outbox rows and the creation time of the
+    /// oldest.
+    fn outbox_backlog(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = QueryResult<(i64, Option<i64>)>> + Send {
+        async move {
+            // The count reads only the partial index of pending ids; the
+            // oldest message is the first of them (ids are UUIDv7s, ordered
+            // by time): one more row, not a scan of all pending rows.
+            let sql = "SELECT count(*) AS n FROM tickbox_outbox WHERE delivered_at_us IS NULL";
+            let pending = count::<Self>(conn, plain(Self::DIALECT, sql)).await?;
+            let sql = "SELECT created_at_us FROM tickbox_outbox \
+                       WHERE delivered_at_us IS NULL ORDER BY id LIMIT 1";
+            let oldest: Vec<Published> = Self::load(conn, plain(Self::DIALECT, sql)).await?;
+            Ok((
+                pending,
+                oldest.into_iter().next().and_then(|p| p.created_at_us),
+            ))
+        }
+    }
+}
+
+impl<S: Store> Queries for S {}
+
+/// Runs a statement selecting one count (`n`).
+async fn count<S: Store>(conn: &mut S::Connection, statement: Statement) -> QueryResult<i64> {
+    let rows: Vec<Count> = S::load(conn, statement).await?;
+    Ok(rows.into_iter().next().map_or(0, |row| row.n))
+}
