@@ -246,44 +246,34 @@ pub trait Queries: Store {
     }
 
     /// Deletes up to `batch` messages' inbox rows processed before
-    /// `before_us`; the number of rows deleted.
-    ///
-    /// A message is processed after it is created, so every row to go has
-    /// an id (a UUIDv7) below the cutoff: the primary key finds them, and no
-    /// extra index has to be kept up on every insert.
+    /// `before_us`; the number of rows deleted. The row is tested again
+    /// outside the subquery: a message's rows for several handlers share its
+    /// id.
     fn sweep_inbox(
         conn: &mut Self::Connection,
         before_us: i64,
         batch: i64,
     ) -> impl Future<Output = QueryResult<usize>> + Send {
-        let mut b = StatementBuilder::new(Self::DIALECT);
-        let earliest = b.bind(Bind::Id(Id::earliest_at(before_us)));
-        let (before, batch) = (b.int(before_us), b.int(batch));
-        let sql = format!(
-            "DELETE FROM tickbox_inbox WHERE message_id IN \
-             (SELECT message_id FROM tickbox_inbox \
-              WHERE message_id < {earliest} AND processed_at_us < {before} LIMIT {batch}) \
-             AND processed_at_us < {before}"
-        );
-        Self::execute(conn, b.finish(sql))
+        let sweep = Sweep {
+            table: "tickbox_inbox",
+            id: "message_id",
+            done_at: "processed_at_us",
+        };
+        Self::execute(conn, sweep.statement(Self::DIALECT, before_us, batch))
     }
 
-    /// Deletes up to `batch` outbox rows delivered before `before_us`, found
-    /// by their ids like [`Queries::sweep_inbox`].
+    /// Deletes up to `batch` outbox rows delivered before `before_us`.
     fn sweep_outbox(
         conn: &mut Self::Connection,
         before_us: i64,
         batch: i64,
     ) -> impl Future<Output = QueryResult<usize>> + Send {
-        let mut b = StatementBuilder::new(Self::DIALECT);
-        let earliest = b.bind(Bind::Id(Id::earliest_at(before_us)));
-        let (before, batch) = (b.int(before_us), b.int(batch));
-        let sql = format!(
-            "DELETE FROM tickbox_outbox WHERE id IN \
-             (SELECT id FROM tickbox_outbox \
-              WHERE id < {earliest} AND delivered_at_us < {before} LIMIT {batch})"
-        );
-        Self::execute(conn, b.finish(sql))
+        let sweep = Sweep {
+            table: "tickbox_outbox",
+            id: "id",
+            done_at: "delivered_at_us",
+        };
+        Self::execute(conn, sweep.statement(Self::DIALECT, before_us, batch))
     }
 
     /// How many of tickbox's tables the database (PostgreSQL: the current
@@ -356,6 +346,36 @@ pub trait Queries: Store {
 }
 
 impl<S: Store> Queries for S {}
+
+/// A retention sweep of one table: rows done with before a cutoff.
+struct Sweep {
+    /// The table.
+    table: &'static str,
+    /// Its message id column (a UUIDv7).
+    id: &'static str,
+    /// When a row was done with (processed, delivered).
+    done_at: &'static str,
+}
+
+impl Sweep {
+    /// Deletes up to `batch` rows done with before `before_us`.
+    ///
+    /// A message is done with after it is created, so every row to go has an
+    /// id (a UUIDv7) below the cutoff: the primary key finds them, and no
+    /// extra index has to be kept up on every insert.
+    fn statement(&self, dialect: Dialect, before_us: i64, batch: i64) -> Statement {
+        let Sweep { table, id, done_at } = self;
+        let mut b = StatementBuilder::new(dialect);
+        let earliest = b.bind(Bind::Id(Id::earliest_at(before_us)));
+        let (before, batch) = (b.int(before_us), b.int(batch));
+        b.finish(format!(
+            "DELETE FROM {table} WHERE {id} IN \
+             (SELECT {id} FROM {table} \
+              WHERE {id} < {earliest} AND {done_at} < {before} LIMIT {batch}) \
+             AND {done_at} < {before}"
+        ))
+    }
+}
 
 /// Runs a statement selecting one count (`n`).
 async fn count<S: Store>(conn: &mut S::Connection, statement: Statement) -> QueryResult<i64> {

@@ -267,7 +267,7 @@ mod postgres {
             unreachable!()
         };
         let base = std::env::var("TICKBOX_PG_URL").expect("TICKBOX_PG_URL");
-        let mut child = spawn(&place, &["--orders", "400", "--json"]);
+        let mut child = spawn(&place, &["--orders", "1500", "--json"]);
 
         // Once orders flow, terminate the backends until the run ends.
         let started = Instant::now();
@@ -289,7 +289,7 @@ mod postgres {
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
              WHERE datname = '{database}' AND pid <> pg_backend_pid()"
         );
-        while wait_for(&mut child, Duration::from_millis(fastrand::u64(150..400))).is_none() {
+        while wait_for(&mut child, Duration::from_millis(fastrand::u64(100..300))).is_none() {
             assert!(
                 started.elapsed() < Duration::from_secs(300),
                 "the example did not finish"
