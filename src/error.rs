@@ -226,6 +226,27 @@ pub enum Error {
     /// The bus or module is shutting down or has stopped.
     #[error("{0} has stopped")]
     Stopped(&'static str),
+
+    /// The message broker could not be reached or dropped the connection (it
+    /// is down, restarting, or the network failed): worth trying again.
+    #[error("the message broker at {url} is unreachable: {reason}")]
+    BrokerUnreachable {
+        /// The broker's URL with any password removed.
+        url: String,
+        /// What failed.
+        reason: String,
+    },
+
+    /// The message broker refused what tickbox asked (wrong credentials or
+    /// virtual host, a queue declared elsewhere with other arguments, no
+    /// permission): trying again does not help until it is fixed.
+    #[error("the message broker at {url} refused: {reason}")]
+    BrokerRefused {
+        /// The broker's URL with any password removed.
+        url: String,
+        /// What it refused, and what to do.
+        reason: String,
+    },
 }
 
 /// `Result` with tickbox's [`Error`] as the default error type.
@@ -234,11 +255,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// True for failures that may succeed when tried again: lost connections,
     /// serialization failures, deadlocks, a busy SQLite database, an exhausted
-    /// pool.
+    /// pool, an unreachable message broker.
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Database(e) => is_transient_db(e),
-            Error::Pool { .. } => true,
+            Error::Pool { .. } | Error::BrokerUnreachable { .. } => true,
             _ => false,
         }
     }

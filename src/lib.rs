@@ -238,6 +238,8 @@ compile_error!(
     "tickbox needs a backend: enable the `sqlite` feature, the `postgres` feature, or both"
 );
 
+#[cfg(feature = "amqp")]
+mod amqp;
 mod bus;
 
 mod delivery;
@@ -283,6 +285,12 @@ pub use retry::RetryPolicy;
 pub use store::backend::Backend;
 pub use tx::Tx;
 
+#[cfg(feature = "amqp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
+pub use amqp::settings::Amqp;
+#[cfg(feature = "amqp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
+pub use amqp::state::{AmqpMetrics, ConsumerMetrics, RelayMetrics};
 #[cfg(feature = "prometheus")]
 #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub use prometheus::{install_prometheus, PrometheusExporter};

@@ -595,6 +595,10 @@ pub struct BusMetrics {
     pub duplicates_injected: u64,
     /// One entry per module, in the order they were added to the bus.
     pub modules: Vec<ModuleMetrics>,
+    /// The RabbitMQ transport's figures, when the bus runs over a broker.
+    #[cfg(feature = "amqp")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
+    pub amqp: Option<crate::amqp::state::AmqpMetrics>,
 }
 
 impl BusMetrics {

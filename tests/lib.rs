@@ -17,6 +17,43 @@ mod processes;
 mod suite;
 mod support;
 
+/// Instantiates the suite's delivery tests for one backend over the
+/// RabbitMQ transport: the same tests, with every bus running over the
+/// broker.
+#[cfg(feature = "amqp")]
+macro_rules! amqp_suite {
+    ($backend:ty, $db:expr) => {
+        macro_rules! case {
+            ($name:ident) => {
+                #[actix::test]
+                async fn $name() {
+                    crate::support::trace_init();
+                    crate::suite::$name::<$backend>($db.over_amqp()).await;
+                }
+            };
+            ($area:ident :: $name:ident) => {
+                #[actix::test]
+                async fn $name() {
+                    crate::support::trace_init();
+                    crate::suite::$area::$name::<$backend>($db.over_amqp()).await;
+                }
+            };
+        }
+
+        case!(rolled_back_publish_is_never_delivered_and_committed_one_is);
+        case!(a_redelivered_message_is_skipped_and_counted);
+        case!(a_handler_error_rolls_back_and_is_retried);
+        case!(a_handler_panic_rolls_back_and_is_retried);
+        case!(each_handler_ticks_its_own_inbox_row);
+        case!(a_message_published_by_a_handler_exists_only_if_it_commits);
+        case!(batches::waiting_messages_commit_together_in_batches_and_each_once);
+        case!(batches::a_failing_message_rolls_back_its_batch_and_only_it_is_dead_lettered);
+        case!(faults::a_poison_message_is_dead_lettered_while_others_flow_and_replayed_once);
+        case!(faults::a_permanent_error_dead_letters_at_once_and_can_be_discarded);
+        case!(faults::stopping_with_deliveries_in_flight_loses_and_doubles_nothing);
+    };
+}
+
 /// Instantiates every suite test for one backend: `case!(area::test)` runs
 /// `crate::suite::area::test::<Backend>` as an actix test.
 macro_rules! suite {
@@ -108,4 +145,14 @@ mod postgres {
         "postgres://tickbox:hunter2@127.0.0.1:1/nowhere",
         "refused"
     );
+}
+
+#[cfg(feature = "amqp")]
+mod sqlite_amqp {
+    amqp_suite!(tickbox::Sqlite, crate::support::TestDb::new());
+}
+
+#[cfg(all(feature = "amqp", feature = "postgres"))]
+mod postgres_amqp {
+    amqp_suite!(tickbox::Postgres, crate::support::TestDb::postgres());
 }

@@ -2,6 +2,7 @@
 
 use crate::bus::core::BusCore;
 use crate::bus::dispatcher::Dispatcher;
+use crate::bus::transport::Task;
 use crate::store::backend::Backend;
 use actix::{Actor, ActorContext, Addr, Context, ResponseFuture};
 use std::sync::Arc;
@@ -14,16 +15,24 @@ pub struct Bus<B: Backend> {
     core: Arc<BusCore<B>>,
     /// Dispatchers not yet started (they start with the actor).
     dispatchers: Vec<Dispatcher<B>>,
-    /// The running dispatchers.
+    /// Tasks not yet started that run beside the dispatchers (a broker's
+    /// consumers).
+    tasks: Vec<Task>,
+    /// The running dispatchers and tasks.
     running: Vec<JoinHandle<()>>,
 }
 
 impl<B: Backend> Bus<B> {
     /// Starts the actor, which starts the dispatchers.
-    pub(crate) fn start_with(core: Arc<BusCore<B>>, dispatchers: Vec<Dispatcher<B>>) -> Addr<Self> {
+    pub(crate) fn start_with(
+        core: Arc<BusCore<B>>,
+        dispatchers: Vec<Dispatcher<B>>,
+        tasks: Vec<Task>,
+    ) -> Addr<Self> {
         Bus {
             core,
             dispatchers,
+            tasks,
             running: Vec::new(),
         }
         .start()
@@ -38,6 +47,7 @@ impl<B: Backend> Actor for Bus<B> {
             .dispatchers
             .drain(..)
             .map(|d| actix::spawn(d.run()))
+            .chain(self.tasks.drain(..).map(actix::spawn))
             .collect();
     }
 }

@@ -5,13 +5,13 @@ use crate::bus::config::BusConfig;
 use crate::bus::core::BusCore;
 use crate::bus::dispatcher::Dispatcher;
 use crate::bus::handle::BusHandle;
-use crate::bus::route::Route;
+use crate::bus::transport::Transport;
 use crate::error::{Error, Result};
 use crate::module::handle::ModuleHandle;
-use crate::outbox::subscription::{self, Served};
+use crate::outbox::subscription;
 use crate::retry::RetryPolicy;
 use crate::store::backend::Backend;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -149,6 +149,31 @@ impl<B: Backend> BusBuilder<B> {
         self
     }
 
+    /// Sends the messages through a RabbitMQ broker instead of handing them
+    /// to handlers in this process: the bus publishes every committed outbox
+    /// message of its modules to the broker with publisher confirms (marking
+    /// it delivered once confirmed), and each handler of its modules consumes
+    /// its own durable quorum queue there, acknowledging a message after its
+    /// transaction commits. Services then need to share nothing but the
+    /// broker: each keeps its own database. What tickbox declares, and its
+    /// names, are on [`Amqp`](crate::Amqp).
+    ///
+    /// [`BusBuilder::start`] connects and declares the topology first; it
+    /// fails with [`Error::BrokerUnreachable`] (worth retrying: the broker is
+    /// down or restarting) or [`Error::BrokerRefused`] (fix the credentials,
+    /// the virtual host, or a queue declared elsewhere with other settings).
+    /// Later losses of the broker pause delivery and resume by themselves.
+    ///
+    /// Every process publishing a topic must run over the same broker and
+    /// namespace: a process delivering the same outbox in this process
+    /// instead would leave the broker's subscribers without those messages.
+    #[cfg(feature = "amqp")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
+    pub fn amqp(mut self, amqp: crate::Amqp) -> Self {
+        self.config.amqp = Some(amqp);
+        self
+    }
+
     /// Checks the configuration, records in each outbox's database which of
     /// its topics this bus's handlers subscribe to, and starts the bus
     /// actor, which begins with a scan of every outbox.
@@ -211,7 +236,7 @@ impl<B: Backend> BusBuilder<B> {
                 return Err(Error::DuplicateModule(module.name().to_string()));
             }
         }
-        let published: HashSet<&str> = self
+        let published: HashSet<&'static str> = self
             .modules
             .iter()
             .flat_map(|m| m.core.outbox.publishes.iter().copied())
@@ -219,7 +244,8 @@ impl<B: Backend> BusBuilder<B> {
         // A redelivery can come as late as the last retry, plus a lease to
         // expire and a scan to find the message.
         let slack = config.claim_lease + config.scan_interval;
-        let mut routes: HashMap<String, Vec<Route<B>>> = HashMap::new();
+        let over_broker = config.over_broker();
+        let mut handlers: Vec<(ModuleHandle<B>, usize)> = Vec::new();
         for module in &self.modules {
             for (index, entry) in module.core.handlers.entries.iter().enumerate() {
                 let policy = entry.retry.as_ref().unwrap_or(&config.retry);
@@ -228,19 +254,19 @@ impl<B: Backend> BusBuilder<B> {
                     .retention
                     .check(module.name(), &entry.name, policy, slack)?;
                 let topic = entry.handler.topic();
-                if !published.contains(topic) {
+                // Over a broker the topic may come from another service.
+                if !over_broker && !published.contains(topic) {
                     return Err(Error::UnsubscribableTopic {
                         module: module.name().to_string(),
                         handler: entry.name.to_string(),
                         topic: topic.to_string(),
                     });
                 }
-                routes.entry(topic.to_string()).or_default().push(Route {
-                    module: module.clone(),
-                    handler: index,
-                });
+                handlers.push((module.clone(), index));
             }
         }
+        let transport = Transport::start(&config, &self.modules, &handlers).await?;
+        let routes = transport.routes(&published, &handlers);
         // The subscriptions of each outbox that this bus serves, recorded
         // where every process sees them.
         let now = crate::message::now_us();
@@ -248,18 +274,7 @@ impl<B: Backend> BusBuilder<B> {
             now.saturating_add(config.scan_interval.saturating_mul(3).as_micros() as i64);
         let mut served_by_module = Vec::new();
         for module in &self.modules {
-            let served: Vec<Served> = routes
-                .iter()
-                .filter(|(topic, _)| module.core.outbox.publishes.contains(topic.as_str()))
-                .flat_map(|(_, routes)| routes.iter())
-                .map(|route| {
-                    Served::new(
-                        route.module.core.name.clone(),
-                        route.name_arc(),
-                        route.topic(),
-                    )
-                })
-                .collect();
+            let served = transport.served(module, &handlers);
             let others =
                 subscription::record(&module.core.db, &served, now, alive_until, true).await?;
             served_by_module.push((served, others));
@@ -282,7 +297,14 @@ impl<B: Backend> BusBuilder<B> {
             }
         }
         let known_topics = published.iter().map(|t| t.to_string()).collect();
-        let core = Arc::new(BusCore::new(id, known_topics, routes, config));
+        let core = Arc::new(BusCore::new(
+            id,
+            known_topics,
+            routes,
+            config,
+            #[cfg(feature = "amqp")]
+            transport.broker_state(),
+        ));
         for module in &self.modules {
             // A module is on one bus at a time (take_announcements made
             // sure).
@@ -301,7 +323,7 @@ impl<B: Backend> BusBuilder<B> {
                 Dispatcher::new(core.clone(), module, announcements, served, others)
             })
             .collect();
-        let addr = Bus::start_with(core.clone(), dispatchers);
+        let addr = Bus::start_with(core.clone(), dispatchers, transport.tasks(&core));
         Ok(BusHandle::new(core, self.modules, addr))
     }
 }

@@ -29,6 +29,9 @@ pub(crate) struct BusConfig {
     /// The process's stable name, if it has one: its bus id then stays the
     /// same across restarts.
     pub(crate) instance: Option<String>,
+    /// The RabbitMQ transport, when messages travel through a broker.
+    #[cfg(feature = "amqp")]
+    pub(crate) amqp: Option<crate::amqp::settings::Amqp>,
 }
 
 impl Default for BusConfig {
@@ -44,6 +47,19 @@ impl Default for BusConfig {
             claim_lease: Duration::from_secs(10),
             stalled_after: Duration::from_secs(60),
             instance: None,
+            #[cfg(feature = "amqp")]
+            amqp: None,
         }
+    }
+}
+
+impl BusConfig {
+    /// Whether messages travel through a broker.
+    pub(crate) fn over_broker(&self) -> bool {
+        #[cfg(feature = "amqp")]
+        if self.amqp.is_some() {
+            return true;
+        }
+        false
     }
 }

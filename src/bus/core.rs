@@ -25,6 +25,9 @@ pub(crate) struct BusCore<B: Backend> {
     pub(crate) stopped: watch::Receiver<bool>,
     pub(crate) delivered: AtomicU64,
     pub(crate) duplicates_injected: AtomicU64,
+    /// The broker's relay and consumers, when the bus runs over one.
+    #[cfg(feature = "amqp")]
+    pub(crate) broker: Option<crate::amqp::state::BrokerState>,
     /// Why messages being retried wait, for the watchdog's reports.
     retrying: Mutex<HashMap<uuid::Uuid, String>>,
 }
@@ -36,6 +39,7 @@ impl<B: Backend> BusCore<B> {
         known_topics: HashSet<String>,
         routes: HashMap<String, Vec<Route<B>>>,
         config: BusConfig,
+        #[cfg(feature = "amqp")] broker: Option<crate::amqp::state::BrokerState>,
     ) -> Self {
         let (stop, stopped) = watch::channel(false);
         BusCore {
@@ -51,6 +55,8 @@ impl<B: Backend> BusCore<B> {
             stopped,
             delivered: AtomicU64::new(0),
             duplicates_injected: AtomicU64::new(0),
+            #[cfg(feature = "amqp")]
+            broker,
             retrying: Mutex::new(HashMap::new()),
         }
     }

@@ -16,6 +16,9 @@
 //! (says they are served, finishes what every subscription is done with,
 //! learns of other processes' subscriptions) and runs the watchdog.
 
+use crate::bus::attempts::{
+    bury, deliver_to_route, maybe_inject_duplicate, until_done, until_stopped, RouteEnd,
+};
 use crate::bus::core::BusCore;
 use crate::bus::route::Route;
 use crate::message::{now_us, Envelope};
@@ -27,11 +30,11 @@ use crate::store::contract::Claim;
 use crate::store::schema::{ClaimedRow, DbUuid, Id, MalformedRow};
 use futures_util::future::join_all;
 use std::collections::{HashSet, VecDeque};
-use std::future::Future;
+
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, Instant};
 use uuid::Uuid;
@@ -719,23 +722,18 @@ async fn deliver_message<B: Backend>(
             let ends = join_all(
                 routes
                     .iter()
-                    .map(|route| deliver_to_route(&bus, route, &envelope)),
+                    .map(|route| deliver_to_route(&bus, route, &source, &envelope)),
             )
             .await;
             let done = !ends.contains(&RouteEnd::Stopped);
-            if done
-                && bus.config.duplicate_rate > 0.0
-                && fastrand::f64() < bus.config.duplicate_rate
-            {
+            if done {
                 let handled: Vec<&Route<B>> = routes
                     .iter()
                     .zip(&ends)
                     .filter(|(_, end)| **end == RouteEnd::Handled)
                     .map(|(route, _)| route)
                     .collect();
-                if !handled.is_empty() {
-                    inject_duplicate(&bus, handled, &envelope).await;
-                }
+                maybe_inject_duplicate(&bus, handled, &source, &envelope).await;
             }
             done
         }
@@ -757,76 +755,6 @@ async fn deliver_message<B: Backend>(
     } else {
         Finished::Abandoned(id)
     });
-}
-
-/// How delivering a message to one handler ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum RouteEnd {
-    /// Handled, or found a duplicate.
-    Handled,
-    /// Given up on and recorded as a dead letter.
-    Buried,
-    /// The bus stopped first.
-    Stopped,
-}
-
-/// Delivers to one handler until it has handled the message or found it a
-/// duplicate, retrying failures with backoff, or gives up and records a dead
-/// letter.
-async fn deliver_to_route<B: Backend>(
-    bus: &BusCore<B>,
-    route: &Route<B>,
-    envelope: &Arc<Envelope>,
-) -> RouteEnd {
-    let policy = route.retry(&bus.config);
-    let mut attempt = 0;
-    let mut failures = 0;
-    loop {
-        attempt += 1;
-        // Waiting for a slot stops with the bus; a running attempt is let
-        // finish. A first attempt to a batched handler needs no slot: it
-        // waits in the handler's batch queue, whose transactions the module
-        // bounds itself.
-        let slot = if attempt == 1 && route.is_batched() {
-            None
-        } else {
-            match until_stopped(bus, bus.permits.acquire()).await {
-                Some(slot) => Some(slot),
-                None => return RouteEnd::Stopped,
-            }
-        };
-        let outcome = route.deliver(envelope.clone(), attempt).await;
-        drop(slot);
-        let error = match outcome {
-            Ok(_) => return RouteEnd::Handled,
-            Err(error) => error,
-        };
-        if error.counts_as_attempt() {
-            failures += 1;
-        }
-        let exhausted = policy.max_attempts.is_some_and(|max| failures >= max);
-        if !error.is_retryable() || exhausted {
-            let reason = format!("after {attempt} attempt(s): {error}");
-            let buried = bury(bus, &route.module, envelope, route.name(), attempt, &reason).await;
-            return if buried {
-                RouteEnd::Buried
-            } else {
-                RouteEnd::Stopped
-            };
-        }
-        let delay = policy.delay(attempt);
-        bus.note_retry(
-            envelope.id,
-            format!(
-                "handler `{}` of module `{}` failed attempt {attempt} ({error}); next attempt in {delay:?}",
-                route.name(),
-                route.module.name()
-            ),
-        );
-        if until_stopped(bus, sleep(delay)).await.is_none() {
-            return RouteEnd::Stopped;
-        }
-    }
 }
 
 /// Records a malformed row as a dead letter of its outbox's module and
@@ -855,78 +783,6 @@ async fn reject_row<B: Backend>(
     } else {
         Finished::Abandoned(id)
     });
-}
-
-/// Records a dead letter, retrying while the database fails. False if the
-/// bus stopped first.
-async fn bury<B: Backend>(
-    bus: &BusCore<B>,
-    module: &ModuleHandle<B>,
-    envelope: &Envelope,
-    handler: &str,
-    attempts: u32,
-    reason: &str,
-) -> bool {
-    until_done(bus, module, "recording a dead letter", || {
-        module.bury(envelope, handler, attempts, reason)
-    })
-    .await
-}
-
-/// Runs `work` until it succeeds, with the bus's backoff between tries.
-/// False if the bus stopped first.
-async fn until_done<B: Backend, F, Fut>(
-    bus: &BusCore<B>,
-    module: &ModuleHandle<B>,
-    what: &str,
-    mut work: F,
-) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = crate::Result<()>>,
-{
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        match work().await {
-            Ok(()) => return true,
-            Err(error) => {
-                tracing::warn!(module = %module.name(), %error, "{what} failed; will retry");
-            }
-        }
-        let delay = bus.config.retry.delay(tries);
-        if until_stopped(bus, sleep(delay)).await.is_none() {
-            return false;
-        }
-    }
-}
-
-/// For demonstrations: delivers the message once more to the handlers that
-/// handled it.
-async fn inject_duplicate<B: Backend>(
-    bus: &BusCore<B>,
-    routes: Vec<&Route<B>>,
-    envelope: &Arc<Envelope>,
-) {
-    bus.duplicates_injected.fetch_add(1, Relaxed);
-    join_all(
-        routes
-            .into_iter()
-            .map(|route| route.deliver(envelope.clone(), 1)),
-    )
-    .await;
-}
-
-/// Runs `work` unless the bus stops first.
-async fn until_stopped<B: Backend, T>(
-    bus: &BusCore<B>,
-    work: impl Future<Output = T>,
-) -> Option<T> {
-    let mut stopped: watch::Receiver<bool> = bus.stopped.clone();
-    tokio::select! {
-        value = work => Some(value),
-        _ = stopped.wait_for(|stop| *stop) => None,
-    }
 }
 
 /// Runs the module's retention sweep every retention interval while the

@@ -63,21 +63,43 @@ impl<B: Backend> BusHandle<B> {
             delivered: self.core.delivered.load(Relaxed),
             duplicates_injected: self.core.duplicates_injected.load(Relaxed),
             modules: self.modules.iter().map(ModuleHandle::metrics).collect(),
+            #[cfg(feature = "amqp")]
+            amqp: self.core.broker.as_ref().map(|broker| broker.snapshot()),
         }
     }
 
     /// Waits until the bus has nothing left to do — no message in memory,
-    /// none announced and not taken, none pending in any outbox — or until
-    /// `timeout`; true if it became idle. Dead letters do not count as work.
+    /// none announced and not taken, none pending in any outbox, and over a
+    /// broker none waiting in its handlers' queues or held by their
+    /// consumers — or until `timeout`; true if it became idle. Dead letters
+    /// do not count as work.
     ///
     /// The outboxes are read one after another; the answer is trusted only
-    /// if nothing was delivered or held in memory while they were read.
+    /// if nothing was delivered or held in memory while they were read. Over
+    /// a broker the bus must also look idle for half a second on end: the
+    /// broker puts the messages of a closed connection back in their queue
+    /// a moment after it closed, and until then no queue shows them.
     pub async fn wait_idle(&self, timeout: Duration) -> Result<bool> {
         let deadline = tokio::time::Instant::now() + timeout;
+        let settle = if self.queued_by_broker() {
+            Duration::from_millis(500)
+        } else {
+            Duration::ZERO
+        };
+        let mut idle_since = None;
         loop {
             let (busy, delivered) = self.activity();
-            if busy == 0 && self.pending().await? == 0 && self.activity() == (0, delivered) {
-                return Ok(true);
+            let idle = busy == 0
+                && self.pending().await? == 0
+                && self.queued().await? == 0
+                && self.activity() == (0, delivered);
+            if idle {
+                let since = *idle_since.get_or_insert_with(tokio::time::Instant::now);
+                if since.elapsed() >= settle {
+                    return Ok(true);
+                }
+            } else {
+                idle_since = None;
             }
             if tokio::time::Instant::now() >= deadline {
                 return Ok(false);
@@ -86,11 +108,44 @@ impl<B: Backend> BusHandle<B> {
         }
     }
 
+    /// Whether the bus's handlers take their messages from a broker's
+    /// queues.
+    fn queued_by_broker(&self) -> bool {
+        #[cfg(feature = "amqp")]
+        if self.core.broker.is_some() {
+            return true;
+        }
+        false
+    }
+
     /// Messages held in memory or waiting to be taken, and the delivered
     /// count.
     fn activity(&self) -> (usize, u64) {
-        let busy = self.modules.iter().map(|m| m.core.outbox.in_memory()).sum();
+        let busy = self
+            .modules
+            .iter()
+            .map(|m| m.core.outbox.in_memory())
+            .sum::<usize>()
+            + self.broker_in_flight();
         (busy, self.core.delivered.load(Relaxed))
+    }
+
+    /// Messages the broker's consumers hold unacknowledged.
+    fn broker_in_flight(&self) -> usize {
+        #[cfg(feature = "amqp")]
+        if let Some(broker) = &self.core.broker {
+            return broker.in_flight();
+        }
+        0
+    }
+
+    /// Messages waiting in the broker's queues of this bus's handlers.
+    async fn queued(&self) -> Result<u64> {
+        #[cfg(feature = "amqp")]
+        if let Some(broker) = &self.core.broker {
+            return broker.queued().await;
+        }
+        Ok(0)
     }
 
     /// Undelivered messages summed over every module's outbox.

@@ -3,9 +3,11 @@
 //! to its routes.
 
 pub(crate) mod actor;
+pub(crate) mod attempts;
 pub(crate) mod builder;
 pub(crate) mod config;
 pub(crate) mod core;
 pub(crate) mod dispatcher;
 pub(crate) mod handle;
 pub(crate) mod route;
+pub(crate) mod transport;

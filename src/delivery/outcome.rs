@@ -44,6 +44,10 @@ pub enum FailureKind {
     /// The delivery named a handler the module does not have, or one that
     /// subscribes to another topic.
     NoSuchHandler,
+    /// The message broker did not take a message the relay published (it
+    /// is unreachable, refused it, or no queue is bound to its topic yet):
+    /// published again, without end, until it does.
+    Broker,
 }
 
 impl DeliveryError {
@@ -62,12 +66,21 @@ impl DeliveryError {
         }
     }
 
+    /// A publish the broker did not confirm.
+    #[cfg(feature = "amqp")]
+    pub(crate) fn broker(error: Error) -> Self {
+        DeliveryError {
+            transient: true,
+            ..Self::new(FailureKind::Broker, error)
+        }
+    }
+
     /// Whether this failure uses up one of the retry policy's attempts:
-    /// transient database failures and stops do not.
+    /// transient database failures, the broker's failures and stops do not.
     pub fn counts_as_attempt(&self) -> bool {
         match self.kind {
             FailureKind::Database => !self.transient,
-            FailureKind::Stopped => false,
+            FailureKind::Stopped | FailureKind::Broker => false,
             _ => true,
         }
     }

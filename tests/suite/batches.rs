@@ -5,7 +5,7 @@ use super::{fast_retries, publish};
 use crate::support::*;
 use std::sync::Arc;
 use tickbox::{
-    Bus, BusHandle, Delivery, Error, Handler, HandlerError, HandlerOptions, ModuleHandle, Tx,
+    BusHandle, Delivery, Error, Handler, HandlerError, HandlerOptions, ModuleHandle, Tx,
 };
 use tokio::sync::watch;
 
@@ -115,7 +115,8 @@ pub async fn waiting_messages_commit_together_in_batches_and_each_once<B: TestBa
     let (orders, warehouse, gate) = gated_pair::<B>(&db, None).await;
     // Every message is delivered a second time after it is handled: the
     // duplicates go through batches too and must be skipped.
-    let bus = Bus::builder()
+    let bus = db
+        .bus()
         .module(&orders)
         .module(&warehouse)
         .retry_policy(fast_retries())
@@ -149,7 +150,7 @@ pub async fn a_failing_message_rolls_back_its_batch_and_only_it_is_dead_lettered
     db: TestDb,
 ) {
     let (orders, warehouse, gate) = gated_pair::<B>(&db, Some(7)).await;
-    let bus = super::bus(&[&orders, &warehouse]).await;
+    let bus = super::bus(&db, &[&orders, &warehouse]).await;
     publish_behind_the_gate(&orders, &warehouse, &gate, &bus, 20).await;
 
     assert_eq!(

@@ -42,10 +42,10 @@ pub(crate) async fn pair<B: TestBackend>(
     (orders, warehouse)
 }
 
-pub(crate) async fn bus<B: TestBackend>(modules: &[&ModuleHandle<B>]) -> BusHandle<B> {
+pub(crate) async fn bus<B: TestBackend>(db: &TestDb, modules: &[&ModuleHandle<B>]) -> BusHandle<B> {
     modules
         .iter()
-        .fold(Bus::builder(), |b, m| b.module(m))
+        .fold(db.bus(), |b, m| b.module(m))
         .retry_policy(fast_retries())
         .scan_interval(Duration::from_millis(200))
         .start()
@@ -82,7 +82,7 @@ pub async fn rolled_back_publish_is_never_delivered_and_committed_one_is<B: Test
 ) {
     let handler = Record::new(Then::Succeed);
     let (orders, warehouse) = pair::<B>(&db, &handler).await;
-    let bus = bus(&[&orders, &warehouse]).await;
+    let bus = bus(&db, &[&orders, &warehouse]).await;
 
     let rolled_back: Result<(), Error> = orders
         .transaction(async move |tx| {
@@ -119,7 +119,8 @@ pub async fn rolled_back_publish_is_never_delivered_and_committed_one_is<B: Test
 pub async fn a_redelivered_message_is_skipped_and_counted<B: TestBackend>(db: TestDb) {
     let handler = Record::new(Then::Succeed);
     let (orders, warehouse) = pair::<B>(&db, &handler).await;
-    let bus = Bus::builder()
+    let bus = db
+        .bus()
         .module(&orders)
         .module(&warehouse)
         .duplicate_rate(1.0)
@@ -200,7 +201,7 @@ async fn failing_handler_rolls_back_then_succeeds<B: TestBackend>(
     );
 
     // Through the bus: retried until it succeeds, exactly one effect.
-    let bus = bus(&[&orders, &warehouse]).await;
+    let bus = bus(&db, &[&orders, &warehouse]).await;
     publish(&orders, 8).await;
     drained(&bus).await;
     assert_eq!(effects(&warehouse, "warehouse.record").await, 1);
@@ -238,7 +239,7 @@ pub async fn each_handler_ticks_its_own_inbox_row<B: TestBackend>(db: TestDb) {
         .expect("warehouse starts");
     create_effects(&orders).await;
     create_effects(&warehouse).await;
-    let bus = bus(&[&orders, &warehouse]).await;
+    let bus = bus(&db, &[&orders, &warehouse]).await;
     let id = publish(&orders, 1).await;
     drained(&bus).await;
 
@@ -279,7 +280,7 @@ pub async fn a_message_published_by_a_handler_exists_only_if_it_commits<B: TestB
         .expect("warehouse starts");
     create_effects(&orders).await;
     create_effects(&warehouse).await;
-    let bus = bus(&[&orders, &warehouse]).await;
+    let bus = bus(&db, &[&orders, &warehouse]).await;
     let ping = publish(&orders, 1).await;
 
     eventually("the chain reaches orders.confirm", WAIT, || async {
@@ -344,7 +345,7 @@ pub async fn a_crash_between_handler_commit_and_outbox_mark_redelivers_without_d
     let (orders, warehouse) = start_modules().await;
     create_effects(&orders).await;
     create_effects(&warehouse).await;
-    let first = bus(&[&orders, &warehouse]).await;
+    let first = bus(&db, &[&orders, &warehouse]).await;
     publish(&orders, 1).await;
     eventually("good has committed and flaky has failed", WAIT, || async {
         effects(&warehouse, "warehouse.good").await == 1 && flaky.calls.load(SeqCst) >= 1
@@ -362,7 +363,7 @@ pub async fn a_crash_between_handler_commit_and_outbox_mark_redelivers_without_d
     // delivered again; good skips it, flaky handles it.
     BROKEN.store(false, SeqCst);
     let (orders, warehouse) = start_modules().await;
-    let second = bus(&[&orders, &warehouse]).await;
+    let second = bus(&db, &[&orders, &warehouse]).await;
     drained(&second).await;
     assert_eq!(
         effects(&warehouse, "warehouse.good").await,
@@ -539,7 +540,7 @@ pub async fn a_read_only_transaction_reads_without_blocking_and_cannot_publish<B
 pub async fn the_modules_of_a_stopped_bus_join_a_new_one<B: TestBackend>(db: TestDb) {
     let handler = Record::new(Then::Succeed);
     let (orders, warehouse) = pair::<B>(&db, &handler).await;
-    let first = bus(&[&orders, &warehouse]).await;
+    let first = bus(&db, &[&orders, &warehouse]).await;
     publish(&orders, 1).await;
     drained(&first).await;
 
@@ -553,12 +554,12 @@ pub async fn the_modules_of_a_stopped_bus_join_a_new_one<B: TestBackend>(db: Tes
         .expect("orders is on a running bus");
     assert!(matches!(refused, Error::AlreadyAttached(_)), "{refused}");
     assert!(refused.to_string().contains("orders"), "{refused}");
-    let lone_bus = bus(&[&lone]).await;
+    let lone_bus = bus(&db, &[&lone]).await;
     lone_bus.stop().await;
 
     first.stop().await;
     publish(&orders, 2).await;
-    let second = bus(&[&orders, &warehouse]).await;
+    let second = bus(&db, &[&orders, &warehouse]).await;
     publish(&orders, 3).await;
     drained(&second).await;
     assert_eq!(effects(&warehouse, "warehouse.record").await, 3);

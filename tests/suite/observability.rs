@@ -93,7 +93,7 @@ pub async fn lag_rises_while_the_bus_is_stopped_and_returns_to_zero<B: TestBacke
     })
     .await;
 
-    let bus = bus(&[&orders, &warehouse]).await;
+    let bus = bus(&db, &[&orders, &warehouse]).await;
     eventually("the lag returns to zero once drained", WAIT, || async {
         let outbox = orders.metrics().outbox;
         outbox.pending == 0 && outbox.lag_seconds == 0.0
@@ -117,7 +117,7 @@ pub async fn mailbox_depth_rises_under_a_slow_handler_and_falls_back<B: TestBack
         .await
         .expect("warehouse");
     create_effects(&warehouse).await;
-    let bus = bus(&[&orders, &warehouse]).await;
+    let bus = bus(&db, &[&orders, &warehouse]).await;
     for n in 0..8 {
         publish(&orders, n).await;
     }
@@ -177,7 +177,7 @@ pub async fn a_failed_delivery_is_logged_at_warn_level_with_what_identifies_it<B
 
     let handler = Record::new(Then::FailFirst(1));
     let (orders, warehouse) = pair::<B>(&db, &handler).await;
-    let bus = bus(&[&orders, &warehouse]).await;
+    let bus = bus(&db, &[&orders, &warehouse]).await;
     let id = publish(&orders, 1).await;
     drained(&bus).await;
     bus.stop().await;

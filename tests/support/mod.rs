@@ -58,6 +58,9 @@ pub struct TestDb {
     pg_url: Option<String>,
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     prefix: String,
+    /// The RabbitMQ transport the test's buses run over, if any.
+    #[cfg(feature = "amqp")]
+    amqp: Option<tickbox::Amqp>,
 }
 
 impl TestDb {
@@ -66,7 +69,45 @@ impl TestDb {
             dir: tempfile::tempdir().expect("a temporary directory"),
             pg_url: None,
             prefix: format!("t{:08x}", fastrand::u32(..)),
+            #[cfg(feature = "amqp")]
+            amqp: None,
         }
+    }
+
+    /// The same place, with buses that run over the RabbitMQ broker at
+    /// `TICKBOX_AMQP_URL` (default: the local broker's), in a namespace of
+    /// the test's own. The AMQP suite fails rather than skips without a
+    /// broker.
+    #[cfg(feature = "amqp")]
+    #[allow(dead_code)]
+    pub fn over_amqp(mut self) -> Self {
+        let namespace = format!("test.{}", self.prefix);
+        // Room for every message a test holds at once behind a gate.
+        self.amqp = Some(
+            tickbox::Amqp::new(amqp_url())
+                .namespace(namespace)
+                .prefetch(256),
+        );
+        self
+    }
+
+    /// Whether the test's buses run over a broker.
+    pub fn over_broker(&self) -> bool {
+        #[cfg(feature = "amqp")]
+        if self.amqp.is_some() {
+            return true;
+        }
+        false
+    }
+
+    /// A bus builder for this test: over its broker, if it has one.
+    pub fn bus<B: TestBackend>(&self) -> tickbox::BusBuilder<B> {
+        let builder = tickbox::Bus::builder();
+        #[cfg(feature = "amqp")]
+        if let Some(amqp) = &self.amqp {
+            return builder.amqp(amqp.clone());
+        }
+        builder
     }
 
     /// The PostgreSQL suite needs `TICKBOX_PG_URL`; without it, it fails
@@ -121,6 +162,14 @@ impl TestBackend for tickbox::Postgres {
             .pool_size(4)
     }
     count_impl!();
+}
+
+/// The broker the AMQP tests use: `TICKBOX_AMQP_URL`, or the local one.
+#[cfg(feature = "amqp")]
+#[allow(dead_code)]
+pub fn amqp_url() -> String {
+    std::env::var("TICKBOX_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_string())
 }
 
 /// Counts rows in a module's database.

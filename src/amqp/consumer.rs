@@ -1,0 +1,268 @@
+//! A handler's consumer: takes messages from the handler's queue (at most
+//! the prefetch at once), runs each through the inbox guard with the
+//! handler's retry policy, and acknowledges it only after its transaction
+//! committed — or after it was recorded as a duplicate or a dead letter.
+//! A lost connection is made again with backoff; what was not acknowledged
+//! comes again, and the inbox absorbs it.
+
+use crate::amqp::fault::Fault;
+use crate::amqp::settings::Amqp;
+use crate::amqp::state::ConsumerStats;
+use crate::amqp::topology::{self, HandlerQueue};
+use crate::amqp::wire;
+use crate::bus::attempts::{
+    bury, deliver_to_route, maybe_inject_duplicate, until_stopped, RouteEnd,
+};
+use crate::bus::core::BusCore;
+use crate::bus::route::Route;
+use crate::module::handle::ModuleHandle;
+use crate::store::backend::Backend;
+use futures_util::StreamExt;
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::{FieldTable, ShortString};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use tokio::task::JoinSet;
+use tokio::time::{sleep, Instant};
+
+/// Consumes `queue` for handler `handler` of `module` until the bus stops,
+/// connecting again with backoff whenever the broker is lost.
+pub(crate) async fn run<B: Backend>(
+    bus: Arc<BusCore<B>>,
+    amqp: Amqp,
+    module: ModuleHandle<B>,
+    handler: usize,
+    queue: HandlerQueue,
+    stats: Arc<ConsumerStats>,
+) {
+    let consumer = Consumer {
+        stats,
+        route: Route::Handler {
+            module: module.clone(),
+            handler,
+        },
+        labels: [
+            ("module", module.name().to_string()),
+            (
+                "handler",
+                module.core.handlers.entries[handler].name.to_string(),
+            ),
+        ],
+        bus,
+        amqp,
+        module,
+        queue,
+    };
+    let mut backoff = consumer.amqp.reconnect_min;
+    let mut connected_before = false;
+    while !consumer.bus.is_stopping() {
+        match consumer.consume(&mut connected_before, &mut backoff).await {
+            Ok(()) => break,
+            Err(fault) => {
+                let error = fault.into_error(consumer.amqp.redacted_url());
+                tracing::warn!(queue = %consumer.queue.name, %error, retry_in = ?backoff, "consuming stopped; connecting again");
+            }
+        }
+        if until_stopped(&consumer.bus, sleep(backoff)).await.is_none() {
+            break;
+        }
+        backoff = (backoff * 2).min(consumer.amqp.reconnect_max);
+    }
+    tracing::debug!(queue = %consumer.queue.name, "consumer stopped");
+}
+
+/// One handler's consumer.
+struct Consumer<B: Backend> {
+    /// The bus it runs on: its retry policy, its stop signal.
+    bus: Arc<BusCore<B>>,
+    /// Where the broker is.
+    amqp: Amqp,
+    /// The handler's module, where dead letters are recorded.
+    module: ModuleHandle<B>,
+    /// The handler, as a route of the bus.
+    route: Route<B>,
+    /// The handler's queue.
+    queue: HandlerQueue,
+    /// Its metrics' labels.
+    labels: [(&'static str, String); 2],
+    /// Its figures, for the bus's snapshot.
+    stats: Arc<ConsumerStats>,
+}
+
+impl<B: Backend> Consumer<B> {
+    /// Connects, declares the queue, and consumes until the bus stops
+    /// (`Ok`) or the broker is lost.
+    async fn consume(
+        &self,
+        connected_before: &mut bool,
+        backoff: &mut std::time::Duration,
+    ) -> Result<(), Fault> {
+        let connection =
+            topology::connect(&self.amqp, &format!("tickbox {}", self.queue.name)).await?;
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| Fault::of("opening a channel", &e))?;
+        channel
+            .basic_qos(self.amqp.prefetch, BasicQosOptions::default())
+            .await
+            .map_err(|e| Fault::of("setting the prefetch", &e))?;
+        topology::declare_exchange(&channel, &self.amqp).await?;
+        topology::declare_queue(&channel, &self.amqp, &self.queue).await?;
+        let mut deliveries = channel
+            .basic_consume(
+                ShortString::from(self.queue.name.as_str()),
+                ShortString::from(""),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| Fault::of(&format!("consuming `{}`", self.queue.name), &e))?;
+        if *connected_before {
+            self.stats.reconnects.fetch_add(1, Relaxed);
+            metrics::counter!("tickbox_amqp_reconnects_total", "role" => "consumer").increment(1);
+            tracing::info!(queue = %self.queue.name, "consuming again");
+        }
+        *connected_before = true;
+        *backoff = self.amqp.reconnect_min;
+
+        let in_flight = metrics::gauge!("tickbox_amqp_in_flight", &self.labels);
+        let depth = metrics::gauge!("tickbox_amqp_queue_depth", &self.labels);
+        let mut running: JoinSet<()> = JoinSet::new();
+        let mut stopped = self.bus.stopped.clone();
+        let mut next_depth = Instant::now();
+        let ended = loop {
+            tokio::select! {
+                _ = stopped.wait_for(|stop| *stop) => break Ok(()),
+                Some(_) = running.join_next(), if !running.is_empty() => {
+                    self.count_in_flight(&running, &in_flight);
+                }
+                _ = tokio::time::sleep_until(next_depth) => {
+                    next_depth = Instant::now() + self.bus.config.scan_interval;
+                    match topology::depth(&channel, &self.queue.name).await {
+                        Ok(n) => {
+                            depth.set(f64::from(n));
+                            self.stats.depth.store(u64::from(n), Relaxed);
+                        }
+                        Err(fault) => break Err(fault),
+                    }
+                }
+                next = deliveries.next() => match next {
+                    Some(Ok(delivery)) => {
+                        running.spawn_local(handle(
+                            self.bus.clone(),
+                            self.route_clone(),
+                            self.module.clone(),
+                            delivery,
+                        ));
+                        self.count_in_flight(&running, &in_flight);
+                    }
+                    Some(Err(error)) => break Err(Fault::of("receiving", &error)),
+                    None => break Err(Fault::Unreachable("the broker closed the consumer".into())),
+                },
+            }
+        };
+        if ended.is_ok() {
+            // Stopping: take no more, let the running deliveries finish
+            // (within the stop timeout) and acknowledge them; what is left
+            // goes back to the queue when the connection closes.
+            let tag = deliveries.tag();
+            let _ = channel
+                .basic_cancel(tag, BasicCancelOptions::default())
+                .await;
+            let _ = tokio::time::timeout(self.bus.config.stop_timeout, async {
+                while running.join_next().await.is_some() {}
+            })
+            .await;
+        } else {
+            // The channel is gone: running deliveries finish by themselves
+            // (their acknowledgements fail, and the messages come again).
+            running.detach_all();
+        }
+        in_flight.set(0.0);
+        self.stats.in_flight.store(0, Relaxed);
+        let _ = connection.close(200, "stopping".into()).await;
+        ended
+    }
+
+    /// Records how many messages are in delivery.
+    fn count_in_flight(&self, running: &JoinSet<()>, gauge: &metrics::Gauge) {
+        gauge.set(running.len() as f64);
+        self.stats.in_flight.store(running.len(), Relaxed);
+    }
+
+    /// The handler's route, for one delivery's task.
+    fn route_clone(&self) -> Route<B> {
+        match &self.route {
+            Route::Handler { module, handler } => Route::Handler {
+                module: module.clone(),
+                handler: *handler,
+            },
+            Route::Broker { .. } => unreachable!("a consumer feeds a handler"),
+        }
+    }
+}
+
+/// Runs one message from the queue through the handler and acknowledges it
+/// once it is handled, skipped as a duplicate, or recorded as a dead letter.
+/// Left unacknowledged if the bus stops first: the broker gives it again.
+async fn handle<B: Backend>(
+    bus: Arc<BusCore<B>>,
+    route: Route<B>,
+    module: ModuleHandle<B>,
+    delivery: Delivery,
+) {
+    let done = match wire::envelope(&delivery) {
+        Ok(envelope) if Some(envelope.topic.as_str()) != route_topic(&route) => {
+            let reason = format!(
+                "a message of topic `{}` reached the queue of handler `{}` (subscribed to `{}`); \
+                 it is bound by hand, or the handler's topic changed",
+                envelope.topic,
+                route.name(),
+                route_topic(&route).unwrap_or_default()
+            );
+            bury(&bus, &module, &envelope, route.name(), 0, &reason).await
+        }
+        Ok(envelope) => {
+            let envelope = Arc::new(envelope);
+            match deliver_to_route(&bus, &route, &module, &envelope).await {
+                RouteEnd::Handled => {
+                    maybe_inject_duplicate(&bus, vec![&route], &module, &envelope).await;
+                    true
+                }
+                RouteEnd::Buried => true,
+                RouteEnd::Stopped => false,
+            }
+        }
+        Err(undecodable) => {
+            let reason = format!("undecodable AMQP message: {}", undecodable.reason);
+            bury(
+                &bus,
+                &module,
+                &undecodable.envelope,
+                route.name(),
+                0,
+                &reason,
+            )
+            .await
+        }
+    };
+    if done {
+        if let Err(error) = delivery.acker.ack(BasicAckOptions::default()).await {
+            // The channel closed: the message comes again and the inbox
+            // skips it.
+            tracing::debug!(%error, "acknowledging failed; the broker will deliver the message again");
+        }
+    }
+}
+
+/// The topic a handler route receives.
+fn route_topic<B: Backend>(route: &Route<B>) -> Option<&'static str> {
+    match route {
+        Route::Handler { module, handler } => {
+            Some(module.core.handlers.entries[*handler].handler.topic())
+        }
+        Route::Broker { .. } => None,
+    }
+}

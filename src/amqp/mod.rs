@@ -1,0 +1,22 @@
+//! The RabbitMQ transport (feature `amqp`): the same modules, handlers,
+//! transactions and inbox guard, with the broker as the hop between an
+//! outbox and a handler.
+//!
+//! - `settings` — [`Amqp`](settings::Amqp), what a bus needs to reach the
+//!   broker.
+//! - `topology` — the exchange, the queues and their bindings, declared by
+//!   tickbox, and their names.
+//! - `wire` — an [`Envelope`](crate::Envelope) as an AMQP message and back.
+//! - `relay` — publishes outbox messages with publisher confirms.
+//! - `consumer` — one per handler: runs each message through the inbox
+//!   guard and acknowledges it after COMMIT.
+//! - `state` — the relay and consumers of a running bus, and their figures.
+//! - `fault` — sorts the client's errors into unreachable and refused.
+
+pub(crate) mod consumer;
+pub(crate) mod fault;
+pub(crate) mod relay;
+pub(crate) mod settings;
+pub(crate) mod state;
+pub(crate) mod topology;
+pub(crate) mod wire;

@@ -1,0 +1,147 @@
+//! What tickbox declares on the broker, every time it connects (declaring
+//! is idempotent): one durable topic exchange, and for each handler one
+//! durable quorum queue bound to it with the handler's topic as routing key.
+//!
+//! One topic exchange rather than one per topic: a new topic needs no new
+//! exchange, topics are dotted names already, and a queue's binding says
+//! exactly what its handler receives.
+
+use crate::amqp::fault::Fault;
+use crate::amqp::settings::Amqp;
+use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+
+/// AMQP's limit on exchange and queue names and routing keys, in bytes.
+const MAX_NAME_BYTES: usize = 255;
+
+/// A queue tickbox declares: a handler's.
+#[derive(Debug, Clone)]
+pub(crate) struct HandlerQueue {
+    /// The queue's name.
+    pub(crate) name: String,
+    /// The topic bound to it.
+    pub(crate) topic: &'static str,
+}
+
+/// Connects to the broker.
+pub(crate) async fn connect(amqp: &Amqp, name: &str) -> Result<Connection, Fault> {
+    let properties = ConnectionProperties::default().with_connection_name(name.into());
+    Connection::connect(&amqp.url, properties)
+        .await
+        .map_err(|e| Fault::of("connecting", &e))
+}
+
+/// Checks that the names fit AMQP's limits.
+pub(crate) fn check_names(amqp: &Amqp, queues: &[HandlerQueue]) -> Result<(), String> {
+    let exchange = amqp.exchange();
+    if exchange.len() > MAX_NAME_BYTES {
+        return Err(format!(
+            "the exchange name `{exchange}` is over {MAX_NAME_BYTES} bytes"
+        ));
+    }
+    for queue in queues {
+        if queue.name.len() > MAX_NAME_BYTES {
+            return Err(format!(
+                "the queue name `{}` is over {MAX_NAME_BYTES} bytes: shorten the namespace, module or handler name",
+                queue.name
+            ));
+        }
+        if queue.topic.len() > MAX_NAME_BYTES {
+            return Err(format!(
+                "the topic `{}` is over {MAX_NAME_BYTES} bytes",
+                queue.topic
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Declares the exchange.
+pub(crate) async fn declare_exchange(channel: &Channel, amqp: &Amqp) -> Result<(), Fault> {
+    let exchange = amqp.exchange();
+    channel
+        .exchange_declare(
+            ShortString::from(exchange.as_str()),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..ExchangeDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| Fault::of(&format!("declaring the exchange `{exchange}`"), &e))
+}
+
+/// Declares a handler's queue and binds it to the exchange.
+pub(crate) async fn declare_queue(
+    channel: &Channel,
+    amqp: &Amqp,
+    queue: &HandlerQueue,
+) -> Result<(), Fault> {
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    channel
+        .queue_declare(
+            ShortString::from(queue.name.as_str()),
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            arguments,
+        )
+        .await
+        .map_err(|e| Fault::of(&format!("declaring the queue `{}`", queue.name), &e))?;
+    channel
+        .queue_bind(
+            ShortString::from(queue.name.as_str()),
+            ShortString::from(amqp.exchange().as_str()),
+            ShortString::from(queue.topic),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| Fault::of(&format!("binding the queue `{}`", queue.name), &e))
+}
+
+/// The messages waiting in a queue, read with a passive declare (which
+/// changes nothing).
+pub(crate) async fn depth(channel: &Channel, queue: &str) -> Result<u32, Fault> {
+    channel
+        .queue_declare(
+            ShortString::from(queue),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map(|declared| declared.message_count())
+        .map_err(|e| Fault::of(&format!("reading the depth of `{queue}`"), &e))
+}
+
+/// Declares everything once at bus start, so that a broker that is
+/// unreachable or refuses stops the start with a clear error.
+pub(crate) async fn declare_all(amqp: &Amqp, queues: &[HandlerQueue]) -> Result<(), Fault> {
+    check_names(amqp, queues).map_err(Fault::Refused)?;
+    let connection = connect(amqp, "tickbox topology").await?;
+    let declared = async {
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| Fault::of("opening a channel", &e))?;
+        declare_exchange(&channel, amqp).await?;
+        for queue in queues {
+            declare_queue(&channel, amqp, queue).await?;
+        }
+        Ok(())
+    }
+    .await;
+    let _ = connection.close(200, "declared".into()).await;
+    declared
+}

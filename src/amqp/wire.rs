@@ -1,0 +1,115 @@
+//! An [`Envelope`] as an AMQP message and back: the payload is the body
+//! (JSON), the id is the message id, the correlation id is the correlation
+//! id, the topic is the routing key, and the rest travels in headers.
+
+use crate::message::Envelope;
+use lapin::message::Delivery;
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::BasicProperties;
+use uuid::Uuid;
+
+/// The header holding the id of the message that caused this one.
+const CAUSATION_ID: &str = "tickbox-causation-id";
+
+/// The header holding the publication time, in µs since the Unix epoch.
+const CREATED_AT_US: &str = "tickbox-created-at-us";
+
+/// A persistent message (survives a broker restart in a durable queue).
+const PERSISTENT: u8 = 2;
+
+/// The properties of `envelope`'s AMQP message.
+pub(crate) fn properties(envelope: &Envelope) -> BasicProperties {
+    let mut headers = FieldTable::default();
+    headers.insert(
+        CREATED_AT_US.into(),
+        AMQPValue::LongLongInt(envelope.created_at_us),
+    );
+    if let Some(cause) = envelope.causation_id {
+        headers.insert(
+            CAUSATION_ID.into(),
+            AMQPValue::LongString(cause.to_string().into()),
+        );
+    }
+    BasicProperties::default()
+        .with_message_id(ShortString::from(envelope.id.to_string()))
+        .with_correlation_id(ShortString::from(envelope.correlation_id.to_string()))
+        .with_content_type("application/json".into())
+        .with_delivery_mode(PERSISTENT)
+        .with_timestamp((envelope.created_at_us.max(0) / 1_000_000) as u64)
+        .with_headers(headers)
+}
+
+/// A message that did not come as tickbox sends them, with what could be
+/// read of it.
+#[derive(Debug)]
+pub(crate) struct Undecodable {
+    /// Why it could not be read.
+    pub(crate) reason: String,
+    /// As much of an envelope as could be read, for the dead letter: the id
+    /// (a new one if it had none), the routing key as the topic, the body as
+    /// text.
+    pub(crate) envelope: Envelope,
+}
+
+/// The envelope an AMQP delivery carries.
+pub(crate) fn envelope(delivery: &Delivery) -> Result<Envelope, Box<Undecodable>> {
+    let properties = &delivery.properties;
+    let id = properties
+        .message_id()
+        .as_ref()
+        .and_then(|id| Uuid::parse_str(id.as_str()).ok());
+    let topic = delivery.routing_key.as_str().to_string();
+    let payload = String::from_utf8(delivery.data.clone());
+    let undecodable = |reason: String| {
+        Box::new(Undecodable {
+            reason,
+            envelope: Envelope {
+                id: id.unwrap_or_else(Uuid::now_v7),
+                topic: topic.clone(),
+                payload: String::from_utf8_lossy(&delivery.data).into_owned(),
+                correlation_id: id.unwrap_or_default(),
+                causation_id: None,
+                created_at_us: crate::message::now_us(),
+            },
+        })
+    };
+    let Some(id) = id else {
+        return Err(undecodable(
+            "the AMQP message has no message id that is a UUID (it was not published by tickbox)"
+                .into(),
+        ));
+    };
+    let payload = payload.map_err(|_| undecodable("the body is not UTF-8 text".into()))?;
+    let headers = properties.headers().clone().unwrap_or_default();
+    let header = |name: &str| headers.inner().get(name).cloned();
+    let correlation_id = properties
+        .correlation_id()
+        .as_ref()
+        .and_then(|c| Uuid::parse_str(c.as_str()).ok())
+        .unwrap_or(id);
+    let causation_id = match header(CAUSATION_ID) {
+        Some(AMQPValue::LongString(cause)) => Some(
+            std::str::from_utf8(cause.as_bytes())
+                .ok()
+                .and_then(|c| Uuid::parse_str(c).ok())
+                .ok_or_else(|| undecodable(format!("the header {CAUSATION_ID} is not a UUID")))?,
+        ),
+        _ => None,
+    };
+    let created_at_us = match header(CREATED_AT_US) {
+        Some(AMQPValue::LongLongInt(us)) => us,
+        _ => {
+            return Err(undecodable(format!(
+                "the header {CREATED_AT_US} is missing or not an integer"
+            )))
+        }
+    };
+    Ok(Envelope {
+        id,
+        topic,
+        payload,
+        correlation_id,
+        causation_id,
+        created_at_us,
+    })
+}

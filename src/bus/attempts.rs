@@ -1,0 +1,169 @@
+//! Attempts along a route: retried with backoff until the route takes the
+//! message, or given up on as a dead letter; and waiting that ends when the
+//! bus stops.
+
+use crate::bus::core::BusCore;
+use crate::bus::route::Route;
+use crate::message::Envelope;
+use crate::module::handle::ModuleHandle;
+use crate::store::backend::Backend;
+use futures_util::future::join_all;
+use std::future::Future;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use tokio::sync::watch;
+use tokio::time::sleep;
+
+/// How delivering a message to one handler ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RouteEnd {
+    /// Handled, or found a duplicate.
+    Handled,
+    /// Given up on and recorded as a dead letter.
+    Buried,
+    /// The bus stopped first.
+    Stopped,
+}
+
+/// Delivers to one handler until it has handled the message or found it a
+/// duplicate, retrying failures with backoff, or gives up and records a dead
+/// letter.
+pub(crate) async fn deliver_to_route<B: Backend>(
+    bus: &BusCore<B>,
+    route: &Route<B>,
+    source: &ModuleHandle<B>,
+    envelope: &Arc<Envelope>,
+) -> RouteEnd {
+    let policy = route.retry(&bus.config);
+    let mut attempt = 0;
+    let mut failures = 0;
+    loop {
+        attempt += 1;
+        // Waiting for a slot stops with the bus; a running attempt is let
+        // finish. A first attempt to a batched handler needs no slot: it
+        // waits in the handler's batch queue, whose transactions the module
+        // bounds itself.
+        let slot = if attempt == 1 && route.is_batched() {
+            None
+        } else {
+            match until_stopped(bus, bus.permits.acquire()).await {
+                Some(slot) => Some(slot),
+                None => return RouteEnd::Stopped,
+            }
+        };
+        let outcome = route
+            .deliver(source.name(), envelope.clone(), attempt)
+            .await;
+        drop(slot);
+        let error = match outcome {
+            Ok(_) => return RouteEnd::Handled,
+            Err(error) => error,
+        };
+        if error.counts_as_attempt() {
+            failures += 1;
+        }
+        let exhausted = policy.max_attempts.is_some_and(|max| failures >= max);
+        if !error.is_retryable() || exhausted {
+            let reason = format!("after {attempt} attempt(s): {error}");
+            let module = route.dead_letters(source);
+            let buried = bury(bus, module, envelope, route.name(), attempt, &reason).await;
+            return if buried {
+                RouteEnd::Buried
+            } else {
+                RouteEnd::Stopped
+            };
+        }
+        let delay = policy.delay(attempt);
+        bus.note_retry(
+            envelope.id,
+            format!(
+                "handler `{}` of module `{}` failed attempt {attempt} ({error}); next attempt in {delay:?}",
+                route.name(),
+                route.module_name()
+            ),
+        );
+        if until_stopped(bus, sleep(delay)).await.is_none() {
+            return RouteEnd::Stopped;
+        }
+    }
+}
+
+/// Records a dead letter, retrying while the database fails. False if the
+/// bus stopped first.
+pub(crate) async fn bury<B: Backend>(
+    bus: &BusCore<B>,
+    module: &ModuleHandle<B>,
+    envelope: &Envelope,
+    handler: &str,
+    attempts: u32,
+    reason: &str,
+) -> bool {
+    until_done(bus, module, "recording a dead letter", || {
+        module.bury(envelope, handler, attempts, reason)
+    })
+    .await
+}
+
+/// Runs `work` until it succeeds, with the bus's backoff between tries.
+/// False if the bus stopped first.
+pub(crate) async fn until_done<B: Backend, F, Fut>(
+    bus: &BusCore<B>,
+    module: &ModuleHandle<B>,
+    what: &str,
+    mut work: F,
+) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = crate::Result<()>>,
+{
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match work().await {
+            Ok(()) => return true,
+            Err(error) => {
+                tracing::warn!(module = %module.name(), %error, "{what} failed; will retry");
+            }
+        }
+        let delay = bus.config.retry.delay(tries);
+        if until_stopped(bus, sleep(delay)).await.is_none() {
+            return false;
+        }
+    }
+}
+
+/// Runs `work` unless the bus stops first.
+pub(crate) async fn until_stopped<B: Backend, T>(
+    bus: &BusCore<B>,
+    work: impl Future<Output = T>,
+) -> Option<T> {
+    let mut stopped: watch::Receiver<bool> = bus.stopped.clone();
+    tokio::select! {
+        value = work => Some(value),
+        _ = stopped.wait_for(|stop| *stop) => None,
+    }
+}
+
+/// For demonstrations and tests ([`BusBuilder::duplicate_rate`](crate::BusBuilder::duplicate_rate)):
+/// with that probability, delivers the message once more to the handlers
+/// among `handled` that handled it (a broker route is no handler: over a
+/// broker, each handler's consumer injects its own duplicates).
+pub(crate) async fn maybe_inject_duplicate<B: Backend>(
+    bus: &BusCore<B>,
+    handled: Vec<&Route<B>>,
+    source: &ModuleHandle<B>,
+    envelope: &Arc<Envelope>,
+) {
+    let handlers: Vec<&Route<B>> = handled.into_iter().filter(|r| r.is_handler()).collect();
+    let rate = bus.config.duplicate_rate;
+    if handlers.is_empty() || rate <= 0.0 || fastrand::f64() >= rate {
+        return;
+    }
+    bus.duplicates_injected.fetch_add(1, Relaxed);
+    join_all(
+        handlers
+            .into_iter()
+            .map(|route| route.deliver(source.name(), envelope.clone(), 1)),
+    )
+    .await;
+}
