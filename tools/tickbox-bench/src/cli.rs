@@ -96,6 +96,52 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) delete_delivered: bool,
 
+    /// How messages travel between the modules: in process (local), or
+    /// through RabbitMQ (amqp: needs the `amqp` feature)
+    #[arg(long, value_enum, value_name = "T", default_value_t = Transport::Local)]
+    pub(crate) transport: Transport,
+
+    /// amqp: the broker (each run declares its own namespace and deletes its
+    /// queues and exchange at the end)
+    #[arg(long, value_name = "URL", default_value = DEFAULT_AMQP_URL)]
+    pub(crate) amqp_url: String,
+
+    /// amqp: unacknowledged messages per consumer, for tickbox
+    /// (Amqp::prefetch) and the raw baseline alike
+    #[arg(long, value_name = "P", default_value = "32", value_parser = prefetch)]
+    pub(crate) amqp_prefetch: u16,
+
+    /// amqp: the raw baseline's publishes awaiting their confirm at once
+    /// (that many publisher tasks; 64 is tickbox's bound on concurrent
+    /// deliveries, so also on the relay's unconfirmed publishes)
+    #[arg(long, value_name = "K", default_value = "64", value_parser = at_least_one_usize)]
+    pub(crate) raw_in_flight: usize,
+
+    /// Also run the same workload through the Rust crate hexeract 0.6
+    /// (benches/hexeract, built with cargo on first use): its SQL outbox
+    /// worker with --transport local, its outbox-to-RabbitMQ path with
+    /// --transport amqp
+    #[arg(long)]
+    pub(crate) hexeract: bool,
+
+    /// hexeract: envelopes per poll of its outbox worker
+    #[arg(long, value_name = "B", default_value = "100", value_parser = at_least_one_usize)]
+    pub(crate) hexeract_batch: usize,
+
+    /// hexeract: its outbox worker's wait after an empty poll, in ms
+    #[arg(long, value_name = "MS", default_value = "1")]
+    pub(crate) hexeract_poll_ms: u64,
+
+    /// hexeract: outbox workers on one outbox (postgres only: FOR UPDATE
+    /// SKIP LOCKED; hexeract's SQLite store takes one)
+    #[arg(long, value_name = "W", default_value = "1", value_parser = at_least_one_usize)]
+    pub(crate) hexeract_workers: usize,
+
+    /// hexeract, amqp: RabbitMQ workers on the queue (each handles one
+    /// message at a time) [default: concurrency]
+    #[arg(long, value_name = "K")]
+    pub(crate) hexeract_consumers: Option<usize>,
+
     /// Print tickbox's progress every 250 ms (diagnosis)
     #[arg(long)]
     pub(crate) timeline: bool,
@@ -119,6 +165,28 @@ impl Args {
     /// Whether this run measures tickbox (`--only` aside).
     pub(crate) fn runs_tickbox(&self) -> bool {
         self.only != Some(Only::Baseline)
+    }
+}
+
+/// The broker of `--transport amqp` unless `--amqp-url` says otherwise.
+const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// How messages travel from the producer module to the consumer module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Transport {
+    /// In process: the bus hands each committed message to the handler
+    Local,
+    /// Through RabbitMQ: one topic exchange, one quorum queue per handler
+    Amqp,
+}
+
+impl Transport {
+    /// The name given on the command line, printed and in the JSON.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Transport::Local => "local",
+            Transport::Amqp => "amqp",
+        }
     }
 }
 
@@ -203,6 +271,11 @@ fn at_least_one_usize(text: &str) -> Result<usize, String> {
     usize::try_from(at_least_one(text)?).map_err(|e| e.to_string())
 }
 
+/// A prefetch count: 1 to 65535.
+fn prefetch(text: &str) -> Result<u16, String> {
+    u16::try_from(at_least_one(text)?).map_err(|e| e.to_string())
+}
+
 /// A rate of messages per second, above zero.
 fn rate(text: &str) -> Result<f64, String> {
     let rate: f64 = text.parse().map_err(|e| format!("not a number: {e}"))?;
@@ -234,6 +307,19 @@ pub(crate) fn parse() -> Result<Args, ExitCode> {
             return Err(Args::command().error(
                 ErrorKind::ArgumentConflict,
                 "--peer compares on PostgreSQL: use it with --backend postgres",
+            ));
+        }
+        if args.transport == Transport::Amqp && !cfg!(feature = "amqp") {
+            return Err(Args::command().error(
+                ErrorKind::ArgumentConflict,
+                "--transport amqp needs the `amqp` feature: \
+                 cargo run --release -p tickbox-bench --features amqp -- --transport amqp ...",
+            ));
+        }
+        if args.hexeract && args.scenario != Scenario::Throughput {
+            return Err(Args::command().error(
+                ErrorKind::ArgumentConflict,
+                "--hexeract runs with the throughput scenario",
             ));
         }
         Ok(args)
@@ -276,6 +362,10 @@ mod tests {
         assert_eq!(args.peer_poll_ms, 1);
         assert!(args.trace() && args.runs_baseline() && args.runs_tickbox());
         assert!(args.rate.is_none() && args.only.is_none() && args.sweep_ms.is_none());
+        assert_eq!(args.transport, Transport::Local);
+        assert_eq!(args.amqp_url, DEFAULT_AMQP_URL);
+        assert_eq!((args.amqp_prefetch, args.raw_in_flight), (32, 64));
+        assert!(!args.hexeract && args.hexeract_consumers.is_none());
     }
 
     #[test]

@@ -8,7 +8,10 @@
 //! the bus, measured in the same run against the database's own limit (the
 //! same producer and consumer transactions run directly with diesel-async,
 //! no bus) and, with `--peer`, against the npm package
-//! `pg-transactional-outbox` on the same PostgreSQL. Also measures
+//! `pg-transactional-outbox` on the same PostgreSQL, or with `--hexeract`,
+//! against the Rust crate hexeract. With `--transport amqp` (feature `amqp`)
+//! the bus runs over RabbitMQ, and a second baseline measures the broker
+//! alone (lapin publishing with confirms and consuming with acks). Also measures
 //! commit-to-handled latency, peak memory, a 1,000,000-message backlog drain
 //! and handling with a 10,000,000-row inbox.
 //!
@@ -42,6 +45,10 @@
 //! - `prefill.rs` — bulk loading of outbox and inbox rows.
 //! - `scenarios/` — throughput, latency, backlog, big-inbox.
 //! - `peer.rs` — the peer, pg-transactional-outbox (benches/peer/bench.js).
+//! - `hexeract.rs` — the Rust peer, hexeract 0.6 (benches/hexeract, its own
+//!   crate outside the workspace), run as a subprocess.
+//! - `amqp.rs` — over RabbitMQ: each run's namespace and clean-up, and the
+//!   raw AMQP baseline (lapin alone, no database).
 //! - `report.rs` — the tables and the JSON object printed.
 //! - `memory.rs` — the process's resident memory.
 
@@ -53,10 +60,13 @@
     clippy::missing_docs_in_private_items
 )]
 
+#[cfg(feature = "amqp")]
+mod amqp;
 mod backend;
 mod baseline;
 mod cli;
 mod clock;
+mod hexeract;
 mod measure;
 mod memory;
 mod pair;

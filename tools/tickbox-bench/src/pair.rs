@@ -29,6 +29,10 @@ pub(crate) struct Pair<B: Backend> {
     /// A module joins one bus for good: started by the first run on the
     /// pair, kept for the next ones.
     bus: Mutex<Option<Arc<BusHandle<B>>>>,
+    /// `--transport amqp`: the bus's broker settings, in a namespace of the
+    /// pair's own, and the broker's URL (for the clean-up).
+    #[cfg(feature = "amqp")]
+    amqp: Option<(tickbox::Amqp, String)>,
 }
 
 impl<B: BenchBackend> Pair<B> {
@@ -71,6 +75,9 @@ impl<B: BenchBackend> Pair<B> {
             ledger,
             clock,
             bus: Mutex::new(None),
+            #[cfg(feature = "amqp")]
+            amqp: (args.transport == crate::cli::Transport::Amqp)
+                .then(|| (crate::amqp::settings(place, args), args.amqp_url.clone())),
         })
     }
 
@@ -89,17 +96,42 @@ impl<B: BenchBackend> Pair<B> {
     /// says otherwise.
     fn bus_builder(&self, args: &Args) -> BusBuilder<B> {
         let builder = Bus::builder().module(&self.shop).module(&self.ledger);
+        #[cfg(feature = "amqp")]
+        let builder = match &self.amqp {
+            Some((amqp, _)) => builder.amqp(amqp.clone()),
+            None => builder,
+        };
         match args.sweep_ms {
             Some(ms) => builder.scan_interval(Duration::from_millis(ms)),
             None => builder,
         }
     }
 
-    /// Stops the pair's bus, if it runs.
+    /// Stops the pair's bus, if it runs; over amqp, then deletes the
+    /// queue and the exchange the bus declared.
     pub(crate) async fn stop(&self) {
         let bus = lock(&self.bus).take();
         if let Some(bus) = bus {
             bus.stop().await;
+        }
+        #[cfg(feature = "amqp")]
+        if let Some((amqp, url)) = &self.amqp {
+            crate::amqp::delete_bus_topology(amqp, url, self.ledger.name()).await;
+        }
+    }
+
+    /// The messages waiting in the broker's queues, as last sampled by the
+    /// bus (none without a broker).
+    pub(crate) fn queued(bus: &BusHandle<B>) -> Option<u64> {
+        #[cfg(feature = "amqp")]
+        return bus
+            .metrics()
+            .amqp
+            .map(|a| a.consumers.iter().map(|c| c.queue_depth).sum());
+        #[cfg(not(feature = "amqp"))]
+        {
+            let _ = bus;
+            None
         }
     }
 

@@ -66,6 +66,7 @@ pub(crate) fn print_runs(runs: &[RunResult]) {
 pub(crate) fn base_json(args: &Args) -> Json {
     let mut j = Json::new();
     j.insert("backend".into(), args.backend.name().into());
+    j.insert("transport".into(), args.transport.name().into());
     j.insert("concurrency".into(), args.concurrency.into());
     j.insert("batch".into(), args.batch.into());
     j.insert("messages".into(), args.messages.into());

@@ -71,7 +71,9 @@ pub(crate) async fn run<B: BenchBackend>(place: &Place, args: &Args) -> Res<Json
             rss,
         });
         if samples.len().is_multiple_of(10) {
-            eprintln!("  {t:>5.0} s: {done} handled, RSS {rss:.1} MiB");
+            let queued = Pair::queued(&bus)
+                .map_or(String::new(), |q| format!(", {q} in the broker's queue"));
+            eprintln!("  {t:>5.0} s: {done} handled, RSS {rss:.1} MiB{queued}");
         }
         if done >= args.messages {
             break;
@@ -79,11 +81,12 @@ pub(crate) async fn run<B: BenchBackend>(place: &Place, args: &Args) -> Res<Json
         if done != last_progress.0 {
             last_progress = (done, Instant::now());
         } else if last_progress.1.elapsed() > STALLED_AFTER {
+            pair.stop().await;
             return Err(format!("backlog drain stalled at {done}").into());
         }
     }
     let seconds = started.elapsed().as_secs_f64();
-    bus.stop().await;
+    pair.stop().await;
     let pending_after = pair.shop.store_stats().await?.outbox_pending;
     let effects = count(&pair.ledger, "SELECT count(*) AS n FROM bench_effects").await?;
     pair.shop.close();
@@ -94,8 +97,9 @@ pub(crate) async fn run<B: BenchBackend>(place: &Place, args: &Args) -> Res<Json
     let peak = peak_rss_mb();
     let rate = args.messages as f64 / seconds;
     println!(
-        "\n{} · backlog of {} messages · concurrency {}",
+        "\n{} · {} · backlog of {} messages · concurrency {}",
         args.backend.name(),
+        args.transport.name(),
         args.messages,
         args.concurrency
     );
