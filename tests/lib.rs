@@ -8,6 +8,8 @@
 //! TICKBOX_PG_URL=postgres://postgres@127.0.0.1:5432/test cargo test --all-features
 //! ```
 
+#[cfg(feature = "amqp")]
+mod amqp;
 mod examples;
 #[cfg(feature = "prometheus")]
 mod exposition;

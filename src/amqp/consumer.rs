@@ -6,6 +6,7 @@
 //! comes again, and the inbox absorbs it.
 
 use crate::amqp::fault::Fault;
+use crate::amqp::relay::close;
 use crate::amqp::settings::Amqp;
 use crate::amqp::state::ConsumerStats;
 use crate::amqp::topology::{self, HandlerQueue};
@@ -182,7 +183,7 @@ impl<B: Backend> Consumer<B> {
         }
         in_flight.set(0.0);
         self.stats.in_flight.store(0, Relaxed);
-        let _ = connection.close(200, "stopping".into()).await;
+        close(connection, "stopping").await;
         ended
     }
 

@@ -196,7 +196,9 @@ impl Relay {
             .is_some_and(|(_, channel)| channel.id() == failed.id())
         {
             if let Some((connection, _)) = link.open.take() {
-                let _ = connection.close(200, "reconnecting".into()).await;
+                // A broker that blocks publishers reads nothing more from
+                // the connection, not even its close: do not wait for it.
+                tokio::spawn(close(connection, "reconnecting"));
             }
         }
     }
@@ -240,4 +242,10 @@ impl NotSent {
             NotSent::Fault(fault) => fault.into_error(relay.redacted_url()),
         }
     }
+}
+
+/// Closes a connection, giving up after a second (the broker may not be
+/// reading it).
+pub(crate) async fn close(connection: Connection, why: &'static str) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), connection.close(200, why.into())).await;
 }

@@ -142,6 +142,6 @@ pub(crate) async fn declare_all(amqp: &Amqp, queues: &[HandlerQueue]) -> Result<
         Ok(())
     }
     .await;
-    let _ = connection.close(200, "declared".into()).await;
+    crate::amqp::relay::close(connection, "declared").await;
     declared
 }

@@ -61,6 +61,10 @@ pub struct TestDb {
     /// The RabbitMQ transport the test's buses run over, if any.
     #[cfg(feature = "amqp")]
     amqp: Option<tickbox::Amqp>,
+    /// Over a broker: held while the test runs, so that no test restarts
+    /// the broker under it.
+    #[cfg(feature = "amqp")]
+    _broker: Option<BrokerGuard>,
 }
 
 impl TestDb {
@@ -71,6 +75,8 @@ impl TestDb {
             prefix: format!("t{:08x}", fastrand::u32(..)),
             #[cfg(feature = "amqp")]
             amqp: None,
+            #[cfg(feature = "amqp")]
+            _broker: None,
         }
     }
 
@@ -82,6 +88,7 @@ impl TestDb {
     #[allow(dead_code)]
     pub fn over_amqp(mut self) -> Self {
         let namespace = format!("test.{}", self.prefix);
+        self._broker = Some(broker_shared());
         // Room for every message a test holds at once behind a gate.
         self.amqp = Some(
             tickbox::Amqp::new(amqp_url())
@@ -162,6 +169,51 @@ impl TestBackend for tickbox::Postgres {
             .pool_size(4)
     }
     count_impl!();
+}
+
+/// Tests that use the broker share it; a test that restarts it, closes its
+/// connections or blocks its publishers has it alone.
+#[cfg(feature = "amqp")]
+static BROKER: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// A test's hold on the broker.
+#[cfg(feature = "amqp")]
+#[allow(dead_code)]
+pub enum BrokerGuard {
+    /// Used beside other tests.
+    Shared(std::sync::RwLockReadGuard<'static, ()>),
+    /// Alone: its faults hit no other test.
+    Alone(std::sync::RwLockWriteGuard<'static, ()>),
+}
+
+/// Uses the broker beside other tests.
+#[cfg(feature = "amqp")]
+#[allow(dead_code)]
+pub fn broker_shared() -> BrokerGuard {
+    BrokerGuard::Shared(BROKER.read().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// Has the broker alone, to inject faults into it.
+#[cfg(feature = "amqp")]
+#[allow(dead_code)]
+pub fn broker_alone() -> BrokerGuard {
+    BrokerGuard::Alone(BROKER.write().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// Runs `rabbitmqctl` with `args` and fails the test if it fails.
+#[cfg(feature = "amqp")]
+#[allow(dead_code)]
+pub fn rabbitmqctl(args: &[&str]) -> String {
+    let output = std::process::Command::new("rabbitmqctl")
+        .args(args)
+        .output()
+        .expect("rabbitmqctl runs");
+    assert!(
+        output.status.success(),
+        "rabbitmqctl {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 /// The broker the AMQP tests use: `TICKBOX_AMQP_URL`, or the local one.
