@@ -175,12 +175,58 @@
 //!   claims, and a dead process's claims are taken over when their lease
 //!   ([`BusBuilder::claim_lease`]) expires.
 //!
+//! # Over RabbitMQ
+//!
+//! When modules move to services with databases of their own, the bus runs
+//! over a RabbitMQ broker (`BusBuilder::amqp`, feature `amqp`); handlers,
+//! transactions, the inbox guard, retries and dead letters stay as they are.
+//!
+//! - **Topology**, declared by tickbox every time it connects (idempotent):
+//!   one durable topic exchange, `tickbox.<namespace>` (`Amqp::exchange`),
+//!   whose routing keys are topics; one durable quorum queue per handler,
+//!   `tickbox.<namespace>.<module>.<handler>` (`Amqp::queue`), bound with
+//!   the handler's topic. One topic exchange rather than one per topic: a
+//!   new topic needs no new exchange, and a queue's binding says exactly
+//!   what its handler receives. A queue declared elsewhere with other
+//!   settings stops the bus's start with [`Error::BrokerRefused`].
+//! - **The relay**: each committed outbox message is published (persistent,
+//!   `mandatory`) and marked delivered only once the broker confirms it.
+//!   No confirm within `Amqp::confirm_timeout`, a nack, a closed channel,
+//!   a lost connection, or no queue bound to the topic yet: the message
+//!   stays pending and is published again (the inbox absorbs a duplicate).
+//!   Commits hand their messages over at once, as in one process; scans
+//!   pick up what a crash left. Several relays over one outbox share it
+//!   through claims, as buses do; the relay is recorded there as a
+//!   subscription (`amqp <exchange>` / `relay <topic>`).
+//! - **Consumers**: one per handler, with a bounded prefetch
+//!   (`Amqp::prefetch`). Each message runs through the inbox guard with
+//!   the handler's retry policy (backoff without holding up the others) and
+//!   is acknowledged after its transaction commits, after it is found a
+//!   duplicate, or after it is recorded as a dead letter in the handler's
+//!   module. An undecodable message, or one of another topic routed to the
+//!   queue by hand, becomes a dead letter, never a crash.
+//! - **Faults**: a broker restart, closed connections or a killed process
+//!   pause delivery, which resumes by itself: the relay and each consumer
+//!   connect again with backoff (lapin's own recovery is not relied on);
+//!   unacknowledged messages come again and the inbox skips them.
+//! - **Figures**: `BusMetrics::amqp` (publishes awaiting confirms per
+//!   outbox, each consumer's in-flight messages and queue depth, sampled
+//!   every scan interval with a passive declare, reconnects), exported as
+//!   `tickbox_amqp_unconfirmed`, `tickbox_amqp_in_flight`,
+//!   `tickbox_amqp_queue_depth`, `tickbox_amqp_reconnects_total`. The
+//!   broker's URL is shown with its password redacted everywhere.
+//! - An outbox moved from in-process delivery to the broker keeps the
+//!   subscriptions its local handlers recorded: retire them
+//!   ([`ModuleHandle::retire_subscription`]) once their services consume
+//!   from the broker, or their messages wait for them.
+//!
 //! # Features
 //!
 //! - `sqlite` (default): the embedded backend, `Sqlite`; SQLite is
 //!   compiled in, nothing to install.
 //! - `postgres`: the production backend, `Postgres`, through
 //!   tokio-postgres (no libpq).
+//! - `amqp`: the RabbitMQ transport, `Amqp`, through lapin (tokio, no TLS).
 //! - `prometheus`: `install_prometheus`, an HTTP endpoint serving the
 //!   metrics in Prometheus's text format. Without it, metrics still go
 //!   through the [`metrics`](::metrics) facade to any recorder the
@@ -220,10 +266,15 @@
 //!   parts), `actor` (runs deliveries), `handle` ([`ModuleHandle`]:
 //!   transactions, metrics), `subscriptions`, `sweep`, `dead_letters` —
 //!   [`DeadLetter`]s: list, replay, discard.
+//! - `amqp/` — the RabbitMQ transport: `settings` (`Amqp`), `topology`,
+//!   `wire` (an envelope as an AMQP message), `relay`, `consumer`, `state`
+//!   (the figures), `fault`.
 //! - `bus/` — [`Bus`]: `builder` ([`BusBuilder`]), `config`, `core`,
 //!   `actor`, `handle` ([`BusHandle`]), `dispatcher` (one per outbox: takes
-//!   committed messages and fans each out), `route` (one subscriber, and
-//!   the seam where a message leaves the bus towards its handler).
+//!   committed messages and fans each out), `attempts` (retries and dead
+//!   letters along a route), `transport` (in this process, or over a
+//!   broker), `route` (a handler or the broker: the seam where a message
+//!   leaves the bus).
 //!
 //! The operator's command-line tool, `tickbox` (status, subscriptions, dead
 //! letters, retention sweep), is the workspace crate `tools/tickbox-cli`,
