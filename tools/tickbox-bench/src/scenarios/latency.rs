@@ -25,8 +25,9 @@ pub(crate) async fn run<B: BenchBackend>(place: &Place, args: &Args) -> Res<Json
     .await?;
     verify(&pair, 2 * args.messages).await?;
     println!(
-        "\n{} · concurrency {} · {} messages per run",
+        "\n{} · {} · concurrency {} · {} messages per run",
         args.backend.name(),
+        args.transport.name(),
         args.concurrency,
         args.messages
     );
