@@ -16,6 +16,24 @@ report to stdout (with --json, one JSON object and nothing else). Ctrl-C stops c
 more orders, running deliveries finish, the rest stays pending for --resume (exit code 130);
 a second Ctrl-C quits at once.
 
+Over RabbitMQ (--transport amqp, the `amqp` feature) the processes share nothing but the
+broker: each opens only the databases of the modules it runs (--modules), publishes their
+outboxes to the exchange tickbox.<namespace> and consumes its handlers' queues. How a process
+knows the flow is finished, and what it checks, depends on the databases it sees (its own,
+and those it finds with --check-data-dir / --check-database-url):
+  - it sees the orders database (it runs orders, or finds it): it runs until no run is
+    placing orders, every order is confirmed (and e-mailed, if it sees the notifications
+    database) and no visible outbox holds a pending message, as over the local transport;
+  - it does not (warehouse or notifications alone): it runs until its database holds work
+    and its handlers have been idle (queues empty, nothing in flight or pending in its
+    outbox) for --settle seconds on end.
+It then checks what it sees and says what it could not: e.g. the warehouse alone checks that
+no order has two reservations, that the stock taken matches them, that every message it
+received was handled (its queues drained, no dead letter); the orders alone that every order
+was confirmed exactly once. With the check flags naming the other two modules' databases,
+every process waits for and checks the whole flow. A broker out of reach at start is tried
+again (until --timeout, or for a minute); one refusing the credentials ends the run, exit 1.
+
 Exit code: 0 when every order has exactly one reservation, one confirmation and one e-mail,
 no message is pending and there are no dead letters; 1 otherwise; 2 for bad arguments (or
 --metrics-addr without the `prometheus` feature); 130 when interrupted."
@@ -40,8 +58,9 @@ pub struct Args {
     pub resume: bool,
 
     /// Run only these modules' handlers (default all three); other processes
-    /// over the same databases run the rest, and each runs until the whole
-    /// flow is done
+    /// over the same databases (or, with --transport amqp, the same broker)
+    /// run the rest, and each runs until the whole flow is done (over amqp:
+    /// see below)
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     modules: Vec<ModuleName>,
 
@@ -67,6 +86,41 @@ pub struct Args {
     /// Print the result as one JSON object on stdout, and nothing else
     #[arg(long)]
     pub json: bool,
+
+    /// How the modules' messages travel: through the shared databases
+    /// (local), or through RabbitMQ (amqp, needs the `amqp` feature), each
+    /// process then opening only its own modules' databases
+    #[arg(long, value_enum, default_value_t = Transport::Local)]
+    pub transport: Transport,
+
+    /// The RabbitMQ broker (with --transport amqp)
+    #[arg(long, value_name = "URL", default_value = DEFAULT_AMQP_URL, value_parser = amqp_url)]
+    pub amqp_url: String,
+
+    /// Prefix of the exchange and queues on the broker (tickbox.NAME,
+    /// tickbox.NAME.MODULE.HANDLER); processes of one shop use the same, a
+    /// new name isolates a run (use it with new databases)
+    #[arg(long, value_name = "NAME", default_value = "minishop", value_parser = namespace)]
+    pub amqp_namespace: String,
+
+    /// With --transport amqp and SQLite: where to find the databases of the
+    /// modules this process does not run, for waiting on and checking the
+    /// whole flow; each module's is MODULE.db in the first DIR holding one
+    /// (waited for until it appears). May be given several times
+    #[arg(long, value_name = "DIR", conflicts_with = "database_url")]
+    pub check_data_dir: Vec<PathBuf>,
+
+    /// With --transport amqp and --database-url: the same, on PostgreSQL;
+    /// each module's is the schema minishop_MODULE in the first URL's
+    /// database holding it. May be given several times
+    #[arg(long, value_name = "URL", value_parser = postgres_url, requires = "database_url")]
+    pub check_database_url: Vec<String>,
+
+    /// With --transport amqp, for a process that sees no orders database:
+    /// finish once its handlers have been idle this long after its
+    /// database holds work
+    #[arg(long, value_name = "SECONDS", default_value = "5", value_parser = seconds)]
+    pub settle: Duration,
 }
 
 /// The example's modules, as `--modules` names them.
@@ -77,12 +131,36 @@ pub enum ModuleName {
     Notifications,
 }
 
+/// How messages travel between the modules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Transport {
+    /// Each bus reads the outboxes in the modules' databases and hands their
+    /// messages to its handlers: the processes share the databases.
+    Local,
+    /// Through a RabbitMQ broker: the processes share nothing else.
+    Amqp,
+}
+
+/// The broker `--amqp-url` names by default: a local RabbitMQ's guest
+/// account.
+pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
 /// Where the modules' databases are.
 pub enum Store<'a> {
     /// A directory of SQLite files.
     Sqlite(&'a PathBuf),
     /// A PostgreSQL database, one schema per module.
     Postgres(&'a str),
+}
+
+/// Where the databases of the modules this process does not run are, for
+/// the check, in the order to look in.
+pub enum CheckStore<'a> {
+    /// Directories of SQLite files.
+    Sqlite(&'a [PathBuf]),
+    /// PostgreSQL databases, one schema per module.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    Postgres(&'a [String]),
 }
 
 impl Args {
@@ -116,7 +194,32 @@ impl Args {
                 )
                 .exit();
         }
+        if args.transport == Transport::Local
+            && !(args.check_data_dir.is_empty() && args.check_database_url.is_empty())
+        {
+            Args::command()
+                .error(
+                    clap::error::ErrorKind::ArgumentConflict,
+                    "--check-data-dir and --check-database-url are for --transport amqp: over \
+                     the local transport every process reads all three databases",
+                )
+                .exit();
+        }
         args
+    }
+
+    /// Where this process finds the databases of the modules it does not
+    /// run, for the check (`--check-data-dir`, `--check-database-url`).
+    pub fn check_store(&self) -> CheckStore<'_> {
+        match &self.database_url {
+            Some(_) => CheckStore::Postgres(&self.check_database_url),
+            None => CheckStore::Sqlite(&self.check_data_dir),
+        }
+    }
+
+    /// Whether the messages travel through a broker.
+    pub fn over_amqp(&self) -> bool {
+        self.transport == Transport::Amqp
     }
 
     /// New orders this process places: none with `--resume` or without the
@@ -172,6 +275,23 @@ fn postgres_url(value: &str) -> Result<String, String> {
         Ok(value.to_string())
     } else {
         Err("takes a PostgreSQL URL (postgres://...); use --data-dir for SQLite".into())
+    }
+}
+
+fn amqp_url(value: &str) -> Result<String, String> {
+    if value.starts_with("amqp://") {
+        Ok(value.to_string())
+    } else {
+        Err("takes a RabbitMQ URL (amqp://user:password@host:port/vhost)".into())
+    }
+}
+
+fn namespace(value: &str) -> Result<String, String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    if !value.is_empty() && value.chars().all(allowed) {
+        Ok(value.to_string())
+    } else {
+        Err("takes a name of letters, digits, '-', '_' and '.'".into())
     }
 }
 

@@ -2,10 +2,18 @@
 //! placing orders, and the counts that tell whether it is done.
 //!
 //! One process may run all three modules, or several processes some of them
-//! each (`--modules`) over the same databases. tickbox delivers every
-//! message to every subscribed handler in whichever process; what this file
-//! adds is how each process of the example knows that the whole flow is
-//! done, and what to name when it is not.
+//! each (`--modules`) over the same databases, or over a RabbitMQ broker
+//! each with its own. tickbox delivers every message to every subscribed
+//! handler in whichever process; what this file adds is how each process of
+//! the example knows that the flow is done, and what to name when it is not.
+//!
+//! Over the local transport every process sees the three databases and
+//! waits for the whole flow. Over amqp a process sees the databases of its
+//! own modules and those found with the check flags: one that sees the
+//! orders database waits for the orders it shows (confirmed, and e-mailed
+//! if it sees the notifications database); one that does not waits until
+//! its handlers have been idle for `--settle` after its database holds work
+//! (see [`Settle`]).
 
 use crate::db::Db;
 use crate::faults::retrying;
@@ -40,6 +48,7 @@ async fn subscriptions<B: Backend>(
 ) -> tickbox::Result<Vec<(&'static str, Subscription)>> {
     let mut all = Vec::new();
     for (outbox, module) in [("orders", &shop.orders), ("warehouse", &shop.warehouse)] {
+        let Some(module) = module else { continue };
         let recorded = retrying("reading subscriptions", || module.subscriptions()).await?;
         all.extend(recorded.into_iter().map(|s| (outbox, s)));
     }
@@ -153,10 +162,12 @@ enum Change {
     End,
 }
 
-/// Every run that placed, or places, orders.
-pub async fn placing_runs<B: Backend>(shop: &Shop<B>) -> tickbox::Result<Vec<PlacingRun>> {
+/// Every run that placed, or places, orders, read from the orders database.
+pub async fn placing_runs<B: Backend>(
+    orders: &ModuleHandle<B>,
+) -> tickbox::Result<Vec<PlacingRun>> {
     retrying("reading the runs", || {
-        shop.orders.read(async |tx| {
+        orders.read(async |tx| {
             Ok::<_, tickbox::Error>(tables::load_runs(&mut Db::of(tx.conn())).await?)
         })
     })
@@ -169,101 +180,219 @@ pub fn placing_done(runs: &[PlacingRun], runs_all: bool) -> bool {
     runs.iter().all(|run| !run.placing) && (runs_all || !runs.is_empty())
 }
 
-/// Cheap counts, read while waiting.
+/// Cheap counts, read while waiting: `None` for what lives in a database
+/// this process does not see.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Counts {
-    pub orders: i64,
-    pub confirmed: i64,
-    pub emails: i64,
-    /// Outbox messages not yet delivered to every subscriber.
+    pub orders: Option<i64>,
+    pub confirmed: Option<i64>,
+    pub reservations: Option<i64>,
+    pub emails: Option<i64>,
+    /// Messages of the outboxes seen here not yet delivered to every
+    /// subscriber (over amqp: not yet confirmed by the broker).
     pub pending: i64,
 }
 
 impl Counts {
-    pub async fn read<B: Backend>(shop: &Shop<B>, bus: &BusHandle<B>) -> tickbox::Result<Counts> {
-        let (orders, confirmed) = retrying("reading progress", || {
-            shop.orders.read(async |tx| {
-                Ok::<_, tickbox::Error>(tables::order_counts(&mut Db::of(tx.conn())).await?)
+    pub async fn read<B: Backend>(shop: &Shop<B>) -> tickbox::Result<Counts> {
+        let mut counts = Counts::default();
+        if let Some(orders) = &shop.orders {
+            let (placed, confirmed) = retrying("reading progress", || {
+                orders.read(async |tx| {
+                    Ok::<_, tickbox::Error>(tables::order_counts(&mut Db::of(tx.conn())).await?)
+                })
             })
-        })
-        .await?;
-        let emails = retrying("reading progress", || {
-            shop.notifications.read(async |tx| {
-                Ok::<_, tickbox::Error>(tables::email_count(&mut Db::of(tx.conn())).await?)
+            .await?;
+            (counts.orders, counts.confirmed) = (Some(placed), Some(confirmed));
+        }
+        if let Some(warehouse) = &shop.warehouse {
+            let reservations = retrying("reading progress", || {
+                warehouse.read(async |tx| {
+                    Ok::<_, tickbox::Error>(
+                        tables::reservation_count(&mut Db::of(tx.conn())).await?,
+                    )
+                })
             })
-        })
-        .await?;
-        let pending = retrying("counting pending messages", || store_stats(bus))
+            .await?;
+            counts.reservations = Some(reservations);
+        }
+        if let Some(notifications) = &shop.notifications {
+            let emails = retrying("reading progress", || {
+                notifications.read(async |tx| {
+                    Ok::<_, tickbox::Error>(tables::email_count(&mut Db::of(tx.conn())).await?)
+                })
+            })
+            .await?;
+            counts.emails = Some(emails);
+        }
+        counts.pending = store_stats(shop)
             .await?
             .iter()
             .map(|(_, stats)| stats.outbox_pending)
             .sum();
-        Ok(Counts {
-            orders,
-            confirmed,
-            emails,
-            pending,
-        })
+        Ok(counts)
     }
 
-    /// Every order confirmed and e-mailed.
+    /// Every order confirmed, and e-mailed if the notifications database is
+    /// seen here; false without the orders database.
     pub fn complete(&self) -> bool {
-        self.confirmed == self.orders && self.emails >= self.orders
+        match (self.orders, self.confirmed) {
+            (Some(orders), Some(confirmed)) => {
+                confirmed == orders && self.emails.is_none_or(|emails| emails >= orders)
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the databases seen here hold any of the flow's work.
+    pub fn hold_work(&self) -> bool {
+        [self.orders, self.reservations, self.emails]
+            .iter()
+            .any(|n| n.unwrap_or(0) > 0)
     }
 }
 
-/// Each module's tickbox tables: pending outbox messages, dead letters.
-pub async fn store_stats<B: Backend>(
-    bus: &BusHandle<B>,
-) -> tickbox::Result<Vec<(String, StoreStats)>> {
+/// How a process that does not see the orders database knows the flow is
+/// over: nothing tells it how many orders there are, so it runs until its
+/// database holds work and its handlers have been idle (their queues empty,
+/// nothing in flight, its outboxes drained) for the settle time on end. A
+/// pause in the flow longer than that (the orders process stopped for
+/// longer) ends it early; what came before is checked, what comes after
+/// waits in its queues for its next run.
+pub struct Settle {
+    /// How long idle counts as over.
+    pub after: Duration,
+    /// Idle since.
+    since: Option<Instant>,
+}
+
+impl Settle {
+    pub fn new(after: Duration) -> Self {
+        Settle { after, since: None }
+    }
+
+    /// Whether the flow is over, given whether the databases hold work and
+    /// the handlers are idle now.
+    pub fn over(&mut self, work: bool, idle: bool) -> bool {
+        if !(work && idle) {
+            self.since = None;
+            return false;
+        }
+        self.since.get_or_insert_with(Instant::now).elapsed() >= self.after
+    }
+}
+
+/// Each seen module's tickbox tables: pending outbox messages, dead
+/// letters.
+pub async fn store_stats<B: Backend>(shop: &Shop<B>) -> tickbox::Result<Vec<(String, StoreStats)>> {
     let mut stats = Vec::new();
-    for module in bus.modules() {
+    for (name, module) in shop.seen() {
         let module_stats = retrying("reading the outbox and dead letters", || {
             module.store_stats()
         })
         .await?;
-        stats.push((module.name().to_string(), module_stats));
+        stats.push((name.to_string(), module_stats));
     }
     Ok(stats)
 }
 
-/// Dead letters over every module: deliveries the bus gave up on.
-pub async fn dead_letters<B: Backend>(bus: &BusHandle<B>) -> tickbox::Result<i64> {
-    let stats = store_stats(bus).await?;
+/// Dead letters over every module seen: deliveries the bus gave up on.
+pub async fn dead_letters<B: Backend>(shop: &Shop<B>) -> tickbox::Result<i64> {
+    let stats = store_stats(shop).await?;
     Ok(stats.iter().map(|(_, s)| s.dead_letters).sum())
 }
 
+/// Whether the bus has nothing left to do (`BusHandle::wait_idle`). Over a
+/// broker, idle means idle for half a second on end, so it waits up to a
+/// second; a broker out of reach meanwhile is not idle.
+pub async fn bus_idle<B: Backend>(bus: &BusHandle<B>, over_broker: bool) -> tickbox::Result<bool> {
+    if !over_broker {
+        return retrying("checking the bus", || bus.wait_idle(Duration::ZERO)).await;
+    }
+    match bus.wait_idle(Duration::from_secs(1)).await {
+        Err(error) if error.is_transient() => {
+            tracing::debug!(%error, "checking the bus failed; not idle");
+            Ok(false)
+        }
+        idle => idle,
+    }
+}
+
 /// What keeps the flow from being done, for a run that gave up waiting.
+/// `runs` are the runs placing orders, when the orders database is seen.
 pub async fn unfinished<B: Backend>(
     shop: &Shop<B>,
+    bus: &BusHandle<B>,
     counts: Counts,
-    runs: &[PlacingRun],
-    runs_all: bool,
+    runs: Option<&[PlacingRun]>,
+    places_here: bool,
+    over_broker: bool,
 ) -> tickbox::Result<String> {
+    let shown = |n: Option<i64>| n.map_or("-".to_string(), |n| n.to_string());
     let Counts {
         orders,
         confirmed,
+        reservations,
         emails,
         pending,
     } = counts;
-    let mut parts = vec![format!(
-        "{confirmed}/{orders} orders confirmed, {emails} e-mails, {pending} messages pending"
-    )];
-    if runs.is_empty() && !runs_all {
+    let mut parts = vec![match (orders, confirmed) {
+        (Some(orders), Some(confirmed)) => format!(
+            "{confirmed}/{orders} orders confirmed, {} e-mails, {pending} messages pending",
+            shown(emails)
+        ),
+        _ => format!(
+            "{} reservations, {} e-mails, {pending} messages pending",
+            shown(reservations),
+            shown(emails)
+        ),
+    }];
+    if let Some(runs) = runs {
+        if runs.is_empty() && !places_here {
+            parts.push(
+                "no run has placed orders yet (start `minishop --modules orders --orders N` over \
+                 the same databases)"
+                    .into(),
+            );
+        }
+        let open: Vec<_> = runs.iter().filter(|run| run.placing).collect();
+        if !open.is_empty() {
+            parts.push(format!(
+                "{} runs still placing orders ({} planned)",
+                open.len(),
+                open.iter().map(|run| run.planned).sum::<i64>()
+            ));
+        }
+    } else if !counts.hold_work() {
         parts.push(
-            "no run has placed orders yet (start `minishop --modules orders --orders N` over \
-             the same databases)"
+            "no message has come yet (start `minishop --transport amqp --modules orders \
+             --orders N` over the same broker and namespace)"
                 .into(),
         );
     }
-    let open: Vec<_> = runs.iter().filter(|run| run.placing).collect();
-    if !open.is_empty() {
-        parts.push(format!(
-            "{} runs still placing orders ({} planned)",
-            open.len(),
-            open.iter().map(|run| run.planned).sum::<i64>()
-        ));
+    if over_broker {
+        #[cfg(feature = "amqp")]
+        if let Some(broker) = bus.metrics().amqp {
+            for c in broker.consumers {
+                if c.queue_depth + c.in_flight > 0 {
+                    parts.push(format!(
+                        "queue {} holds {} messages, {} in flight",
+                        c.queue, c.queue_depth, c.in_flight
+                    ));
+                }
+            }
+        }
+        if pending > 0 {
+            parts.push(
+                "outbox messages not yet taken by the broker: no queue is bound to their topic \
+                 until the process running its handler has started once (or the broker is out \
+                 of reach)"
+                    .into(),
+            );
+        }
+        return Ok(parts.join("; "));
     }
+    let _ = bus;
     let now = tables::now_us();
     for (outbox, s) in subscriptions(shop).await? {
         if let (false, Some(oldest)) = (s.is_alive(now), s.oldest_pending_us) {

@@ -37,6 +37,29 @@
 //! target/release/examples/minishop --data-dir shop --modules notifications &
 //! ```
 //!
+//! Over RabbitMQ (`--transport amqp`, the `amqp` feature) the processes
+//! share nothing but the broker: each opens only its own modules'
+//! databases, publishes their outboxes to the exchange
+//! `tickbox.<--amqp-namespace>` and consumes its handlers' queues:
+//!
+//! ```text
+//! cargo build --release --features amqp --example minishop
+//! target/release/examples/minishop --transport amqp --data-dir D1 --modules orders --orders 2000 &
+//! target/release/examples/minishop --transport amqp --data-dir D2 --modules warehouse &
+//! target/release/examples/minishop --transport amqp --data-dir D3 --modules notifications &
+//! ```
+//!
+//! A process knows, and checks, only what the databases it sees tell: with
+//! the orders database (its own, or found with `--check-data-dir` /
+//! `--check-database-url`) it runs until every order is confirmed (and
+//! e-mailed, if it sees the notifications database) and nothing is pending;
+//! without it (the warehouse or the notifications alone) it runs until its
+//! database holds work and its handlers have been idle for `--settle`
+//! seconds. Its report says which databases it checked and what it could
+//! not; with the check flags naming the other two modules' databases each
+//! process waits for and checks the whole flow. An unreachable broker at
+//! start is retried; one refusing the credentials ends the run (exit 1).
+//!
 //! SQLite (the default) keeps one file per module under `./minishop-data`;
 //! `--database-url` puts each module in its own PostgreSQL schema
 //! (`minishop_orders`, …). Logs and progress go to stderr (`RUST_LOG` sets
@@ -50,12 +73,14 @@
 //! waiting for the flow, checking the databases. Beside it: `cli.rs` (the
 //! arguments), `tables.rs` (the modules' own tables and queries), `db.rs`
 //! (one query for both backends), `flow.rs` (the flow across processes),
+//! `elsewhere.rs` (finding the other processes' databases over amqp),
 //! `check.rs` (the final check), `faults.rs` (injected failures),
 //! `shutdown.rs` (Ctrl-C), `progress.rs` and `report.rs` (what it shows).
 
 mod check;
 mod cli;
 mod db;
+mod elsewhere;
 mod faults;
 mod flow;
 mod progress;
@@ -63,7 +88,7 @@ mod report;
 mod shutdown;
 mod tables;
 
-use cli::{Args, ModuleName, Store};
+use cli::{Args, CheckStore, ModuleName, Store};
 use db::Db;
 use flow::{Counts, Drain};
 use progress::Progress;
@@ -234,81 +259,215 @@ impl<B: Backend> Handler<B> for SendConfirmation {
 // 3. Modules: each owns a database, declares what it publishes and hosts
 //    its handlers.
 
+/// The modules whose databases this process sees: all three over the
+/// local transport; over amqp those it runs and those found with the check
+/// flags (`None` for the others).
 struct Shop<B: Backend> {
-    orders: ModuleHandle<B>,
-    warehouse: ModuleHandle<B>,
-    notifications: ModuleHandle<B>,
+    orders: Option<ModuleHandle<B>>,
+    warehouse: Option<ModuleHandle<B>>,
+    notifications: Option<ModuleHandle<B>>,
+    /// The modules on this process's bus: all three over the local
+    /// transport (it delivers every outbox's messages), over amqp only
+    /// those it runs (it publishes their outboxes, consumes their handlers'
+    /// queues).
+    on_bus: Vec<ModuleHandle<B>>,
 }
 
-/// Starts the three modules, with the handlers of those this process runs
-/// (`--modules`). A module whose handlers run elsewhere is still opened
-/// here, for its outbox and for the final check. `module` makes a module's
+impl<B: Backend> Shop<B> {
+    /// The modules seen here, with their names.
+    fn seen(&self) -> Vec<(&'static str, &ModuleHandle<B>)> {
+        [
+            ("orders", &self.orders),
+            ("warehouse", &self.warehouse),
+            ("notifications", &self.notifications),
+        ]
+        .into_iter()
+        .filter_map(|(name, module)| Some((name, module.as_ref()?)))
+        .collect()
+    }
+}
+
+/// A module's builder made ready: its migrations, the messages it
+/// publishes and, if this process runs it, its handlers.
+fn configure<B: Backend>(
+    args: &Args,
+    name: ModuleName,
+    builder: ModuleBuilder<B>,
+) -> ModuleBuilder<B> {
+    use faults::flaky;
+    let fail = args.fail_rate;
+    let runs = args.runs(name);
+    // Sample the outbox gauges (pending, lag) every second, for the
+    // Prometheus endpoint.
+    let builder = builder.metrics_interval(Duration::from_secs(1));
+    match name {
+        ModuleName::Orders => {
+            let orders = builder
+                .migrations(&tables::ORDERS_MIGRATIONS)
+                .publishes::<OrderPlaced>()
+                .publishes::<OrderConfirmed>();
+            if runs {
+                orders.handler(CONFIRM_ORDER, flaky(ConfirmOrder, fail))
+            } else {
+                orders
+            }
+        }
+        ModuleName::Warehouse => {
+            let warehouse = builder
+                .migrations(&tables::WAREHOUSE_MIGRATIONS)
+                .publishes::<StockReserved>();
+            if runs {
+                // Up to 32 waiting orders per transaction, one COMMIT for
+                // all; when one fails, the batch rolls back and runs one
+                // order at a time.
+                let batched = HandlerOptions::new().batch(32);
+                warehouse.handler_with(RESERVE_STOCK, flaky(ReserveStock, fail), batched)
+            } else {
+                warehouse
+            }
+        }
+        ModuleName::Notifications => {
+            let notifications = builder.migrations(&tables::NOTIFICATIONS_MIGRATIONS);
+            if runs {
+                notifications.handler(SEND_CONFIRMATION, flaky(SendConfirmation, fail))
+            } else {
+                notifications
+            }
+        }
+    }
+}
+
+/// Starts the modules, with the handlers of those this process runs
+/// (`--modules`). Over the local transport a module whose handlers run
+/// elsewhere is still opened here, for its outbox and for the final check;
+/// over amqp it is not (see [`open_elsewhere`]). `module` makes a module's
 /// builder on the chosen backend. Starting a module creates tickbox's
 /// tables in its database, then runs the module's own migrations.
 async fn start_modules<B: Backend>(
     args: &Args,
     module: impl Fn(&str) -> ModuleBuilder<B>,
 ) -> tickbox::Result<Shop<B>> {
-    use faults::flaky;
-    let fail = args.fail_rate;
-    // Sample the outbox gauges (pending, lag) every second, for the
-    // Prometheus endpoint.
-    let module = |name| module(name).metrics_interval(Duration::from_secs(1));
-
-    let mut orders = module("orders")
-        .migrations(&tables::ORDERS_MIGRATIONS)
-        .publishes::<OrderPlaced>()
-        .publishes::<OrderConfirmed>();
-    if args.runs(ModuleName::Orders) {
-        orders = orders.handler(CONFIRM_ORDER, flaky(ConfirmOrder, fail));
-    }
-    let mut warehouse = module("warehouse")
-        .migrations(&tables::WAREHOUSE_MIGRATIONS)
-        .publishes::<StockReserved>();
-    if args.runs(ModuleName::Warehouse) {
-        // Up to 32 waiting orders per transaction, one COMMIT for all; when
-        // one fails, the batch rolls back and runs one order at a time.
-        let batched = HandlerOptions::new().batch(32);
-        warehouse = warehouse.handler_with(RESERVE_STOCK, flaky(ReserveStock, fail), batched);
-    }
-    let mut notifications = module("notifications").migrations(&tables::NOTIFICATIONS_MIGRATIONS);
-    if args.runs(ModuleName::Notifications) {
-        notifications = notifications.handler(SEND_CONFIRMATION, flaky(SendConfirmation, fail));
-    }
+    let over_amqp = args.over_amqp();
+    let mut started = Vec::new();
     // The orders module last: once its tables exist, the shop is open.
-    let notifications = notifications.start().await?;
-    let warehouse = warehouse.start().await?;
-    let orders = orders.start().await?;
+    for name in [
+        ModuleName::Notifications,
+        ModuleName::Warehouse,
+        ModuleName::Orders,
+    ] {
+        if over_amqp && !args.runs(name) {
+            started.push(None);
+            continue;
+        }
+        let builder = configure(args, name, module(name.name()));
+        started.push(Some(builder.start().await?));
+    }
+    let mut started = started.into_iter();
+    let (notifications, warehouse, orders) = (
+        started.next().flatten(),
+        started.next().flatten(),
+        started.next().flatten(),
+    );
+    // Over amqp only the modules this process runs were opened.
+    let on_bus = [&orders, &warehouse, &notifications]
+        .into_iter()
+        .filter_map(|module| module.clone())
+        .collect();
     Ok(Shop {
         orders,
         warehouse,
         notifications,
+        on_bus,
     })
 }
 
-// ---------------------------------------------------------------------------
-// 4. The bus: routes each committed message to every subscribed handler.
+/// Over amqp, opens the databases of the modules other processes run,
+/// where `elsewhere` finds them (the check flags; it waits for them to
+/// appear), for waiting on the flow and the final check: never on this
+/// process's bus. Without check flags it finds none.
+async fn open_elsewhere<B: Backend>(
+    shop: &mut Shop<B>,
+    args: &Args,
+    elsewhere: impl AsyncFn(&'static str) -> Result<Option<ModuleBuilder<B>>, String>,
+) -> Result<(), String> {
+    if !args.over_amqp() {
+        return Ok(());
+    }
+    for name in [
+        ModuleName::Notifications,
+        ModuleName::Warehouse,
+        ModuleName::Orders,
+    ] {
+        let slot = match name {
+            ModuleName::Orders => &mut shop.orders,
+            ModuleName::Warehouse => &mut shop.warehouse,
+            ModuleName::Notifications => &mut shop.notifications,
+        };
+        if slot.is_some() {
+            continue;
+        }
+        if let Some(builder) = elsewhere(name.name()).await? {
+            let module = configure(args, name, builder).start().await;
+            *slot = Some(module.map_err(|e| e.to_string())?);
+        }
+    }
+    Ok(())
+}
 
-async fn start_bus<B: Backend>(shop: &Shop<B>, args: &Args) -> tickbox::Result<BusHandle<B>> {
-    Bus::builder()
-        .module(&shop.orders)
-        .module(&shop.warehouse)
-        .module(&shop.notifications)
-        .duplicate_rate(args.duplicate_rate)
-        // Quick retries: the injected failures are meant to be seen healing.
-        // A delivery failing 25 times in a row (about 20 s) becomes a dead
-        // letter; at --fail-rate 0.1 the odds of that are 1e-25.
-        .retry_policy(RetryPolicy {
-            initial_delay: Duration::from_millis(20),
-            max_delay: Duration::from_secs(1),
-            max_attempts: Some(25),
-            ..RetryPolicy::default()
-        })
-        // A killed process's claims on outbox rows keep other buses away
-        // until they expire; short, so that --resume takes over soon.
-        .claim_lease(Duration::from_secs(2))
-        .start()
-        .await
+// ---------------------------------------------------------------------------
+// 4. The bus: routes each committed message to every subscribed handler —
+//    in this process, or through RabbitMQ (`--transport amqp`).
+
+/// Starts the bus over this process's modules. A failure worth retrying
+/// (the broker out of reach or restarting, a database busy) is retried
+/// with backoff until `deadline` (a minute without `--timeout`) or Ctrl-C;
+/// any other (the broker refusing the credentials) ends the run at once.
+async fn start_bus<B: Backend>(
+    shop: &Shop<B>,
+    args: &Args,
+    deadline: Option<Instant>,
+    stop: &CancellationToken,
+) -> tickbox::Result<BusHandle<B>> {
+    let deadline = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(60));
+    let mut delay = Duration::from_millis(200);
+    loop {
+        let mut bus = Bus::builder();
+        for module in &shop.on_bus {
+            bus = bus.module(module);
+        }
+        bus = bus
+            .duplicate_rate(args.duplicate_rate)
+            // Quick retries: the injected failures are meant to be seen
+            // healing. A delivery failing 25 times in a row (about 20 s)
+            // becomes a dead letter; at --fail-rate 0.1 the odds of that are
+            // 1e-25.
+            .retry_policy(RetryPolicy {
+                initial_delay: Duration::from_millis(20),
+                max_delay: Duration::from_secs(1),
+                max_attempts: Some(25),
+                ..RetryPolicy::default()
+            })
+            // A killed process's claims on outbox rows keep other buses away
+            // until they expire; short, so that --resume takes over soon.
+            .claim_lease(Duration::from_secs(2));
+        #[cfg(feature = "amqp")]
+        if args.over_amqp() {
+            // One exchange, tickbox.<namespace>; one durable queue per
+            // handler, tickbox.<namespace>.<module>.<handler>.
+            bus = bus.amqp(tickbox::Amqp::new(&args.amqp_url).namespace(&args.amqp_namespace));
+        }
+        match bus.start().await {
+            Err(error) if error.is_transient() && Instant::now() < deadline => {
+                tracing::warn!(%error, retry_in = ?delay, "the bus did not start; trying again");
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = stop.cancelled() => return Err(error),
+                }
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            started => return started,
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -351,11 +510,12 @@ async fn place_orders<B: Backend>(
     progress: &mut Progress,
 ) -> tickbox::Result<u64> {
     let started = Instant::now();
-    let mut run = flow::Placing::start(&shop.orders, n).await?;
+    let orders = (shop.orders.as_ref()).expect("a process placing orders runs the orders module");
+    let mut run = flow::Placing::start(orders, n).await?;
     let mut placed = 0;
     let placing = async {
         while placed < n && !stop.is_cancelled() {
-            place_order(&shop.orders).await?;
+            place_order(orders).await?;
             placed += 1;
             run.keep_alive().await?;
             if progress.due() {
@@ -380,13 +540,20 @@ async fn place_orders<B: Backend>(
 }
 
 // ---------------------------------------------------------------------------
-// 6. Waiting until the whole flow is done.
+// 6. Waiting until the flow is done.
 
-/// Polls until the bus is idle (`BusHandle::wait_idle`: nothing in memory
-/// or pending in any of the three outboxes, whichever process owes it),
-/// every order is confirmed and e-mailed, and no run is still placing
-/// orders — or the bus is idle while dead letters hold up the rest; until
-/// `deadline` or Ctrl-C otherwise.
+/// Polls until the flow is done, as far as this process can see — or the
+/// bus is idle while dead letters hold up the rest; until `deadline` or
+/// Ctrl-C otherwise.
+///
+/// Done, when the orders database is seen here (always over the local
+/// transport): the bus is idle (`BusHandle::wait_idle`: nothing in memory,
+/// pending in its outboxes or, over amqp, in its handlers' queues), nothing
+/// is pending in any outbox seen, every order is confirmed (and e-mailed, if
+/// the notifications database is seen), and no run is still placing
+/// orders. Without the orders database (over amqp, the warehouse or the
+/// notifications alone): the bus has been idle for `--settle` on end since
+/// its database holds work (`flow::Settle`).
 ///
 /// Without a deadline, a process running all three modules gives itself a
 /// minute plus 20 ms per order; one running some of them waits as long as
@@ -399,26 +566,44 @@ async fn wait_until_done<B: Backend>(
     stop: &CancellationToken,
     progress: &mut Progress,
 ) -> tickbox::Result<Drain> {
-    let mut counts = Counts::read(shop, bus).await?;
-    let allowance = Duration::from_secs(60) + Duration::from_millis(20) * counts.orders as u32;
+    let over_amqp = args.over_amqp();
+    let mut counts = Counts::read(shop).await?;
+    let orders = counts.orders.unwrap_or(0);
+    let allowance = Duration::from_secs(60) + Duration::from_millis(20) * orders as u32;
     let deadline = deadline.or_else(|| args.runs_all().then(|| Instant::now() + allowance));
+    // Over amqp the process running the orders module needs no other run
+    // placing orders; over the local transport one running all modules.
+    let places_here = if over_amqp {
+        args.runs(ModuleName::Orders)
+    } else {
+        args.runs_all()
+    };
+    let mut settle = flow::Settle::new(args.settle);
     let drain = loop {
         if stop.is_cancelled() {
             break Drain::Interrupted;
         }
-        counts = Counts::read(shop, bus).await?;
-        let idle = faults::retrying("checking the bus", || bus.wait_idle(Duration::ZERO)).await?;
+        counts = Counts::read(shop).await?;
+        let idle = flow::bus_idle(bus, over_amqp).await? && counts.pending == 0;
         // Read last: a run that starts after the counts were read shows here.
-        let runs = flow::placing_runs(shop).await?;
-        if idle && counts.complete() && flow::placing_done(&runs, args.runs_all()) {
+        let runs = match &shop.orders {
+            Some(orders) => Some(flow::placing_runs(orders).await?),
+            None => None,
+        };
+        let done = match &runs {
+            Some(runs) => idle && counts.complete() && flow::placing_done(runs, places_here),
+            None => settle.over(counts.hold_work(), idle),
+        };
+        if done {
             break Drain::Finished;
         }
-        if idle && flow::dead_letters(bus).await? > 0 {
+        if idle && flow::dead_letters(shop).await? > 0 {
             tracing::error!("stopped waiting: nothing is pending, but dead letters hold up orders");
             break Drain::Finished;
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            let what = flow::unfinished(shop, counts, &runs, args.runs_all()).await?;
+            let what = flow::unfinished(shop, bus, counts, runs.as_deref(), places_here, over_amqp)
+                .await?;
             tracing::error!("timed out: {what}");
             break Drain::TimedOut(what);
         }
@@ -443,15 +628,31 @@ async fn wait_until_done<B: Backend>(
 async fn run<B: Backend>(
     args: &Args,
     module: impl Fn(&str) -> ModuleBuilder<B>,
+    elsewhere: impl AsyncFn(&'static str) -> Result<Option<ModuleBuilder<B>>, String>,
+    stop: &CancellationToken,
+) -> Result<report::Report, String> {
+    let started = Instant::now();
+    let mut shop = start_modules(args, module)
+        .await
+        .map_err(|e| e.to_string())?;
+    open_elsewhere(&mut shop, args, elsewhere).await?;
+    run_shop(&shop, args, started, stop)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// The run, once the modules are open.
+async fn run_shop<B: Backend>(
+    shop: &Shop<B>,
+    args: &Args,
+    started: Instant,
     stop: &CancellationToken,
 ) -> tickbox::Result<report::Report> {
-    let started = Instant::now();
-    let shop = start_modules(args, module).await?;
-    let bus = start_bus(&shop, args).await?;
+    let deadline = args.timeout.map(|timeout| started + timeout);
+    let bus = start_bus(shop, args, deadline, stop).await?;
 
     let mut progress = Progress::new();
     let to_place = args.orders();
-    let deadline = args.timeout.map(|timeout| started + timeout);
     let (mut placed, mut place_seconds) = (0, 0.0);
     let waited = Instant::now();
     // Stop the bus whatever happens in here.
@@ -461,19 +662,24 @@ async fn run<B: Backend>(
         }
         if to_place > 0 {
             // A message committed before its handlers subscribed would reach
-            // none of them: wait for every process's handlers first.
-            let subscribed = flow::await_subscriptions(&shop, deadline, stop).await?;
-            if subscribed != Drain::Finished {
-                return Ok(subscribed);
+            // none of them: wait for every process's handlers first. Over
+            // amqp there is nothing to wait for: a message no queue is bound
+            // for yet stays in the outbox, published again until the
+            // handler's service has declared its queue.
+            if !args.over_amqp() {
+                let subscribed = flow::await_subscriptions(shop, deadline, stop).await?;
+                if subscribed != Drain::Finished {
+                    return Ok(subscribed);
+                }
             }
             let placing = Instant::now();
-            placed = place_orders(&shop, &bus, to_place, stop, &mut progress).await?;
+            placed = place_orders(shop, &bus, to_place, stop, &mut progress).await?;
             place_seconds = placing.elapsed().as_secs_f64();
             if placed < to_place {
                 return Ok(Drain::Interrupted);
             }
         }
-        wait_until_done(&shop, &bus, args, deadline, stop, &mut progress).await
+        wait_until_done(shop, &bus, args, deadline, stop, &mut progress).await
     }
     .await;
     progress.finish();
@@ -484,33 +690,61 @@ async fn run<B: Backend>(
     let drain = drain?;
     let drain_seconds = waited.elapsed().as_secs_f64() - place_seconds;
 
-    // The check: everything below is read from the databases, after the bus
-    // stopped.
-    let snapshot = check::Snapshot::read(&shop).await?;
-    let stores = flow::store_stats(&bus).await?;
+    // The check: everything below is read from the databases seen here,
+    // after the bus stopped.
+    let snapshot = check::Snapshot::read(shop).await?;
+    let stores = flow::store_stats(shop).await?;
+    let metrics = bus.metrics();
     Ok(report::Report {
         backend: B::NAME,
         modules: args.module_names(),
         all_modules: args.runs_all(),
+        seen: shop.seen().iter().map(|(name, _)| *name).collect(),
+        broker: args.over_amqp().then(|| report::Broker {
+            url: tickbox::redact_url(&args.amqp_url),
+            namespace: args.amqp_namespace.clone(),
+            exchange: format!("tickbox.{}", args.amqp_namespace),
+            #[cfg(feature = "amqp")]
+            metrics: metrics.amqp.clone(),
+        }),
         run: report::ThisRun {
             placed,
             to_place,
-            metrics: report::final_metrics(bus.metrics(), &stores),
+            metrics: report::final_metrics(metrics, &stores),
             place_seconds,
             drain_seconds,
             total_seconds: started.elapsed().as_secs_f64(),
         },
         databases: report::Databases {
-            orders: snapshot.orders.len(),
-            reservations: snapshot.reservations.len(),
+            orders: snapshot.orders.as_ref().map(Vec::len),
+            reservations: snapshot.reservations.as_ref().map(Vec::len),
             confirmations: snapshot.confirmations(),
-            emails: snapshot.emails.len(),
+            emails: snapshot.emails.as_ref().map(Vec::len),
             pending: stores.iter().map(|(_, s)| s.outbox_pending).sum(),
             dead_letters: stores.iter().map(|(_, s)| s.dead_letters).sum(),
         },
         problems: check::verify(&snapshot),
         drain,
     })
+}
+
+/// Over amqp, finds the database of `module` (run by another process) with
+/// `found`, waiting for it to appear; `None` without check flags.
+async fn find_elsewhere<T>(
+    args: &Args,
+    module: &str,
+    looked_in: &str,
+    stop: &CancellationToken,
+    found: impl AsyncFnMut() -> Option<T>,
+) -> Result<Option<T>, String> {
+    let deadline = args.timeout.map(|timeout| Instant::now() + timeout);
+    match elsewhere::wait_for(module, looked_in, deadline, stop, found).await {
+        Ok(Some(location)) => Ok(Some(location)),
+        Ok(None) => Err(format!(
+            "interrupted while waiting for the {module} database"
+        )),
+        Err(error) => Err(error),
+    }
 }
 
 #[actix::main]
@@ -526,13 +760,41 @@ async fn main() -> ExitCode {
         }
     }
 
+    if args.over_amqp() && !cfg!(feature = "amqp") {
+        report::print_error(
+            "--transport amqp needs the `amqp` feature: cargo run --release --features amqp \
+             --example minishop -- --transport amqp",
+            args.json,
+        );
+        return ExitCode::from(2);
+    }
+
     let result = match args.store() {
         Store::Sqlite(dir) => match std::fs::create_dir_all(dir) {
             Ok(()) => {
-                let file = |name: &str| dir.join(format!("{name}.db")).display().to_string();
+                let file = |dir: &std::path::Path, name: &str| {
+                    dir.join(format!("{name}.db")).display().to_string()
+                };
                 let module =
-                    |name: &str| tickbox::Module::<tickbox::Sqlite>::builder(name, file(name));
-                run(&args, module, &stop).await.map_err(|e| e.to_string())
+                    |name: &str| tickbox::Module::<tickbox::Sqlite>::builder(name, file(dir, name));
+                let CheckStore::Sqlite(dirs) = args.check_store() else {
+                    unreachable!("SQLite checks SQLite files")
+                };
+                let looked_in = elsewhere::dirs_text(dirs);
+                let elsewhere = async |name: &'static str| {
+                    if dirs.is_empty() {
+                        return Ok(None);
+                    }
+                    let found = async || elsewhere::sqlite_file(dirs, name);
+                    let path = find_elsewhere(&args, name, &looked_in, &stop, found).await?;
+                    Ok(path.map(|path| {
+                        tickbox::Module::<tickbox::Sqlite>::builder(
+                            name,
+                            path.display().to_string(),
+                        )
+                    }))
+                };
+                run(&args, module, elsewhere, &stop).await
             }
             Err(e) => Err(format!(
                 "cannot create the data directory {}: {e}",
@@ -541,11 +803,24 @@ async fn main() -> ExitCode {
         },
         #[cfg(feature = "postgres")]
         Store::Postgres(url) => {
-            let module = |name: &str| {
+            let module = |name: &str, url: &str| {
                 tickbox::Module::<tickbox::Postgres>::builder(name, url)
                     .schema(format!("minishop_{name}"))
             };
-            run(&args, module, &stop).await.map_err(|e| e.to_string())
+            let CheckStore::Postgres(urls) = args.check_store() else {
+                unreachable!("PostgreSQL checks PostgreSQL schemas")
+            };
+            let looked_in = elsewhere::urls_text(urls);
+            let elsewhere = async |name: &'static str| {
+                if urls.is_empty() {
+                    return Ok(None);
+                }
+                let schema = format!("minishop_{name}");
+                let found = async || elsewhere::postgres_url(urls, &schema).await;
+                let url = find_elsewhere(&args, name, &looked_in, &stop, found).await?;
+                Ok(url.map(|url| module(name, url)))
+            };
+            run(&args, |name| module(name, url), elsewhere, &stop).await
         }
         #[cfg(not(feature = "postgres"))]
         Store::Postgres(url) => Err(format!(
@@ -565,7 +840,11 @@ async fn main() -> ExitCode {
         }
         Err(error) => {
             report::print_error(&error, args.json);
-            ExitCode::FAILURE
+            if stop.is_cancelled() {
+                ExitCode::from(130)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }

@@ -127,22 +127,37 @@ impl Progress {
         self.show("placing", placed, total, &text);
     }
 
-    /// Waiting: the counts read from the databases.
+    /// Waiting: the counts read from the databases seen here.
     pub fn draining(&mut self, counts: &Counts) {
+        let shown = |n: Option<i64>| n.map_or("-".to_string(), |n| n.to_string());
         let Counts {
             orders,
             confirmed,
+            reservations,
             emails,
             pending,
         } = *counts;
-        let done = confirmed.min(orders) + emails.min(orders);
-        let text = format!("{confirmed}/{orders} confirmed  e-mails {emails}  pending {pending}");
-        self.show(
-            "draining",
-            done.max(0) as u64,
-            2 * orders.max(0) as u64,
-            &text,
+        let Some((orders, confirmed)) = orders.zip(confirmed) else {
+            // Without the orders database: what its own database holds.
+            let text = format!(
+                "reservations {}  e-mails {}  pending {pending}",
+                shown(reservations),
+                shown(emails)
+            );
+            let done = reservations.unwrap_or(0) + emails.unwrap_or(0);
+            return self.show("draining", done.max(0) as u64, 0, &text);
+        };
+        let mut done = confirmed.min(orders);
+        let mut total = orders;
+        if let Some(emails) = emails {
+            done += emails.min(orders);
+            total += orders;
+        }
+        let text = format!(
+            "{confirmed}/{orders} confirmed  e-mails {}  pending {pending}",
+            shown(emails)
         );
+        self.show("draining", done.max(0) as u64, total.max(0) as u64, &text);
     }
 
     fn show(&mut self, phase: &'static str, done: u64, total: u64, text: &str) {

@@ -290,6 +290,10 @@ pub async fn load_reservations(db: &mut Db<'_>) -> QueryResult<Vec<(String, Stri
     db.load(query).await
 }
 
+pub async fn reservation_count(db: &mut Db<'_>) -> QueryResult<i64> {
+    db.get_result(reservations::table.count()).await
+}
+
 /// Every item: (sku, seeded, available).
 pub async fn load_stock(db: &mut Db<'_>) -> QueryResult<Vec<(String, i64, i64)>> {
     let query = stock::table.select((stock::sku, stock::seeded, stock::available));
