@@ -517,3 +517,299 @@ fn a_process_alone_times_out_naming_what_is_unfinished() {
         assert_eq!(result["orders"], 0, "nothing placed: {result}");
     }
 }
+
+// ---------------------------------------------------------------------------
+// Three processes over RabbitMQ, each with its own databases
+
+/// minishop split over a RabbitMQ broker (`--transport amqp`): one process
+/// per module, each with its own databases, sharing nothing but the broker.
+/// Each is given the other two's databases with the check flags, so each
+/// waits for and checks the whole flow.
+#[cfg(feature = "amqp")]
+mod amqp_split {
+    use super::*;
+    use crate::support::{broker_alone, broker_shared, rabbitmqctl};
+
+    /// One module per process, in this order.
+    const PARTS: [&str; 3] = ["orders", "warehouse", "notifications"];
+
+    /// The three processes' databases and their namespace on the broker.
+    struct Split {
+        places: [Place; 3],
+        namespace: String,
+        orders: u64,
+    }
+
+    impl Split {
+        /// Three SQLite data directories.
+        fn sqlite(name: &str, orders: u64) -> Self {
+            Split::new(
+                [Place::sqlite(), Place::sqlite(), Place::sqlite()],
+                name,
+                orders,
+            )
+        }
+
+        /// Three PostgreSQL databases.
+        #[cfg(feature = "postgres")]
+        fn postgres(name: &str, orders: u64) -> Self {
+            let place = || Place::postgres("amqp");
+            Split::new([place(), place(), place()], name, orders)
+        }
+
+        /// Its own namespace on the broker, unique to this test run.
+        fn new(places: [Place; 3], name: &str, orders: u64) -> Self {
+            let namespace = format!("minishop-test.{name}.{:08x}", fastrand::u32(..));
+            Split {
+                places,
+                namespace,
+                orders,
+            }
+        }
+
+        /// Starts the process running `PARTS[i]`, faults injected, with the
+        /// other two processes' databases for its check.
+        fn spawn(&self, i: usize) -> Child {
+            let orders = self.orders.to_string();
+            let mut args: Vec<String> = [
+                "--transport",
+                "amqp",
+                "--amqp-url",
+                &crate::support::amqp_url(),
+                "--amqp-namespace",
+                &self.namespace,
+                "--modules",
+                PARTS[i],
+                "--duplicate-rate",
+                "0.1",
+                "--fail-rate",
+                "0.05",
+                "--timeout",
+                "240",
+                "--json",
+            ]
+            .map(String::from)
+            .to_vec();
+            if PARTS[i] == "orders" {
+                args.extend(["--orders".to_string(), orders]);
+            }
+            for (j, other) in self.places.iter().enumerate() {
+                if j == i {
+                    continue;
+                }
+                args.extend(match other {
+                    Place::Sqlite(dir) => {
+                        ["--check-data-dir".into(), dir.path().display().to_string()]
+                    }
+                    Place::Postgres { url, .. } => ["--check-database-url".into(), url.clone()],
+                });
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            spawn(&self.places[i], &args)
+        }
+
+        fn spawn_all(&self) -> Vec<Child> {
+            (0..PARTS.len()).map(|i| self.spawn(i)).collect()
+        }
+
+        /// Orders in the orders process's database so far (0 before its
+        /// tables exist).
+        fn orders_placed(&self) -> i64 {
+            match &self.places[0] {
+                Place::Sqlite(dir) => {
+                    use tickbox::diesel::{dsl::sql, sql_types::BigInt, Connection, RunQueryDsl};
+                    let path = dir.path().join("orders.db").display().to_string();
+                    let Ok(mut conn) = tickbox::diesel::SqliteConnection::establish(&path) else {
+                        return 0;
+                    };
+                    tickbox::diesel::select(sql::<BigInt>("(SELECT count(*) FROM orders)"))
+                        .get_result::<i64>(&mut conn)
+                        .unwrap_or(0)
+                }
+                Place::Postgres { url, .. } => {
+                    let output = Command::new("psql")
+                        .args([url, "-qtAc", "SELECT count(*) FROM minishop_orders.orders"])
+                        .output()
+                        .expect("psql runs");
+                    String::from_utf8_lossy(&output.stdout)
+                        .trim()
+                        .parse()
+                        .unwrap_or(0)
+                }
+            }
+        }
+
+        /// Waits, at most a minute, until the orders process has placed at
+        /// least `n` orders: the flow runs.
+        fn await_orders(&self, n: i64, children: &mut [Child]) {
+            let started = Instant::now();
+            while self.orders_placed() < n {
+                assert!(
+                    started.elapsed() < Duration::from_secs(60),
+                    "the orders process never placed {n} orders"
+                );
+                for child in children.iter_mut() {
+                    assert!(
+                        child.try_wait().expect("try_wait").is_none(),
+                        "a process exited before the flow ran"
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+
+        /// Every process ends by itself with the whole flow checked over
+        /// the three databases; each counted the same orders (`exact`:
+        /// those placed by one undisturbed run). The results.
+        fn finish(&self, children: Vec<Child>, exact: bool, what: &str) -> Vec<serde_json::Value> {
+            let mut orders = None;
+            let mut results = Vec::new();
+            for (child, part) in children.into_iter().zip(PARTS) {
+                let what = format!("{what}: the process running {part}");
+                let output = super::finish(child, Duration::from_secs(300), &what);
+                let result = check_result(&output, &what);
+                assert_eq!(result["transport"], "amqp", "{what}: {result}");
+                assert_eq!(result["whole_flow"], true, "{what}: {result}");
+                let counted = result["orders"].as_u64();
+                if exact {
+                    assert_eq!(counted, Some(self.orders), "{what}: {result}");
+                }
+                assert_eq!(*orders.get_or_insert(counted), counted, "{what}: {result}");
+                results.push(result);
+            }
+            results
+        }
+    }
+
+    /// The broker's reconnects each process counted.
+    fn reconnects(results: &[serde_json::Value]) -> Vec<u64> {
+        results
+            .iter()
+            .map(|r| r["amqp"]["reconnects"].as_u64().unwrap_or(0))
+            .collect()
+    }
+
+    fn share_the_work(split: Split) {
+        let _broker = broker_shared();
+        let children = split.spawn_all();
+        split.finish(children, true, "three processes over amqp");
+    }
+
+    /// Kills the processes with SIGKILL at seeded random moments and
+    /// restarts each at once as it was started (the orders process places
+    /// new orders again); then each ends by itself with the flow checked.
+    fn survive_sigkills(split: Split) {
+        let _broker = broker_shared();
+        let seed = std::env::var("TICKBOX_CRASH_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| fastrand::u64(..));
+        eprintln!("crash test seed: {seed} (TICKBOX_CRASH_SEED={seed} replays it)");
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let mut children = split.spawn_all();
+        let mut kills = 0;
+        while kills < 6 {
+            let victim = rng.usize(..children.len());
+            let moment = Duration::from_millis(if kills == 0 {
+                rng.u64(100..600)
+            } else {
+                rng.u64(100..2000)
+            });
+            if wait_for(&mut children[victim], moment).is_some() {
+                break;
+            }
+            // One finished and checked: a restarted orders process would
+            // place orders it never saw.
+            if children
+                .iter_mut()
+                .any(|child| child.try_wait().expect("try_wait").is_some())
+            {
+                break;
+            }
+            children[victim].kill().expect("SIGKILL");
+            children[victim].wait().expect("reaped");
+            kills += 1;
+            children[victim] = split.spawn(victim);
+        }
+        assert!(
+            kills > 0,
+            "seed {seed}: the flow finished before the first kill"
+        );
+        split.finish(
+            children,
+            false,
+            &format!("seed {seed}, after {kills} kills"),
+        );
+    }
+
+    /// Injects `fault` into the broker once the flow runs; every process
+    /// pauses, connects again by itself, and the flow finishes with nothing
+    /// lost and nothing done twice.
+    fn survive_broker_fault(split: Split, fault: impl FnOnce()) {
+        // Other tests' buses must not see this broker fault.
+        let _broker = broker_alone();
+        let mut children = split.spawn_all();
+        split.await_orders(100, &mut children);
+        fault();
+        let results = split.finish(children, true, "through a broker fault");
+        let reconnects = reconnects(&results);
+        assert!(
+            reconnects.iter().all(|n| *n >= 1),
+            "every process connected again: {reconnects:?}"
+        );
+    }
+
+    fn restart_broker() {
+        rabbitmqctl(&["stop_app"]);
+        rabbitmqctl(&["start_app"]);
+        rabbitmqctl(&["await_startup"]);
+    }
+
+    fn close_connections() {
+        rabbitmqctl(&["close_all_connections", "test"]);
+    }
+
+    #[test]
+    fn sqlite_three_processes_share_the_work_over_amqp() {
+        share_the_work(Split::sqlite("share", 300));
+    }
+
+    #[test]
+    fn sqlite_three_processes_over_amqp_survive_sigkill() {
+        survive_sigkills(Split::sqlite("sigkill", 150));
+    }
+
+    #[test]
+    fn sqlite_three_processes_over_amqp_survive_a_broker_restart() {
+        survive_broker_fault(Split::sqlite("restart", 1000), restart_broker);
+    }
+
+    #[test]
+    fn sqlite_three_processes_over_amqp_survive_their_connections_being_closed() {
+        survive_broker_fault(Split::sqlite("close", 1000), close_connections);
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn postgres_three_processes_share_the_work_over_amqp() {
+        share_the_work(Split::postgres("share", 300));
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn postgres_three_processes_over_amqp_survive_sigkill() {
+        survive_sigkills(Split::postgres("sigkill", 150));
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn postgres_three_processes_over_amqp_survive_a_broker_restart() {
+        survive_broker_fault(Split::postgres("restart", 1000), restart_broker);
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn postgres_three_processes_over_amqp_survive_their_connections_being_closed() {
+        survive_broker_fault(Split::postgres("close", 1000), close_connections);
+    }
+}
