@@ -338,7 +338,7 @@ pub use tx::Tx;
 
 #[cfg(feature = "amqp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
-pub use amqp::settings::Amqp;
+pub use amqp::settings::{Amqp, QueueStatus};
 #[cfg(feature = "amqp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
 pub use amqp::state::{AmqpMetrics, ConsumerMetrics, RelayMetrics};

@@ -12,6 +12,9 @@ use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptio
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 
+/// How long connecting may take before the broker counts as unreachable.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// AMQP's limit on exchange and queue names and routing keys, in bytes.
 const MAX_NAME_BYTES: usize = 255;
 
@@ -27,9 +30,14 @@ pub(crate) struct HandlerQueue {
 /// Connects to the broker.
 pub(crate) async fn connect(amqp: &Amqp, name: &str) -> Result<Connection, Fault> {
     let properties = ConnectionProperties::default().with_connection_name(name.into());
-    Connection::connect(&amqp.url, properties)
-        .await
-        .map_err(|e| Fault::of("connecting", &e))
+    // A broker that takes the TCP connection but never answers the
+    // handshake must not hold the caller for ever.
+    match tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(&amqp.url, properties)).await {
+        Ok(connected) => connected.map_err(|e| Fault::of("connecting", &e)),
+        Err(_) => Err(Fault::Unreachable(format!(
+            "connecting: no answer to the handshake within {CONNECT_TIMEOUT:?}"
+        ))),
+    }
 }
 
 /// Checks that the names fit AMQP's limits.
@@ -111,6 +119,12 @@ pub(crate) async fn declare_queue(
 /// The messages waiting in a queue, read with a passive declare (which
 /// changes nothing).
 pub(crate) async fn depth(channel: &Channel, queue: &str) -> Result<u32, Fault> {
+    status(channel, queue).await.map(|(messages, _)| messages)
+}
+
+/// The messages waiting in a queue and its consumers, read with a passive
+/// declare.
+pub(crate) async fn status(channel: &Channel, queue: &str) -> Result<(u32, u32), Fault> {
     channel
         .queue_declare(
             ShortString::from(queue),
@@ -121,8 +135,8 @@ pub(crate) async fn depth(channel: &Channel, queue: &str) -> Result<u32, Fault> 
             FieldTable::default(),
         )
         .await
-        .map(|declared| declared.message_count())
-        .map_err(|e| Fault::of(&format!("reading the depth of `{queue}`"), &e))
+        .map(|declared| (declared.message_count(), declared.consumer_count()))
+        .map_err(|e| Fault::of(&format!("reading the queue `{queue}`"), &e))
 }
 
 /// Declares everything once at bus start, so that a broker that is

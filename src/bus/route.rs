@@ -105,6 +105,7 @@ impl<B: Backend> Route<B> {
         envelope: Arc<Envelope>,
         attempt: u32,
     ) -> Result<Outcome, DeliveryError> {
+        #[cfg(not(feature = "amqp"))]
         let _ = source;
         match self {
             Route::Handler { module, handler } => module.deliver(envelope, *handler, attempt).await,

@@ -39,6 +39,8 @@
 //! - `subscriptions.rs` — `subscriptions list` and `subscriptions retire`.
 //! - `dead_letters.rs` — `dead-letters list`, `show`, `replay`, `discard`.
 //! - `sweep.rs` — `sweep`.
+//! - `queues.rs` — `queues` (feature `amqp`): handlers' queues on a
+//!   RabbitMQ broker.
 //! - `output.rs` — tables, JSON, times and durations as the tool prints them.
 
 #![forbid(unsafe_code)]
@@ -46,6 +48,8 @@
 
 mod dead_letters;
 mod output;
+#[cfg(feature = "amqp")]
+mod queues;
 mod status;
 mod subscriptions;
 mod sweep;
@@ -198,6 +202,43 @@ enum Command {
         )]
         outbox_retention: Window,
     },
+
+    /// Messages waiting in handlers' RabbitMQ queues, and their consumers.
+    ///
+    /// For an application whose bus runs over a RabbitMQ broker
+    /// (BusBuilder::amqp): reads the queue of each handler given - named
+    /// tickbox.<namespace>.<module>.<handler> - with a passive declare, which
+    /// changes nothing, and shows the messages waiting in it (not those
+    /// delivered and not yet acknowledged) and its consumers (the handler's
+    /// running services). Needs no database. The running bus exports the same
+    /// figures, and more, as metrics (tickbox_amqp_*).
+    ///
+    /// With --json: an array of objects with queue, messages and consumers.
+    #[cfg(feature = "amqp")]
+    Queues(QueuesArgs),
+}
+
+/// `queues`: what the broker holds for handlers.
+#[derive(Debug, PartialEq, Args)]
+struct QueuesArgs {
+    /// The broker: amqp://USER:PASSWORD@HOST:PORT/VHOST
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "TICKBOX_AMQP_URL",
+        hide_env_values = true,
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
+        hide_default_value = true
+    )]
+    amqp_url: String,
+
+    /// The namespace the application's bus runs in (Amqp::namespace)
+    #[arg(long, value_name = "NAME", default_value = "")]
+    amqp_namespace: String,
+
+    /// The handlers, as MODULE/HANDLER (e.g. warehouse/warehouse.reserve_stock)
+    #[arg(required = true, value_name = "MODULE/HANDLER")]
+    handlers: Vec<String>,
 }
 
 /// `subscriptions …`.
@@ -435,6 +476,8 @@ impl Command {
                 &["dead-letters", "discard"]
             }
             Command::Sweep { .. } => &["sweep"],
+            #[cfg(feature = "amqp")]
+            Command::Queues(_) => &["queues"],
         }
     }
 
@@ -492,7 +535,8 @@ impl From<tickbox::Error> for Failure {
 /// What the command line asks for, checked.
 #[derive(Debug)]
 struct Invocation {
-    target: Target,
+    /// The module's database; none for commands that need none.
+    target: Option<Target>,
     json: bool,
     command: Command,
 }
@@ -503,6 +547,14 @@ impl Cli {
     fn invocation(self) -> Result<Invocation, Failure> {
         let command = self.command;
         command.confirmed()?;
+        #[cfg(feature = "amqp")]
+        if matches!(command, Command::Queues(_)) {
+            return Ok(Invocation {
+                target: None,
+                json: self.json,
+                command,
+            });
+        }
         let Some(url) = self.database_url.filter(|url| !url.trim().is_empty()) else {
             return Err(command.usage_error(
                 ErrorKind::MissingRequiredArgument,
@@ -512,7 +564,7 @@ impl Cli {
         let target = Target::new(&url, self.schema)
             .map_err(|why| command.usage_error(ErrorKind::InvalidValue, why))?;
         Ok(Invocation {
-            target,
+            target: Some(target),
             json: self.json,
             command,
         })
@@ -522,9 +574,23 @@ impl Cli {
 /// Opens the module's database with the URL's backend and runs the command;
 /// returns what to print.
 async fn execute(invocation: &Invocation) -> Result<String, Failure> {
-    match invocation.target.kind {
+    #[cfg(feature = "amqp")]
+    if let Command::Queues(args) = &invocation.command {
+        let amqp = tickbox::Amqp::new(&args.amqp_url).namespace(&args.amqp_namespace);
+        return queues::queues(&amqp, &args.handlers, invocation.json).await;
+    }
+    match invocation.target().kind {
         Kind::Sqlite => run_sqlite(invocation).await,
         Kind::Postgres => run_postgres(invocation).await,
+    }
+}
+
+impl Invocation {
+    /// The module's database of a command that needs one.
+    fn target(&self) -> &Target {
+        self.target
+            .as_ref()
+            .expect("every command but queues has a database")
     }
 }
 
@@ -539,7 +605,7 @@ async fn run_sqlite(invocation: &Invocation) -> Result<String, Failure> {
         "`{}` is an SQLite database, but this tickbox binary was built without SQLite \
          support; rebuild it with `--features sqlite` \
          (cargo build --release -p tickbox-cli --features sqlite)",
-        tickbox::redact_url(&invocation.target.url)
+        tickbox::redact_url(&invocation.target().url)
     )))
 }
 
@@ -554,7 +620,7 @@ async fn run_postgres(invocation: &Invocation) -> Result<String, Failure> {
         "`{}` is a PostgreSQL URL, but this tickbox binary was built without PostgreSQL \
          support; rebuild it with `--features postgres` \
          (cargo build --release -p tickbox-cli --features postgres)",
-        tickbox::redact_url(&invocation.target.url)
+        tickbox::redact_url(&invocation.target().url)
     )))
 }
 
@@ -573,7 +639,7 @@ async fn run<B: Open + status::Inspect>(invocation: &Invocation) -> Result<Strin
     };
     // The only configuration `attach` can refuse is what the command line
     // gave it (a malformed schema name): a usage error.
-    let module = target::attach::<B>(&invocation.target, retention.clone())
+    let module = target::attach::<B>(invocation.target(), retention.clone())
         .await
         .map_err(|error| match error {
             tickbox::Error::Config(reason) => invocation
@@ -604,6 +670,8 @@ async fn run<B: Open + status::Inspect>(invocation: &Invocation) -> Result<Strin
             let retention = retention.expect("the sweep's retention");
             sweep::sweep(&module, &retention, json).await
         }
+        #[cfg(feature = "amqp")]
+        Command::Queues(_) => unreachable!("queues needs no database"),
     }
 }
 
@@ -756,8 +824,8 @@ mod tests {
             }
         );
         assert!(invocation.json);
-        assert_eq!(invocation.target.kind, Kind::Sqlite);
-        assert_eq!(invocation.target.module, "orders");
+        assert_eq!(invocation.target().kind, Kind::Sqlite);
+        assert_eq!(invocation.target().module, "orders");
 
         let invocation = run_of("dead-letters list --limit=5 --offset 10 --database-url x.db");
         assert_eq!(
@@ -780,15 +848,15 @@ mod tests {
         let invocation = run_of(&format!(
             "--database-url postgres://u:p@h/shop --schema s1 dead-letters discard {id} h.x --yes"
         ));
-        assert_eq!(invocation.target.kind, Kind::Postgres);
-        assert_eq!(invocation.target.module, "s1");
+        assert_eq!(invocation.target().kind, Kind::Postgres);
+        assert_eq!(invocation.target().module, "s1");
         assert!(matches!(
             invocation.command,
             Command::DeadLetters(DeadLettersCommand::Discard { yes: true, .. })
         ));
 
         let invocation = run_of("--database-url postgresql://h/shop?sslmode=disable status");
-        assert_eq!(invocation.target.module, "shop");
+        assert_eq!(invocation.target().module, "shop");
 
         let invocation =
             run_of("--database-url x.db sweep --inbox-retention 14d --outbox-retention never");
@@ -924,7 +992,7 @@ mod tests {
             database_url: cli.database_url.or(Some("env.db".into())),
             ..cli
         };
-        assert_eq!(cli.invocation().unwrap().target.url, "env.db");
+        assert_eq!(cli.invocation().unwrap().target().url, "env.db");
         let blank = Cli {
             database_url: Some("  ".into()),
             ..Cli::try_parse_from(["tickbox", "status"]).unwrap()
@@ -936,10 +1004,10 @@ mod tests {
     fn never_shows_a_password_in_a_label_or_a_usage_error() {
         let invocation =
             run_of("--database-url postgres://u@h:5432/nodb_x?password=S3cret! status");
-        assert_eq!(invocation.target.module, "nodb_x");
+        assert_eq!(invocation.target().module, "nodb_x");
         // A raw `/` in the password: the URL cannot be read, nor its database.
         let invocation = run_of("--database-url postgres://u:S3/cret@h/shop status");
-        assert_eq!(invocation.target.module, "module");
+        assert_eq!(invocation.target().module, "module");
         for line in [
             "--database-url x.db postgres://u:S3cret@h/db",
             "--database-url x.db status postgres://u:S3cret@h/db",

@@ -11,5 +11,7 @@
 //! ```
 
 mod commands;
+#[cfg(all(feature = "amqp", feature = "sqlite"))]
+mod queues;
 mod support;
 mod usage;
