@@ -40,8 +40,15 @@ async fn queues_shows_a_handlers_queue_and_its_consumer() {
             handler.to_string(),
         ]
     };
-    let run = run_cli(args("shop/shop.accept")).await;
-    let shown = run.json();
+    // The bus's consumer connects a moment after the bus starts.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let shown = loop {
+        let shown = run_cli(args("shop/shop.accept")).await.json();
+        if shown[0]["consumers"] == 1 || std::time::Instant::now() >= deadline {
+            break shown;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
     assert_eq!(
         shown[0]["queue"],
         format!("tickbox.{namespace}.shop.shop.accept"),
