@@ -338,10 +338,13 @@ pub use tx::Tx;
 
 #[cfg(feature = "amqp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
-pub use amqp::settings::{Amqp, QueueStatus};
+pub use amqp::settings::Amqp;
 #[cfg(feature = "amqp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
 pub use amqp::state::{AmqpMetrics, ConsumerMetrics, RelayMetrics};
+#[cfg(feature = "amqp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
+pub use amqp::topology::QueueStatus;
 #[cfg(feature = "prometheus")]
 #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub use prometheus::{install_prometheus, PrometheusExporter};

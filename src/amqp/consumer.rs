@@ -6,7 +6,6 @@
 //! comes again, and the inbox absorbs it.
 
 use crate::amqp::fault::Fault;
-use crate::amqp::relay::close;
 use crate::amqp::settings::Amqp;
 use crate::amqp::state::ConsumerStats;
 use crate::amqp::topology::{self, HandlerQueue};
@@ -43,13 +42,6 @@ pub(crate) async fn run<B: Backend>(
             module: module.clone(),
             handler,
         },
-        labels: [
-            ("module", module.name().to_string()),
-            (
-                "handler",
-                module.core.handlers.entries[handler].name.to_string(),
-            ),
-        ],
         bus,
         amqp,
         module,
@@ -85,8 +77,6 @@ struct Consumer<B: Backend> {
     route: Route<B>,
     /// The handler's queue.
     queue: HandlerQueue,
-    /// Its metrics' labels.
-    labels: [(&'static str, String); 2],
     /// Its figures, for the bus's snapshot.
     stats: Arc<ConsumerStats>,
 }
@@ -128,8 +118,12 @@ impl<B: Backend> Consumer<B> {
         *connected_before = true;
         *backoff = self.amqp.reconnect_min;
 
-        let in_flight = metrics::gauge!("tickbox_amqp_in_flight", &self.labels);
-        let depth = metrics::gauge!("tickbox_amqp_queue_depth", &self.labels);
+        let labels = [
+            ("module", self.stats.module.clone()),
+            ("handler", self.stats.handler.clone()),
+        ];
+        let in_flight = metrics::gauge!("tickbox_amqp_in_flight", &labels);
+        let depth = metrics::gauge!("tickbox_amqp_queue_depth", &labels);
         let mut running: JoinSet<()> = JoinSet::new();
         let mut stopped = self.bus.stopped.clone();
         let mut next_depth = Instant::now();
@@ -153,7 +147,7 @@ impl<B: Backend> Consumer<B> {
                     Some(Ok(delivery)) => {
                         running.spawn_local(handle(
                             self.bus.clone(),
-                            self.route_clone(),
+                            self.route.clone(),
                             self.module.clone(),
                             delivery,
                         ));
@@ -183,7 +177,7 @@ impl<B: Backend> Consumer<B> {
         }
         in_flight.set(0.0);
         self.stats.in_flight.store(0, Relaxed);
-        close(connection, "stopping").await;
+        topology::close(connection, "stopping").await;
         ended
     }
 
@@ -191,17 +185,6 @@ impl<B: Backend> Consumer<B> {
     fn count_in_flight(&self, running: &JoinSet<()>, gauge: &metrics::Gauge) {
         gauge.set(running.len() as f64);
         self.stats.in_flight.store(running.len(), Relaxed);
-    }
-
-    /// The handler's route, for one delivery's task.
-    fn route_clone(&self) -> Route<B> {
-        match &self.route {
-            Route::Handler { module, handler } => Route::Handler {
-                module: module.clone(),
-                handler: *handler,
-            },
-            Route::Broker { .. } => unreachable!("a consumer feeds a handler"),
-        }
     }
 }
 
@@ -215,13 +198,13 @@ async fn handle<B: Backend>(
     delivery: Delivery,
 ) {
     let done = match wire::envelope(&delivery) {
-        Ok(envelope) if Some(envelope.topic.as_str()) != route_topic(&route) => {
+        Ok(envelope) if Some(envelope.topic.as_str()) != route.topic() => {
             let reason = format!(
                 "a message of topic `{}` reached the queue of handler `{}` (subscribed to `{}`); \
                  it is bound by hand, or the handler's topic changed",
                 envelope.topic,
                 route.name(),
-                route_topic(&route).unwrap_or_default()
+                route.topic().unwrap_or_default()
             );
             bury(&bus, &module, &envelope, route.name(), 0, &reason).await
         }
@@ -255,15 +238,5 @@ async fn handle<B: Backend>(
             // skips it.
             tracing::debug!(%error, "acknowledging failed; the broker will deliver the message again");
         }
-    }
-}
-
-/// The topic a handler route receives.
-fn route_topic<B: Backend>(route: &Route<B>) -> Option<&'static str> {
-    match route {
-        Route::Handler { module, handler } => {
-            Some(module.core.handlers.entries[*handler].handler.topic())
-        }
-        Route::Broker { .. } => None,
     }
 }

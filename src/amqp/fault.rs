@@ -35,12 +35,8 @@ impl Fault {
                 )),
                 _ => Fault::Refused(reason),
             },
-            ErrorKind::IOError(io)
-                if io.kind() == std::io::ErrorKind::PermissionDenied
-                    || io.to_string().contains("ACCESS_REFUSED") =>
-            {
-                Fault::Refused(format!("{reason} (check the user name and password)"))
-            }
+            // A refused login closes the socket during the handshake: lapin
+            // reports it as an I/O error whose text names the reason.
             _ if error.to_string().contains("ACCESS_REFUSED") => {
                 Fault::Refused(format!("{reason} (check the user name and password)"))
             }

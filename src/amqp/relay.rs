@@ -28,7 +28,7 @@ pub(crate) struct Relay {
     /// again after a failure.
     link: Mutex<Link>,
     /// Publishes waiting for their confirm, per outbox (module).
-    unconfirmed: HashMap<String, AtomicI64>,
+    unconfirmed: HashMap<String, Unconfirmed>,
     /// Connections made again after one was lost.
     reconnects: AtomicU64,
 }
@@ -44,6 +44,23 @@ struct Link {
     retry_at: Option<Instant>,
     /// The wait after the next failure.
     backoff: Duration,
+}
+
+/// One outbox's publishes waiting for their confirm: counted for the bus's
+/// snapshot and exported, both set up once, off the publishing path.
+struct Unconfirmed {
+    /// The count.
+    count: AtomicI64,
+    /// `tickbox_amqp_unconfirmed{module}`.
+    gauge: metrics::Gauge,
+}
+
+impl Unconfirmed {
+    /// Adds `delta` to the count and exports it.
+    fn add(&self, delta: i64) {
+        let count = self.count.fetch_add(delta, Relaxed) + delta;
+        self.gauge.set(count as f64);
+    }
 }
 
 /// Why a message was not sent.
@@ -66,7 +83,13 @@ impl Relay {
             }),
             unconfirmed: modules
                 .iter()
-                .map(|module| (module.clone(), AtomicI64::new(0)))
+                .map(|module| {
+                    let unconfirmed = Unconfirmed {
+                        count: AtomicI64::new(0),
+                        gauge: metrics::gauge!("tickbox_amqp_unconfirmed", "module" => module.clone()),
+                    };
+                    (module.clone(), unconfirmed)
+                })
                 .collect(),
             reconnects: AtomicU64::new(0),
             amqp,
@@ -83,15 +106,9 @@ impl Relay {
     pub(crate) async fn publish(&self, module: &str, envelope: &Envelope) -> Result<(), NotSent> {
         let channel = self.channel().await.map_err(NotSent::Fault)?;
         let unconfirmed = self.unconfirmed.get(module);
-        unconfirmed.inspect(|n| {
-            n.fetch_add(1, Relaxed);
-        });
-        metrics::gauge!("tickbox_amqp_unconfirmed", "module" => module.to_string()).increment(1.0);
+        unconfirmed.inspect(|n| n.add(1));
         let sent = self.confirm(&channel, envelope).await;
-        unconfirmed.inspect(|n| {
-            n.fetch_sub(1, Relaxed);
-        });
-        metrics::gauge!("tickbox_amqp_unconfirmed", "module" => module.to_string()).decrement(1.0);
+        unconfirmed.inspect(|n| n.add(-1));
         if let Err(NotSent::Fault(Fault::Unreachable(_))) = &sent {
             self.forget(&channel).await;
         }
@@ -198,7 +215,7 @@ impl Relay {
             if let Some((connection, _)) = link.open.take() {
                 // A broker that blocks publishers reads nothing more from
                 // the connection, not even its close: do not wait for it.
-                tokio::spawn(close(connection, "reconnecting"));
+                tokio::spawn(topology::close(connection, "reconnecting"));
             }
         }
     }
@@ -217,7 +234,7 @@ impl Relay {
     pub(crate) fn unconfirmed(&self) -> Vec<(String, i64)> {
         self.unconfirmed
             .iter()
-            .map(|(module, n)| (module.clone(), n.load(Relaxed)))
+            .map(|(module, n)| (module.clone(), n.count.load(Relaxed)))
             .collect()
     }
 
@@ -242,10 +259,4 @@ impl NotSent {
             NotSent::Fault(fault) => fault.into_error(relay.redacted_url()),
         }
     }
-}
-
-/// Closes a connection, giving up after a second (the broker may not be
-/// reading it).
-pub(crate) async fn close(connection: Connection, why: &'static str) {
-    let _ = tokio::time::timeout(Duration::from_secs(1), connection.close(200, why.into())).await;
 }

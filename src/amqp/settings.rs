@@ -1,7 +1,5 @@
 //! What a bus needs to reach a RabbitMQ broker.
 
-use crate::amqp::fault::Fault;
-use crate::amqp::topology;
 use crate::error::{redact_url, Error, Result};
 use std::str::FromStr;
 use std::time::Duration;
@@ -114,34 +112,6 @@ impl Amqp {
         format!("{}.{module}.{handler}", self.exchange())
     }
 
-    /// Reads the queue of handler `handler` of module `module` on the broker
-    /// now: the messages waiting in it and its consumers. For operators'
-    /// tools; it declares nothing (a queue that does not exist is an
-    /// [`Error::BrokerRefused`] naming it).
-    pub async fn queue_status(&self, module: &str, handler: &str) -> Result<QueueStatus> {
-        self.validate()?;
-        let queue = self.queue(module, handler);
-        let url = self.redacted_url();
-        let connection = topology::connect(self, "tickbox queue status")
-            .await
-            .map_err(|fault| fault.into_error(url.clone()))?;
-        let read = async {
-            let channel = connection
-                .create_channel()
-                .await
-                .map_err(|e| Fault::of("opening a channel", &e))?;
-            topology::status(&channel, &queue).await
-        }
-        .await;
-        crate::amqp::relay::close(connection, "read").await;
-        let (messages, consumers) = read.map_err(|fault| fault.into_error(url))?;
-        Ok(QueueStatus {
-            queue,
-            messages,
-            consumers,
-        })
-    }
-
     /// Checks the settings, at bus start.
     pub(crate) fn validate(&self) -> Result<()> {
         let url = self.redacted_url();
@@ -182,16 +152,4 @@ impl Amqp {
         }
         Ok(())
     }
-}
-
-/// A handler's queue as the broker reports it ([`Amqp::queue_status`]).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct QueueStatus {
-    /// The queue's name.
-    pub queue: String,
-    /// Messages waiting in it (not those delivered and not yet
-    /// acknowledged).
-    pub messages: u32,
-    /// Consumers on it: the handler's running services.
-    pub consumers: u32,
 }

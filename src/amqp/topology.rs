@@ -8,12 +8,14 @@
 
 use crate::amqp::fault::Fault;
 use crate::amqp::settings::Amqp;
+use crate::error::Result;
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use std::time::Duration;
 
 /// How long connecting may take before the broker counts as unreachable.
-const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// AMQP's limit on exchange and queue names and routing keys, in bytes.
 const MAX_NAME_BYTES: usize = 255;
@@ -156,6 +158,54 @@ pub(crate) async fn declare_all(amqp: &Amqp, queues: &[HandlerQueue]) -> Result<
         Ok(())
     }
     .await;
-    crate::amqp::relay::close(connection, "declared").await;
+    close(connection, "declared").await;
     declared
+}
+
+/// Closes a connection, giving up after a second (the broker may not be
+/// reading it).
+pub(crate) async fn close(connection: Connection, why: &'static str) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), connection.close(200, why.into())).await;
+}
+
+impl Amqp {
+    /// Reads the queue of handler `handler` of module `module` on the broker
+    /// now: the messages waiting in it and its consumers. For operators'
+    /// tools; it declares nothing (a queue that does not exist is an
+    /// [`Error::BrokerRefused`](crate::Error::BrokerRefused) naming it).
+    pub async fn queue_status(&self, module: &str, handler: &str) -> Result<QueueStatus> {
+        self.validate()?;
+        let queue = self.queue(module, handler);
+        let url = self.redacted_url();
+        let connection = connect(self, "tickbox queue status")
+            .await
+            .map_err(|fault| fault.into_error(url.clone()))?;
+        let read = async {
+            let channel = connection
+                .create_channel()
+                .await
+                .map_err(|e| Fault::of("opening a channel", &e))?;
+            status(&channel, &queue).await
+        }
+        .await;
+        close(connection, "read").await;
+        let (messages, consumers) = read.map_err(|fault| fault.into_error(url))?;
+        Ok(QueueStatus {
+            queue,
+            messages,
+            consumers,
+        })
+    }
+}
+
+/// A handler's queue as the broker reports it ([`Amqp::queue_status`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct QueueStatus {
+    /// The queue's name.
+    pub queue: String,
+    /// Messages waiting in it (not those delivered and not yet
+    /// acknowledged).
+    pub messages: u32,
+    /// Consumers on it: the handler's running services.
+    pub consumers: u32,
 }

@@ -34,6 +34,22 @@ pub(crate) enum Route<B: Backend> {
     },
 }
 
+impl<B: Backend> Clone for Route<B> {
+    fn clone(&self) -> Self {
+        match self {
+            Route::Handler { module, handler } => Route::Handler {
+                module: module.clone(),
+                handler: *handler,
+            },
+            #[cfg(feature = "amqp")]
+            Route::Broker { relay, retry } => Route::Broker {
+                relay: relay.clone(),
+                retry: retry.clone(),
+            },
+        }
+    }
+}
+
 impl<B: Backend> Route<B> {
     /// The handler's name (`relay` for the broker).
     pub(crate) fn name(&self) -> &str {
@@ -41,6 +57,17 @@ impl<B: Backend> Route<B> {
             Route::Handler { .. } => &self.entry().name,
             #[cfg(feature = "amqp")]
             Route::Broker { .. } => "relay",
+        }
+    }
+
+    /// The topic the handler receives; `None` for the broker, which takes
+    /// every topic.
+    #[cfg(feature = "amqp")]
+    pub(crate) fn topic(&self) -> Option<&'static str> {
+        match self {
+            Route::Handler { .. } => Some(self.entry().handler.topic()),
+            #[cfg(feature = "amqp")]
+            Route::Broker { .. } => None,
         }
     }
 
@@ -56,6 +83,8 @@ impl<B: Backend> Route<B> {
     /// The module whose dead letters record what this route gave up on: the
     /// handler's, or else the message's own (`source`).
     pub(crate) fn dead_letters<'a>(&'a self, source: &'a ModuleHandle<B>) -> &'a ModuleHandle<B> {
+        #[cfg(not(feature = "amqp"))]
+        let _ = source;
         match self {
             Route::Handler { module, .. } => module,
             #[cfg(feature = "amqp")]

@@ -370,52 +370,61 @@ fn share_the_work(place: Place, split: &[&str]) {
     }
 }
 
-/// Runs `split` side by side and kills its processes with SIGKILL at seeded
-/// random moments, restarting each killed one at once as it was started
-/// (a process running the orders module places new orders again); then
-/// every process ends by itself with the flow checked.
-fn share_the_work_through_sigkills(place: Place, split: &[&str]) {
+/// Kills `children` with SIGKILL, one at a time, at seeded random moments
+/// (the first within `first_ms..early_ms` of the start, the others within
+/// `first_ms..late_ms` of the previous), restarting each at once with
+/// `respawn`, at most `most` times; stops as soon as any process has ended
+/// by itself (it checked the flow: a restarted orders process would now
+/// place orders it never saw). Returns the seed (`TICKBOX_CRASH_SEED`
+/// replays it) and the kills, of which there is at least one.
+fn sigkill_at_random(
+    children: &mut [Child],
+    most: usize,
+    (first_ms, early_ms, late_ms): (u64, u64, u64),
+    mut respawn: impl FnMut(usize) -> Child,
+) -> (u64, usize) {
     let seed = std::env::var("TICKBOX_CRASH_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| fastrand::u64(..));
     eprintln!("crash test seed: {seed} (TICKBOX_CRASH_SEED={seed} replays it)");
     let mut rng = fastrand::Rng::with_seed(seed);
-    let mut children: Vec<Child> = split
-        .iter()
-        .map(|modules| spawn_part(&place, modules))
-        .collect();
     let mut kills = 0;
-    while kills < 8 {
+    while kills < most {
         let victim = rng.usize(..children.len());
-        // The first kill comes early, while the flow surely runs (it takes
-        // about a second undisturbed).
-        let moment = Duration::from_millis(if kills == 0 {
-            rng.u64(50..400)
-        } else {
-            rng.u64(50..1500)
-        });
-        if wait_for(&mut children[victim], moment).is_some() {
-            // It finished the whole flow by itself: no more kills.
-            break;
-        }
-        // Another one finished and checked the databases: a restarted
-        // orders process would now place orders it never saw.
-        if children
-            .iter_mut()
-            .any(|child| child.try_wait().expect("try_wait").is_some())
+        let last_ms = if kills == 0 { early_ms } else { late_ms };
+        let moment = Duration::from_millis(rng.u64(first_ms..last_ms));
+        if wait_for(&mut children[victim], moment).is_some()
+            || children
+                .iter_mut()
+                .any(|child| child.try_wait().expect("try_wait").is_some())
         {
             break;
         }
         children[victim].kill().expect("SIGKILL");
         children[victim].wait().expect("reaped");
         kills += 1;
-        children[victim] = spawn_part(&place, split[victim]);
+        children[victim] = respawn(victim);
     }
     assert!(
         kills > 0,
         "seed {seed}: the flow finished before the first kill"
     );
+    (seed, kills)
+}
+
+/// Runs `split` side by side and kills its processes with SIGKILL at seeded
+/// random moments, restarting each killed one at once as it was started
+/// (a process running the orders module places new orders again); then
+/// every process ends by itself with the flow checked.
+fn share_the_work_through_sigkills(place: Place, split: &[&str]) {
+    let mut children: Vec<Child> = split
+        .iter()
+        .map(|modules| spawn_part(&place, modules))
+        .collect();
+    let (seed, kills) = sigkill_at_random(&mut children, 8, (50, 400, 1500), |victim| {
+        spawn_part(&place, split[victim])
+    });
     let mut orders = None;
     for (child, modules) in children.into_iter().zip(split) {
         let what = format!("seed {seed}, after {kills} kills: the process running {modules}");
@@ -700,41 +709,10 @@ mod amqp_split {
     /// new orders again); then each ends by itself with the flow checked.
     fn survive_sigkills(split: Split) {
         let _broker = broker_shared();
-        let seed = std::env::var("TICKBOX_CRASH_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| fastrand::u64(..));
-        eprintln!("crash test seed: {seed} (TICKBOX_CRASH_SEED={seed} replays it)");
-        let mut rng = fastrand::Rng::with_seed(seed);
         let mut children = split.spawn_all();
-        let mut kills = 0;
-        while kills < 6 {
-            let victim = rng.usize(..children.len());
-            let moment = Duration::from_millis(if kills == 0 {
-                rng.u64(100..600)
-            } else {
-                rng.u64(100..2000)
-            });
-            if wait_for(&mut children[victim], moment).is_some() {
-                break;
-            }
-            // One finished and checked: a restarted orders process would
-            // place orders it never saw.
-            if children
-                .iter_mut()
-                .any(|child| child.try_wait().expect("try_wait").is_some())
-            {
-                break;
-            }
-            children[victim].kill().expect("SIGKILL");
-            children[victim].wait().expect("reaped");
-            kills += 1;
-            children[victim] = split.spawn(victim);
-        }
-        assert!(
-            kills > 0,
-            "seed {seed}: the flow finished before the first kill"
-        );
+        let (seed, kills) = sigkill_at_random(&mut children, 6, (100, 600, 2000), |victim| {
+            split.spawn(victim)
+        });
         split.finish(
             children,
             false,

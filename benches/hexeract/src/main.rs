@@ -434,7 +434,8 @@ enum Publisher {
     Postgres(PgOutboxPublisher),
 }
 
-/// The in-process handler of `--path outbox`: the consumer's business row.
+/// The consumer's business row: the in-process outbox handler of `--path
+/// outbox`, and the bus handler of `--path amqp`.
 struct Record {
     /// The consumer's database.
     db: Db,
@@ -444,16 +445,35 @@ struct Record {
     clock: Arc<Clock>,
 }
 
+impl Record {
+    /// Writes the effect row of message `id` and stamps it handled.
+    async fn record(&self, n: u64, id: uuid::Uuid) -> Result<(), String> {
+        self.db
+            .effect(&self.names, n, id)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.clock.handled(n);
+        Ok(())
+    }
+}
+
 impl hexeract::outbox::Handler<Work> for Record {
     type Error = hexeract::outbox::OutboxError;
 
     async fn handle(&self, event: Work, ctx: &HandlerContext) -> Result<(), Self::Error> {
-        self.db
-            .effect(&self.names, event.n, *ctx.message_id.as_uuid())
+        self.record(event.n, *ctx.message_id.as_uuid())
             .await
-            .map_err(|e| hexeract::outbox::OutboxError::Internal(e.to_string()))?;
-        self.clock.handled(event.n);
-        Ok(())
+            .map_err(hexeract::outbox::OutboxError::Internal)
+    }
+}
+
+impl hexeract::bus::Handler<Work> for Record {
+    type Error = hexeract::bus::BusError;
+
+    async fn handle(&self, message: Work, ctx: &HandlerContext) -> Result<(), Self::Error> {
+        self.record(message.n, *ctx.message_id.as_uuid())
+            .await
+            .map_err(hexeract::bus::BusError::Internal)
     }
 }
 
@@ -474,29 +494,6 @@ impl hexeract::outbox::Handler<Work> for Relay {
             .publish_raw(TOPIC, *ctx.message_id.as_uuid(), TOPIC, &payload)
             .await
             .map_err(|e| hexeract::outbox::OutboxError::Internal(e.to_string()))
-    }
-}
-
-/// The bus handler of `--path amqp`: the consumer's business row.
-struct Consume {
-    /// The consumer's database.
-    db: Db,
-    /// Table names.
-    names: Names,
-    /// The run's clock.
-    clock: Arc<Clock>,
-}
-
-impl hexeract::bus::Handler<Work> for Consume {
-    type Error = hexeract::bus::BusError;
-
-    async fn handle(&self, message: Work, ctx: &HandlerContext) -> Result<(), Self::Error> {
-        self.db
-            .effect(&self.names, message.n, *ctx.message_id.as_uuid())
-            .await
-            .map_err(|e| hexeract::bus::BusError::Internal(e.to_string()))?;
-        self.clock.handled(message.n);
-        Ok(())
     }
 }
 
@@ -744,7 +741,7 @@ async fn run_on(args: &Args, db: &Db, names: &Names, run: &str) -> Res<serde_jso
                 .queue(broker.queue.clone())
                 .ack_mode(AckMode::Manual)
                 .prefetch(args.prefetch)
-                .register_handler::<Work, _>(Consume {
+                .register_handler::<Work, _>(Record {
                     db: db.clone(),
                     names: names.clone(),
                     clock: clock.clone(),

@@ -4,7 +4,7 @@
 
 use crate::cli::Args;
 use crate::clock::Clock;
-use crate::measure::{wait_handled, RunResult};
+use crate::measure::{produce, wait_handled, RunResult, Stamp};
 use crate::place::Place;
 use crate::workload::{Work, HANDLER};
 use crate::{BoxError, Res};
@@ -16,9 +16,7 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties, ExchangeKind};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::Ordering::Relaxed;
 use tickbox::{Amqp, Message};
 
 /// The settings of a tickbox bus over the broker, in a namespace of its
@@ -146,57 +144,44 @@ async fn raw(args: &Args, offset: u64, exchange: &str, queue: &str) -> Res<RunRe
         })
     };
 
-    let next = Arc::new(AtomicU64::new(0));
     let exchange = ShortString::from(exchange);
-    let mut publishers = Vec::new();
-    for _ in 0..args.raw_in_flight {
-        let (next, clock, out, exchange) =
-            (next.clone(), clock.clone(), out.clone(), exchange.clone());
-        let (total, rate) = (args.messages, args.rate);
-        publishers.push(tokio::spawn(async move {
-            loop {
-                let k = next.fetch_add(1, Relaxed);
-                if k >= total || clock.failed.load(Relaxed) {
-                    return Ok::<_, BoxError>(());
-                }
-                if let Some(rate) = rate {
-                    let at = clock.t0 + Duration::from_secs_f64(k as f64 / rate);
-                    tokio::time::sleep_until(at.into()).await;
-                }
-                let n = clock.offset + k;
-                let id = uuid::Uuid::now_v7().to_string();
-                let payload = serde_json::to_vec(&Work { n })?;
-                // Stamped before the publish: the consumer may have the
-                // message before the confirm comes back.
-                clock.producer_committed(n);
-                let confirmation = out
-                    .basic_publish(
-                        exchange.clone(),
-                        Work::TOPIC.into(),
-                        BasicPublishOptions {
-                            mandatory: true,
-                            ..BasicPublishOptions::default()
-                        },
-                        &payload,
-                        BasicProperties::default()
-                            .with_message_id(id.into())
-                            .with_content_type("application/json".into())
-                            .with_delivery_mode(2),
-                    )
-                    .await?
-                    .await?;
-                if !matches!(confirmation, Confirmation::Ack(None)) {
-                    clock.failed.store(true, Relaxed);
-                    return Err(format!("raw publish not confirmed: {confirmation:?}").into());
-                }
+    let publish = move |n: u64| {
+        let (out, exchange) = (out.clone(), exchange.clone());
+        async move {
+            let id = uuid::Uuid::now_v7().to_string();
+            let payload = serde_json::to_vec(&Work { n })?;
+            let confirmation = out
+                .basic_publish(
+                    exchange,
+                    Work::TOPIC.into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    &payload,
+                    BasicProperties::default()
+                        .with_message_id(id.into())
+                        .with_content_type("application/json".into())
+                        .with_delivery_mode(2),
+                )
+                .await?
+                .await?;
+            if !matches!(confirmation, Confirmation::Ack(None)) {
+                return Err(format!("raw publish not confirmed: {confirmation:?}").into());
             }
-        }));
-    }
-    let mut produced = 0.0;
-    for task in publishers {
-        task.await??;
-        produced = clock.t0.elapsed().as_secs_f64();
-    }
+            Ok(())
+        }
+    };
+    // Stamped before the publish: the consumer may have the message before
+    // the confirm comes back.
+    let produced = produce(
+        args,
+        &clock,
+        args.rate,
+        (args.raw_in_flight, Stamp::Before),
+        publish,
+    )
+    .await?;
     let seconds = wait_handled(&clock, args.messages, || clock.handled.load(Relaxed)).await?;
     consuming.await??;
     let _ = publisher.close(200, "done".into()).await;

@@ -4,7 +4,7 @@
 use crate::backend::BenchBackend;
 use crate::cli::Args;
 use crate::clock::Clock;
-use crate::measure::{now_us, produce, wait_handled, RunResult};
+use crate::measure::{now_us, produce, wait_handled, RunResult, Stamp};
 use crate::place::Place;
 use crate::workload::{note, Work, HANDLER};
 use crate::{BoxError, Res};
@@ -105,37 +105,43 @@ async fn run_direct<B: BenchBackend>(
 
     let clock = Clock::new(offset, args.messages, true);
     let task_clock = clock.clone();
-    let produced = produce(args, &clock, rate, move |n| {
-        let (producers, consumers, clock) =
-            (producers.clone(), consumers.clone(), task_clock.clone());
-        async move {
-            let id = Uuid::now_v7();
-            let payload = serde_json::to_string(&Work { n })?;
-            produce_one::<B>(&mut *B::raw_get(&producers).await?, n, id, &payload).await?;
-            if !consume {
-                clock.handler_committed_index(n);
-                clock.handled.fetch_add(1, Relaxed);
-                return Ok(());
+    let produced = produce(
+        args,
+        &clock,
+        rate,
+        (args.concurrency, Stamp::After),
+        move |n| {
+            let (producers, consumers, clock) =
+                (producers.clone(), consumers.clone(), task_clock.clone());
+            async move {
+                let id = Uuid::now_v7();
+                let payload = serde_json::to_string(&Work { n })?;
+                produce_one::<B>(&mut *B::raw_get(&producers).await?, n, id, &payload).await?;
+                if !consume {
+                    clock.handler_committed_index(n);
+                    clock.handled.fetch_add(1, Relaxed);
+                    return Ok(());
+                }
+                tokio::spawn(async move {
+                    let consumed = async {
+                        consume_one::<B>(&mut *B::raw_get(&consumers).await?, id, &payload).await
+                    }
+                    .await;
+                    match consumed {
+                        Ok(()) => {
+                            clock.handler_committed_index(n);
+                            clock.handled.fetch_add(1, Relaxed);
+                        }
+                        Err(e) => {
+                            eprintln!("baseline consumer failed: {e}");
+                            clock.failed.store(true, Relaxed);
+                        }
+                    }
+                });
+                Ok(())
             }
-            tokio::spawn(async move {
-                let consumed = async {
-                    consume_one::<B>(&mut *B::raw_get(&consumers).await?, id, &payload).await
-                }
-                .await;
-                match consumed {
-                    Ok(()) => {
-                        clock.handler_committed_index(n);
-                        clock.handled.fetch_add(1, Relaxed);
-                    }
-                    Err(e) => {
-                        eprintln!("baseline consumer failed: {e}");
-                        clock.failed.store(true, Relaxed);
-                    }
-                }
-            });
-            Ok(())
-        }
-    })
+        },
+    )
     .await?;
     let seconds = wait_handled(&clock, args.messages, || clock.handled.load(Relaxed)).await?;
     drop((shop_module, ledger_module));

@@ -71,13 +71,24 @@ impl RunResult {
     }
 }
 
-/// Runs `produce(n)` for n in `offset..offset + messages` on `concurrency`
-/// tasks, paced at `rate` messages/s when given. Returns when all are
-/// committed, with the seconds that took.
+/// When a message counts as committed for the latency clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stamp {
+    /// Once `produce(n)` returned (a database commit).
+    After,
+    /// Just before `produce(n)` starts: a consumer may have the message
+    /// before `produce` returns (a broker's confirm).
+    Before,
+}
+
+/// Runs `produce(n)` for n in `offset..offset + messages` on `tasks`
+/// tasks, paced at `rate` messages/s when given, stamping each message as
+/// `stamp` says. Returns when all are produced, with the seconds that took.
 pub(crate) async fn produce<F, Fut>(
     args: &Args,
     clock: &Arc<Clock>,
     rate: Option<f64>,
+    (tasks_n, stamp): (usize, Stamp),
     produce: F,
 ) -> Res<f64>
 where
@@ -86,7 +97,7 @@ where
 {
     let next = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
-    for _ in 0..args.concurrency {
+    for _ in 0..tasks_n {
         let (next, clock, produce, total) =
             (next.clone(), clock.clone(), produce.clone(), args.messages);
         tasks.push(tokio::spawn(async move {
@@ -100,11 +111,16 @@ where
                     tokio::time::sleep_until(at.into()).await;
                 }
                 let n = clock.offset + k;
+                if stamp == Stamp::Before {
+                    clock.producer_committed(n);
+                }
                 if let Err(e) = produce(n).await {
                     clock.failed.store(true, Relaxed);
                     return Err(e);
                 }
-                clock.producer_committed(n);
+                if stamp == Stamp::After {
+                    clock.producer_committed(n);
+                }
             }
         }));
     }

@@ -4,7 +4,7 @@
 use crate::backend::BenchBackend;
 use crate::cli::Args;
 use crate::clock::{lock, Clock};
-use crate::measure::{produce, wait_handled, RunResult};
+use crate::measure::{produce, wait_handled, RunResult, Stamp};
 use crate::place::Place;
 use crate::trace;
 use crate::workload::{note, CurrentClock, Record, Work, HANDLER};
@@ -207,18 +207,24 @@ pub(crate) async fn run_tickbox_on<B: BenchBackend>(
 
     let timeline = args.timeline.then(|| timeline(pair, &clock, &bus, before));
     let shop = pair.shop.clone();
-    let produced = produce(args, &clock, rate, move |n| {
-        let shop = shop.clone();
-        async move {
-            shop.transaction(async move |tx| {
-                B::insert_order(tx.conn(), n as i64, &note(n)).await?;
-                tx.publish(&Work { n })?;
-                Ok::<_, tickbox::Error>(())
-            })
-            .await?;
-            Ok(())
-        }
-    })
+    let produced = produce(
+        args,
+        &clock,
+        rate,
+        (args.concurrency, Stamp::After),
+        move |n| {
+            let shop = shop.clone();
+            async move {
+                shop.transaction(async move |tx| {
+                    B::insert_order(tx.conn(), n as i64, &note(n)).await?;
+                    tx.publish(&Work { n })?;
+                    Ok::<_, tickbox::Error>(())
+                })
+                .await?;
+                Ok(())
+            }
+        },
+    )
     .await?;
     let seconds = wait_handled(&clock, args.messages, || pair.handled() - before).await?;
     if let Some(t) = timeline {
