@@ -252,39 +252,6 @@ pub enum Error {
 /// `Result` with tickbox's [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-impl Error {
-    /// True for failures that may succeed when tried again: lost connections,
-    /// serialization failures, deadlocks, a busy SQLite database, an exhausted
-    /// pool, an unreachable message broker.
-    pub fn is_transient(&self) -> bool {
-        match self {
-            Error::Database(e) => is_transient_db(e),
-            Error::Pool { .. } | Error::BrokerUnreachable { .. } => true,
-            _ => false,
-        }
-    }
-}
-
-/// Sorts diesel errors into retryable and permanent ones.
-pub(crate) fn is_transient_db(error: &diesel::result::Error) -> bool {
-    use diesel::result::{DatabaseErrorKind as Kind, Error as E};
-    match error {
-        E::DatabaseError(kind, info) => match kind {
-            Kind::SerializationFailure | Kind::ClosedConnection | Kind::UnableToSendCommand => true,
-            _ => {
-                let message = info.message();
-                message.contains("database is locked")
-                    || message.contains("database is busy")
-                    || message.contains("deadlock detected")
-                    || message.contains("terminating connection")
-                    || message.contains("connection closed")
-            }
-        },
-        E::BrokenTransactionManager => true,
-        _ => false,
-    }
-}
-
 /// A database URL with its secrets replaced by `***`, for logs and
 /// messages. tickbox's own errors never show a password.
 ///

@@ -248,6 +248,9 @@
 //!   reads the same on every backend, written once as `statement`s;
 //!   `schema`: the tables; `database`: a module's pool and write turn;
 //!   `settings`, `pool`, `migrations`.
+//! - `transient` — which failures are worth trying again
+//!   ([`Error::is_transient`]): by the error's kind and SQLSTATE, and by the
+//!   words a backend lists when it gives no code (SQLite's busy database).
 //! - `metrics` — counters, histograms and gauges, their snapshots, and the
 //!   names they are exported under; `prometheus` serves them.
 //! - `outbox/` — a module's outbox as this process sees it: what it may
@@ -304,6 +307,7 @@ mod prometheus;
 mod retention;
 mod retry;
 mod store;
+mod transient;
 mod tx;
 
 /// The diesel tickbox is built on (2.4). Handlers and transactions run an

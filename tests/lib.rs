@@ -102,6 +102,7 @@ macro_rules! suite {
         case!(faults::two_buses_on_one_set_of_databases_handle_each_message_once);
         case!(faults::an_outbox_retention_of_zero_deletes_rows_as_they_are_delivered);
         case!(faults::messages_beyond_the_announcement_queue_are_delivered_without_waiting_for_a_lease);
+        case!(faults::transient_database_failures_are_told_from_permanent_ones);
 
         case!(hostile::hostile_rows_end_as_dead_letters_while_good_messages_flow);
         case!(hostile::a_stalled_message_is_counted_and_named);

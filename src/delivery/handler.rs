@@ -162,7 +162,7 @@ impl HandlerError {
     /// without using up an attempt.
     pub(crate) fn is_transient_database(&self) -> bool {
         if let Some(e) = self.error.downcast_ref::<diesel::result::Error>() {
-            return crate::error::is_transient_db(e);
+            return crate::transient::is_transient(e);
         }
         self.error
             .downcast_ref::<crate::Error>()

@@ -29,6 +29,11 @@ pub trait Store: Sized + Send + Sync + 'static {
     /// polling the database's lock.
     const ONE_WRITER: bool;
 
+    /// The texts by which the database reports a failure worth retrying
+    /// when it gives no error code for it (SQLite's busy database). Codes
+    /// are read first, in [`is_transient`](crate::transient::is_transient).
+    const TRANSIENT_MESSAGES: &'static [&'static str];
+
     /// Runs the embedded migrations (if `settings.migrate`) and opens the
     /// module's pool; also returns the channel on which commits to the
     /// module's outbox wake buses, where the backend has one (PostgreSQL).

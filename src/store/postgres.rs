@@ -251,6 +251,8 @@ impl Store for Postgres {
     const TABLES_BY_NAME: &'static str =
         "information_schema.tables WHERE table_schema = current_schema() AND table_name";
     const ONE_WRITER: bool = false;
+    // Every transient failure comes with a SQLSTATE or as a lost connection.
+    const TRANSIENT_MESSAGES: &'static [&'static str] = &[];
 
     async fn open(settings: &StoreSettings) -> crate::Result<(Self::Pool, Option<WakeupChannel>)> {
         check_url(settings)?;

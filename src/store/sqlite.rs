@@ -95,10 +95,12 @@ fn prepare_file(
 fn is_busy(error: &Error) -> bool {
     let reason = match error {
         Error::BadDatabaseUrl { reason, .. } | Error::Migration { reason, .. } => reason.as_str(),
-        Error::Database(e) => return crate::error::is_transient_db(e),
+        Error::Database(diesel::result::Error::DatabaseError(_, info)) => info.message(),
         _ => return false,
     };
-    reason.contains("database is locked") || reason.contains("database is busy")
+    Sqlite::TRANSIENT_MESSAGES
+        .iter()
+        .any(|busy| reason.contains(busy))
 }
 
 /// Accepts a plain path or a `sqlite://`/`sqlite:` URL; refuses in-memory
@@ -164,6 +166,8 @@ impl Store for Sqlite {
          CASE WHEN typeof(created_at_us) = 'integer' THEN created_at_us END AS created_at_us";
     const TABLES_BY_NAME: &'static str = "sqlite_master WHERE type = 'table' AND name";
     const ONE_WRITER: bool = true;
+    // SQLite reports a lock held by another connection only in words.
+    const TRANSIENT_MESSAGES: &'static [&'static str] = &["database is locked", "database is busy"];
 
     async fn open(settings: &StoreSettings) -> crate::Result<(Self::Pool, Option<WakeupChannel>)> {
         let path = database_path(settings)?;

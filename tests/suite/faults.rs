@@ -3,6 +3,7 @@
 
 use super::{bus, drained, fast_retries, pair, publish};
 use crate::support::*;
+use diesel_async::SimpleAsyncConnection;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 use tickbox::{Bus, Error, Outcome, Replayed, Retention, RetryPolicy};
@@ -619,4 +620,49 @@ pub async fn a_named_instance_takes_its_own_claims_back_at_once<B: TestBackend>(
         .err()
         .expect("an empty instance name is refused");
     assert!(blank.to_string().contains("instance"), "{blank}");
+}
+
+pub async fn transient_database_failures_are_told_from_permanent_ones<B: TestBackend>(db: TestDb) {
+    let handler = Record::new(Then::Succeed);
+    let (orders, _warehouse) = pair::<B>(&db, &handler).await;
+
+    // A writer holds its transaction open while a reader trips over it.
+    let (entered, holding) = tokio::sync::oneshot::channel();
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let writer = orders.clone();
+    let writing = tokio::spawn(async move {
+        writer
+            .transaction(async move |tx| {
+                tx.publish(&Ping { n: 1 })?;
+                let _ = entered.send(());
+                let _ = released.await;
+                Ok::<_, Error>(())
+            })
+            .await
+    });
+    holding.await.expect("the writer is inside its transaction");
+    let transient = orders
+        .read(async move |tx| {
+            tx.conn().batch_execute(B::TRANSIENT_FAILURE).await?;
+            Ok::<_, Error>(())
+        })
+        .await
+        .expect_err("the database refuses");
+    assert!(transient.is_transient(), "worth retrying: {transient}");
+    let _ = release.send(());
+    writing
+        .await
+        .expect("writer task")
+        .expect("the writer commits");
+
+    let permanent = orders
+        .read(async move |tx| {
+            tx.conn()
+                .batch_execute("SELECT * FROM no_such_table")
+                .await?;
+            Ok::<_, Error>(())
+        })
+        .await
+        .expect_err("there is no such table");
+    assert!(!permanent.is_transient(), "not worth retrying: {permanent}");
 }

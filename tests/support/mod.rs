@@ -33,6 +33,10 @@ pub trait TestBackend: Backend {
         conn: &mut Self::Connection,
         sql: String,
     ) -> impl Future<Output = diesel::QueryResult<i64>> + Send;
+
+    /// SQL that the database refuses with a failure worth retrying, run in a
+    /// read transaction while another transaction of the module writes.
+    const TRANSIENT_FAILURE: &'static str;
 }
 
 #[derive(diesel::QueryableByName)]
@@ -157,6 +161,9 @@ impl TestBackend for tickbox::Sqlite {
         tickbox::Module::builder(name, path.to_str().expect("utf-8 path"))
     }
     count_impl!();
+    // Taking the write lock that the writer holds, without waiting for it.
+    const TRANSIENT_FAILURE: &'static str =
+        "PRAGMA busy_timeout = 0; CREATE TABLE lock_probe (x INTEGER)";
 }
 
 #[cfg(feature = "postgres")]
@@ -169,6 +176,10 @@ impl TestBackend for tickbox::Postgres {
             .pool_size(4)
     }
     count_impl!();
+    // The server raises the SQLSTATE of a deadlock (40P01), as it does when
+    // it breaks one.
+    const TRANSIENT_FAILURE: &'static str = "DO $$ BEGIN RAISE EXCEPTION 'deadlock detected' \
+         USING ERRCODE = 'deadlock_detected'; END $$";
 }
 
 /// Tests that use the broker share it; a test that restarts it, closes its
