@@ -15,9 +15,25 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 use tickbox::{Amqp, Bus, BusHandle, Error, ModuleHandle, Sqlite};
 
-/// A namespace no other test uses.
-fn namespace() -> String {
-    format!("test.{:08x}", fastrand::u32(..))
+/// A namespace no other test uses; what the test's buses declare in it is
+/// deleted when it drops.
+struct Namespace(String);
+
+impl std::ops::Deref for Namespace {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Drop for Namespace {
+    fn drop(&mut self) {
+        delete_from_broker(&amqp(self).exchange());
+    }
+}
+
+fn namespace() -> Namespace {
+    Namespace(format!("test.{:08x}", fastrand::u32(..)))
 }
 
 /// The broker settings of one test.
@@ -92,10 +108,11 @@ async fn an_unreachable_broker_fails_the_start_and_the_modules_stay_free() {
     );
     assert!(error.is_transient(), "worth retrying: {error}");
     // Nothing was taken: the same modules start a bus over the real broker.
+    let namespace = namespace();
     let bus = Bus::builder()
         .module(&orders)
         .module(&warehouse)
-        .amqp(amqp(&namespace()))
+        .amqp(amqp(&namespace))
         .start()
         .await
         .expect("the modules are free");
@@ -312,7 +329,8 @@ async fn survives(
 ) -> u64 {
     let db = TestDb::new();
     let handler = Record::new(Then::Succeed);
-    let (orders, warehouse, bus) = over_broker(&db, &handler, amqp(&namespace())).await;
+    let namespace = namespace();
+    let (orders, warehouse, bus) = over_broker(&db, &handler, amqp(&namespace)).await;
     for n in 0..count / 2 {
         publish(&orders, n).await;
     }

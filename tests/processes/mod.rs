@@ -67,6 +67,35 @@ impl Place {
         }
     }
 
+    /// Runs `SELECT count(*) FROM <rest>` in the orders module's database;
+    /// 0 before its tables exist.
+    fn count_orders_db(&self, rest: &str) -> i64 {
+        match self {
+            Place::Sqlite(dir) => {
+                use tickbox::diesel::{dsl::sql, sql_types::BigInt, Connection, RunQueryDsl};
+                let path = dir.path().join("orders.db").display().to_string();
+                let Ok(mut conn) = tickbox::diesel::SqliteConnection::establish(&path) else {
+                    return 0;
+                };
+                tickbox::diesel::select(sql::<BigInt>(&format!("(SELECT count(*) FROM {rest})")))
+                    .get_result::<i64>(&mut conn)
+                    .unwrap_or(0)
+            }
+            Place::Postgres { url, .. } => {
+                let sql =
+                    format!("SET search_path TO minishop_orders; SELECT count(*) FROM {rest}");
+                let output = Command::new("psql")
+                    .args([url, "-qtAc", &sql])
+                    .output()
+                    .expect("psql runs");
+                String::from_utf8_lossy(&output.stdout)
+                    .trim()
+                    .parse()
+                    .unwrap_or(0)
+            }
+        }
+    }
+
     fn args(&self) -> Vec<String> {
         match self {
             Place::Sqlite(dir) => vec!["--data-dir".into(), dir.path().display().to_string()],
@@ -328,9 +357,9 @@ const ONE_MODULE_TWICE: &[&str] = &["orders", "warehouse", "warehouse", "notific
 const ORDERS_EACH: u64 = 100;
 
 /// Starts the process running `modules`: new orders if it runs the orders
-/// module, faults injected, a deadline that names what is unfinished rather
-/// than hanging.
-fn spawn_part(place: &Place, modules: &str) -> Child {
+/// module (unless `resume`: only finishing what is pending), faults
+/// injected, a deadline that names what is unfinished rather than hanging.
+fn spawn_part(place: &Place, modules: &str, resume: bool) -> Child {
     let orders = ORDERS_EACH.to_string();
     let mut args = vec![
         "--modules",
@@ -343,7 +372,9 @@ fn spawn_part(place: &Place, modules: &str) -> Child {
         "240",
         "--json",
     ];
-    if modules.contains("orders") {
+    if resume {
+        args.push("--resume");
+    } else if modules.contains("orders") {
         args.extend(["--orders", orders.as_str()]);
     }
     spawn(place, &args)
@@ -355,7 +386,7 @@ fn spawn_part(place: &Place, modules: &str) -> Child {
 fn share_the_work(place: Place, split: &[&str]) {
     let children: Vec<Child> = split
         .iter()
-        .map(|modules| spawn_part(&place, modules))
+        .map(|modules| spawn_part(&place, modules, false))
         .collect();
     let placing = split.iter().filter(|m| m.contains("orders")).count() as u64;
     for (child, modules) in children.into_iter().zip(split) {
@@ -414,16 +445,23 @@ fn sigkill_at_random(
 }
 
 /// Runs `split` side by side and kills its processes with SIGKILL at seeded
-/// random moments, restarting each killed one at once as it was started
-/// (a process running the orders module places new orders again); then
-/// every process ends by itself with the flow checked.
+/// random moments, restarting each killed one at once; then every process
+/// ends by itself with the flow checked.
+///
+/// A killed process is restarted as it was started (placing new orders if it
+/// runs the orders module) while no placing run has ended. Once one has, the
+/// others may see the flow finished and end, and orders placed then would
+/// find no process left to serve them: it is restarted with `--resume`. (A
+/// run killed while placing holds the others back for its lease, 5 s, long
+/// enough for its replacement to record its own run.)
 fn share_the_work_through_sigkills(place: Place, split: &[&str]) {
     let mut children: Vec<Child> = split
         .iter()
-        .map(|modules| spawn_part(&place, modules))
+        .map(|modules| spawn_part(&place, modules, false))
         .collect();
     let (seed, kills) = sigkill_at_random(&mut children, 8, (50, 400, 1500), |victim| {
-        spawn_part(&place, split[victim])
+        let resume = place.count_orders_db("placing_runs WHERE ended_at_us IS NOT NULL") > 0;
+        spawn_part(&place, split[victim], resume)
     });
     let mut orders = None;
     for (child, modules) in children.into_iter().zip(split) {
@@ -624,28 +662,7 @@ mod amqp_split {
         /// Orders in the orders process's database so far (0 before its
         /// tables exist).
         fn orders_placed(&self) -> i64 {
-            match &self.places[0] {
-                Place::Sqlite(dir) => {
-                    use tickbox::diesel::{dsl::sql, sql_types::BigInt, Connection, RunQueryDsl};
-                    let path = dir.path().join("orders.db").display().to_string();
-                    let Ok(mut conn) = tickbox::diesel::SqliteConnection::establish(&path) else {
-                        return 0;
-                    };
-                    tickbox::diesel::select(sql::<BigInt>("(SELECT count(*) FROM orders)"))
-                        .get_result::<i64>(&mut conn)
-                        .unwrap_or(0)
-                }
-                Place::Postgres { url, .. } => {
-                    let output = Command::new("psql")
-                        .args([url, "-qtAc", "SELECT count(*) FROM minishop_orders.orders"])
-                        .output()
-                        .expect("psql runs");
-                    String::from_utf8_lossy(&output.stdout)
-                        .trim()
-                        .parse()
-                        .unwrap_or(0)
-                }
-            }
+            self.places[0].count_orders_db("orders")
         }
 
         /// Waits, at most a minute, until the orders process has placed at
@@ -687,6 +704,13 @@ mod amqp_split {
                 results.push(result);
             }
             results
+        }
+    }
+
+    /// The split's exchange and queues go with it.
+    impl Drop for Split {
+        fn drop(&mut self) {
+            crate::support::delete_from_broker(&format!("tickbox.{}", self.namespace));
         }
     }
 

@@ -134,12 +134,17 @@ impl TestDb {
     }
 }
 
-/// PostgreSQL: drops the schemas the test made (all named after its
-/// prefix), so that a run leaves the server as it found it. A bus left
-/// running would hold locks: after five seconds the drop gives up, and the
-/// next run's schemas have other names anyway.
+/// Drops what the test made, so that a run leaves the servers as it found
+/// them: over a broker, its exchange and queues; on PostgreSQL, the schemas
+/// (all named after its prefix). A bus left running would hold locks:
+/// after five seconds the drop gives up, and the next run's schemas have
+/// other names anyway.
 impl Drop for TestDb {
     fn drop(&mut self) {
+        #[cfg(feature = "amqp")]
+        if let Some(amqp) = &self.amqp {
+            delete_from_broker(&amqp.exchange());
+        }
         let Some(url) = &self.pg_url else { return };
         let sql = format!(
             "SET lock_timeout = '5s'; SET client_min_messages = warning; \
@@ -209,6 +214,54 @@ pub fn broker_shared() -> BrokerGuard {
 #[allow(dead_code)]
 pub fn broker_alone() -> BrokerGuard {
     BrokerGuard::Alone(BROKER.write().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// Deletes exchange `exchange` and every queue named after it
+/// (`<exchange>.…`): what a test's buses declared on the broker. A broker
+/// that cannot be reached keeps them (`.ci/run` removes what is left).
+#[cfg(feature = "amqp")]
+#[allow(dead_code)]
+pub fn delete_from_broker(exchange: &str) {
+    use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
+    let Ok(listed) = std::process::Command::new("rabbitmqctl")
+        .args(["list_queues", "-q", "--no-table-headers", "name"])
+        .output()
+    else {
+        return;
+    };
+    let prefix = format!("{exchange}.");
+    let queues: Vec<String> = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .map(str::trim)
+        .filter(|queue| queue.starts_with(&prefix))
+        .map(String::from)
+        .collect();
+    let (url, exchange) = (amqp_url(), exchange.to_string());
+    // Called as a test ends, maybe inside its runtime: a runtime of its own.
+    let _ = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async move {
+            let properties = lapin::ConnectionProperties::default();
+            let Ok(connection) = lapin::Connection::connect(&url, properties).await else {
+                return;
+            };
+            if let Ok(channel) = connection.create_channel().await {
+                for queue in queues {
+                    let options = QueueDeleteOptions::default();
+                    let _ = channel.queue_delete(queue.as_str().into(), options).await;
+                }
+                let options = ExchangeDeleteOptions::default();
+                let _ = channel
+                    .exchange_delete(exchange.as_str().into(), options)
+                    .await;
+            }
+            let _ = connection.close(200, "test done".into()).await;
+        });
+    })
+    .join();
 }
 
 /// Runs `rabbitmqctl` with `args` and fails the test if it fails.

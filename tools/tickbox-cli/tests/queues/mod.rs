@@ -63,4 +63,26 @@ async fn queues_shows_a_handlers_queue_and_its_consumer() {
     assert!(!run.stderr.contains(":guest@"), "{}", run.stderr);
     run_cli(args("no-slash")).await.fails(1, "MODULE/HANDLER");
     bus.stop().await;
+    delete_from_broker(&Amqp::new(amqp_url()).namespace(&namespace))
+        .await
+        .expect("the test's queue and exchange are deleted");
+}
+
+/// Deletes what the test's bus declared: its handler's queue and exchange.
+async fn delete_from_broker(amqp: &Amqp) -> Result<(), lapin::Error> {
+    use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
+    let properties = lapin::ConnectionProperties::default();
+    let connection = lapin::Connection::connect(&amqp_url(), properties).await?;
+    let channel = connection.create_channel().await?;
+    let queue = amqp.queue("shop", "shop.accept");
+    channel
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await?;
+    channel
+        .exchange_delete(
+            amqp.exchange().as_str().into(),
+            ExchangeDeleteOptions::default(),
+        )
+        .await?;
+    connection.close(200, "test done".into()).await
 }
