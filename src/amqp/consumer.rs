@@ -177,7 +177,7 @@ impl<B: Backend> Consumer<B> {
         }
         in_flight.set(0.0);
         self.stats.in_flight.store(0, Relaxed);
-        topology::close(connection, "stopping").await;
+        topology::close(connection, Some(channel), "stopping").await;
         ended
     }
 

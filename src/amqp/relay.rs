@@ -212,11 +212,19 @@ impl Relay {
             .as_ref()
             .is_some_and(|(_, channel)| channel.id() == failed.id())
         {
-            if let Some((connection, _)) = link.open.take() {
+            if let Some((connection, channel)) = link.open.take() {
                 // A broker that blocks publishers reads nothing more from
                 // the connection, not even its close: do not wait for it.
-                tokio::spawn(topology::close(connection, "reconnecting"));
+                tokio::spawn(topology::close(connection, Some(channel), "reconnecting"));
             }
+        }
+    }
+
+    /// Closes the relay's channel and connection, when the bus stops.
+    pub(crate) async fn close(&self) {
+        let open = self.link.lock().await.open.take();
+        if let Some((connection, channel)) = open {
+            topology::close(connection, Some(channel), "stopping").await;
         }
     }
 

@@ -145,28 +145,48 @@ pub(crate) async fn status(channel: &Channel, queue: &str) -> Result<(u32, u32),
 /// unreachable or refuses stops the start with a clear error.
 pub(crate) async fn declare_all(amqp: &Amqp, queues: &[HandlerQueue]) -> Result<(), Fault> {
     check_names(amqp, queues).map_err(Fault::Refused)?;
-    let connection = connect(amqp, "tickbox topology").await?;
-    let declared = async {
-        let channel = connection
-            .create_channel()
-            .await
-            .map_err(|e| Fault::of("opening a channel", &e))?;
-        declare_exchange(&channel, amqp).await?;
+    on_channel(amqp, "tickbox topology", async |channel| {
+        declare_exchange(channel, amqp).await?;
         for queue in queues {
-            declare_queue(&channel, amqp, queue).await?;
+            declare_queue(channel, amqp, queue).await?;
         }
         Ok(())
-    }
-    .await;
-    close(connection, "declared").await;
-    declared
+    })
+    .await
 }
 
-/// Closes a connection, giving up after a second (the broker may not be
-/// reading it).
-pub(crate) async fn close(connection: Connection, why: &'static str) {
-    let _ = tokio::time::timeout(Duration::from_secs(1), connection.close(200, why.into())).await;
+/// Connects, opens a channel, runs `work` on it, and closes both.
+async fn on_channel<T>(
+    amqp: &Amqp,
+    name: &str,
+    work: impl AsyncFnOnce(&Channel) -> Result<T, Fault>,
+) -> Result<T, Fault> {
+    let connection = connect(amqp, name).await?;
+    let channel = match connection.create_channel().await {
+        Ok(channel) => channel,
+        Err(error) => {
+            close(connection, None, "no channel").await;
+            return Err(Fault::of("opening a channel", &error));
+        }
+    };
+    let done = work(&channel).await;
+    close(connection, Some(channel), "done").await;
+    done
 }
+
+/// Closes `channel`, then its connection, giving up on each after a second
+/// (a broker that blocks publishers reads nothing more, not even a close).
+/// The channel goes first: lapin closes a dropped channel by itself, and if
+/// its connection is closing by then, it reports a connection error.
+pub(crate) async fn close(connection: Connection, channel: Option<Channel>, why: &'static str) {
+    if let Some(channel) = channel.filter(|channel| channel.status().connected()) {
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, channel.close(200, why.into())).await;
+    }
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, connection.close(200, why.into())).await;
+}
+
+/// How long closing a channel or a connection may take.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl Amqp {
     /// Reads the queue of handler `handler` of module `module` on the broker
@@ -177,18 +197,10 @@ impl Amqp {
         self.validate()?;
         let queue = self.queue(module, handler);
         let url = self.redacted_url();
-        let connection = connect(self, "tickbox queue status")
-            .await
-            .map_err(|fault| fault.into_error(url.clone()))?;
-        let read = async {
-            let channel = connection
-                .create_channel()
-                .await
-                .map_err(|e| Fault::of("opening a channel", &e))?;
-            status(&channel, &queue).await
-        }
+        let read = on_channel(self, "tickbox queue status", async |channel| {
+            status(channel, &queue).await
+        })
         .await;
-        close(connection, "read").await;
         let (messages, consumers) = read.map_err(|fault| fault.into_error(url))?;
         Ok(QueueStatus {
             queue,
