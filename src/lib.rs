@@ -203,8 +203,11 @@
 //!   the handler's retry policy (backoff without holding up the others) and
 //!   is acknowledged after its transaction commits, after it is found a
 //!   duplicate, or after it is recorded as a dead letter in the handler's
-//!   module. An undecodable message, or one of another topic routed to the
-//!   queue by hand, becomes a dead letter, never a crash.
+//!   module. Acknowledgements are coalesced: deliveries finished together
+//!   and older than every running one go in one `multiple` ack, one behind
+//!   a slower delivery goes alone after 20 ms. An undecodable message, or
+//!   one of another topic routed to the queue by hand, becomes a dead
+//!   letter, never a crash.
 //! - **Faults**: a broker restart, closed connections or a killed process
 //!   pause delivery, which resumes by itself: the relay and each consumer
 //!   connect again with backoff (lapin's own recovery is not relied on);
@@ -270,7 +273,8 @@
 //!   transactions, metrics), `subscriptions`, `sweep`, `dead_letters` —
 //!   [`DeadLetter`]s: list, replay, discard.
 //! - `amqp/` — the RabbitMQ transport: `settings` (`Amqp`), `topology`,
-//!   `wire` (an envelope as an AMQP message), `relay`, `consumer`, `state`
+//!   `wire` (an envelope as an AMQP message), `relay`, `consumer`, `acks`
+//!   (a consumer's coalesced acknowledgements), `state`
 //!   (the figures), `fault`.
 //! - `bus/` — [`Bus`]: `builder` ([`BusBuilder`]), `config`, `core`,
 //!   `actor`, `handle` ([`BusHandle`]), `dispatcher` (one per outbox: takes

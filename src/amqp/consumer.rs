@@ -5,6 +5,7 @@
 //! A lost connection is made again with backoff; what was not acknowledged
 //! comes again, and the inbox absorbs it.
 
+use crate::amqp::acks::{Ack, Acks};
 use crate::amqp::fault::Fault;
 use crate::amqp::settings::Amqp;
 use crate::amqp::state::ConsumerStats;
@@ -124,14 +125,24 @@ impl<B: Backend> Consumer<B> {
         ];
         let in_flight = metrics::gauge!("tickbox_amqp_in_flight", &labels);
         let depth = metrics::gauge!("tickbox_amqp_queue_depth", &labels);
-        let mut running: JoinSet<()> = JoinSet::new();
+        let mut running: JoinSet<(u64, bool)> = JoinSet::new();
+        let mut acks = Acks::default();
         let mut stopped = self.bus.stopped.clone();
         let mut next_depth = Instant::now();
         let ended = loop {
+            let ack_due = acks.due();
             tokio::select! {
                 _ = stopped.wait_for(|stop| *stop) => break Ok(()),
-                Some(_) = running.join_next(), if !running.is_empty() => {
+                Some(joined) = running.join_next(), if !running.is_empty() => {
+                    if let Ok((tag, ack)) = joined {
+                        acks.finished(tag, ack, Instant::now());
+                    }
                     self.count_in_flight(&running, &in_flight);
+                }
+                _ = tokio::time::sleep_until(ack_due.unwrap_or_else(Instant::now)), if ack_due.is_some() => {
+                    if let Err(fault) = send(&channel, acks.flush(Instant::now(), false)).await {
+                        break Err(fault);
+                    }
                 }
                 _ = tokio::time::sleep_until(next_depth) => {
                     next_depth = Instant::now() + self.bus.config.scan_interval;
@@ -145,6 +156,7 @@ impl<B: Backend> Consumer<B> {
                 }
                 next = deliveries.next() => match next {
                     Some(Ok(delivery)) => {
+                        acks.taken(delivery.delivery_tag);
                         running.spawn_local(handle(
                             self.bus.clone(),
                             self.route.clone(),
@@ -167,9 +179,14 @@ impl<B: Backend> Consumer<B> {
                 .basic_cancel(tag, BasicCancelOptions::default())
                 .await;
             let _ = tokio::time::timeout(self.bus.config.stop_timeout, async {
-                while running.join_next().await.is_some() {}
+                while let Some(joined) = running.join_next().await {
+                    if let Ok((tag, ack)) = joined {
+                        acks.finished(tag, ack, Instant::now());
+                    }
+                }
             })
             .await;
+            let _ = send(&channel, acks.flush(Instant::now(), true)).await;
         } else {
             // The channel is gone: running deliveries finish by themselves
             // (their acknowledgements fail, and the messages come again).
@@ -182,21 +199,33 @@ impl<B: Backend> Consumer<B> {
     }
 
     /// Records how many messages are in delivery.
-    fn count_in_flight(&self, running: &JoinSet<()>, gauge: &metrics::Gauge) {
+    fn count_in_flight(&self, running: &JoinSet<(u64, bool)>, gauge: &metrics::Gauge) {
         gauge.set(running.len() as f64);
         self.stats.in_flight.store(running.len(), Relaxed);
     }
 }
 
-/// Runs one message from the queue through the handler and acknowledges it
-/// once it is handled, skipped as a duplicate, or recorded as a dead letter.
-/// Left unacknowledged if the bus stops first: the broker gives it again.
+/// Sends `acks` on the channel the deliveries came on.
+async fn send(channel: &lapin::Channel, acks: Vec<Ack>) -> Result<(), Fault> {
+    for Ack { tag, multiple } in acks {
+        channel
+            .basic_ack(tag, BasicAckOptions { multiple })
+            .await
+            .map_err(|e| Fault::of("acknowledging", &e))?;
+    }
+    Ok(())
+}
+
+/// Runs one message from the queue through the handler; its delivery tag,
+/// and whether it is to be acknowledged: handled, skipped as a duplicate,
+/// or recorded as a dead letter. Not if the bus stops first: the broker
+/// gives it again.
 async fn handle<B: Backend>(
     bus: Arc<BusCore<B>>,
     route: Route<B>,
     module: ModuleHandle<B>,
     delivery: Delivery,
-) {
+) -> (u64, bool) {
     let done = match wire::envelope(&delivery) {
         Ok(envelope) if Some(envelope.topic.as_str()) != route.topic() => {
             let reason = format!(
@@ -232,11 +261,5 @@ async fn handle<B: Backend>(
             .await
         }
     };
-    if done {
-        if let Err(error) = delivery.acker.ack(BasicAckOptions::default()).await {
-            // The channel closed: the message comes again and the inbox
-            // skips it.
-            tracing::debug!(%error, "acknowledging failed; the broker will deliver the message again");
-        }
-    }
+    (delivery.delivery_tag, done)
 }

@@ -10,9 +10,12 @@
 //! - `relay` — publishes outbox messages with publisher confirms.
 //! - `consumer` — one per handler: runs each message through the inbox
 //!   guard and acknowledges it after COMMIT.
+//! - `acks` — a consumer's acknowledgements, coalesced into `multiple` acks
+//!   that cover only finished deliveries.
 //! - `state` — the relay and consumers of a running bus, and their figures.
 //! - `fault` — sorts the client's errors into unreachable and refused.
 
+pub(crate) mod acks;
 pub(crate) mod consumer;
 pub(crate) mod fault;
 pub(crate) mod relay;
