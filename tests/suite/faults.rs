@@ -627,20 +627,7 @@ pub async fn transient_database_failures_are_told_from_permanent_ones<B: TestBac
     let (orders, _warehouse) = pair::<B>(&db, &handler).await;
 
     // A writer holds its transaction open while a reader trips over it.
-    let (entered, holding) = tokio::sync::oneshot::channel();
-    let (release, released) = tokio::sync::oneshot::channel::<()>();
-    let writer = orders.clone();
-    let writing = tokio::spawn(async move {
-        writer
-            .transaction(async move |tx| {
-                tx.publish(&Ping { n: 1 })?;
-                let _ = entered.send(());
-                let _ = released.await;
-                Ok::<_, Error>(())
-            })
-            .await
-    });
-    holding.await.expect("the writer is inside its transaction");
+    let writer = hold_writer(&orders, 1).await;
     let transient = orders
         .read(async move |tx| {
             tx.conn().batch_execute(B::TRANSIENT_FAILURE).await?;
@@ -649,11 +636,7 @@ pub async fn transient_database_failures_are_told_from_permanent_ones<B: TestBac
         .await
         .expect_err("the database refuses");
     assert!(transient.is_transient(), "worth retrying: {transient}");
-    let _ = release.send(());
-    writing
-        .await
-        .expect("writer task")
-        .expect("the writer commits");
+    writer.commit().await;
 
     let permanent = orders
         .read(async move |tx| {

@@ -494,20 +494,7 @@ pub async fn a_read_only_transaction_reads_without_blocking_and_cannot_publish<B
     publish(&orders, 1).await;
 
     // A writer holds its transaction open; a reader does not wait for it.
-    let (entered, holding) = tokio::sync::oneshot::channel();
-    let (release, released) = tokio::sync::oneshot::channel::<()>();
-    let writer = orders.clone();
-    let writing = tokio::spawn(async move {
-        writer
-            .transaction(async move |tx| {
-                tx.publish(&Ping { n: 2 })?;
-                let _ = entered.send(());
-                let _ = released.await;
-                Ok::<_, Error>(())
-            })
-            .await
-    });
-    holding.await.expect("the writer is inside its transaction");
+    let writer = hold_writer(&orders, 2).await;
     let seen = tokio::time::timeout(
         WAIT,
         orders.read(async move |tx| {
@@ -520,8 +507,7 @@ pub async fn a_read_only_transaction_reads_without_blocking_and_cannot_publish<B
     .expect("the reader did not wait for the writer")
     .expect("read");
     assert_eq!(seen, 1, "the reader sees only committed messages");
-    release.send(()).expect("release");
-    writing.await.expect("joined").expect("the writer commits");
+    writer.commit().await;
 
     let refused: Result<_, Error> = orders
         .read(async move |tx| tx.publish(&Ping { n: 3 }))

@@ -334,6 +334,44 @@ pub async fn create_effects<B: TestBackend>(module: &ModuleHandle<B>) {
         .expect("create effects table");
 }
 
+/// A write transaction of a module, held open (having published one
+/// `Ping`) until [`HeldWriter::commit`].
+pub struct HeldWriter {
+    release: tokio::sync::oneshot::Sender<()>,
+    writing: tokio::task::JoinHandle<Result<(), tickbox::Error>>,
+}
+
+/// Opens a write transaction on `module` that publishes `Ping { n }` and
+/// waits; returns once the transaction is inside.
+pub async fn hold_writer<B: TestBackend>(module: &ModuleHandle<B>, n: u64) -> HeldWriter {
+    let (entered, holding) = tokio::sync::oneshot::channel();
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let writer = module.clone();
+    let writing = tokio::spawn(async move {
+        writer
+            .transaction(async move |tx| {
+                tx.publish(&Ping { n })?;
+                let _ = entered.send(());
+                let _ = released.await;
+                Ok::<_, tickbox::Error>(())
+            })
+            .await
+    });
+    holding.await.expect("the writer is inside its transaction");
+    HeldWriter { release, writing }
+}
+
+impl HeldWriter {
+    /// Lets the transaction commit, and fails the test if it does not.
+    pub async fn commit(self) {
+        self.release.send(()).expect("release");
+        self.writing
+            .await
+            .expect("joined")
+            .expect("the writer commits");
+    }
+}
+
 /// Waits until `condition` holds, checking every 20 ms, for at most
 /// `timeout`; panics with `what` if it never does.
 pub async fn eventually<F, Fut>(what: &str, timeout: Duration, mut condition: F)
