@@ -332,7 +332,7 @@ pub use bus::handle::BusHandle;
 pub use delivery::handler::{Delivery, Handler, HandlerError, HandlerOptions};
 pub use delivery::outcome::{DeliveryError, FailureKind, Outcome};
 pub use error::{redact_url, Error, Result};
-pub use message::{Envelope, Message};
+pub use message::{Envelope, Keyed, Message};
 pub use metrics::{BusMetrics, HandlerMetrics, LatencyMetrics, ModuleMetrics, OutboxMetrics};
 pub use module::actor::Module;
 pub use module::builder::ModuleBuilder;

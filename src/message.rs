@@ -43,6 +43,35 @@ pub struct Envelope {
     pub causation_id: Option<Uuid>,
     /// When the message was published, in microseconds since the Unix epoch.
     pub created_at_us: i64,
+    /// The message's place in its ordering key's order, when it was
+    /// published with one ([`Tx::publish_keyed`](crate::Tx::publish_keyed)).
+    pub keyed: Option<Keyed>,
+}
+
+/// Where a keyed message stands in its key's order.
+///
+/// A handler receives the messages of one key in the order they were
+/// committed: it never runs one before an earlier-committed message with the
+/// same key has been handled, skipped as a duplicate, or dead-lettered by
+/// that handler.
+///
+/// **The sequence.** The publishing module numbers each topic's keys on its
+/// own: the first message of a key is 1, the next 2, without gaps. The
+/// number is taken as the publishing transaction commits, under a lock on
+/// the key's counter row, so two transactions publishing for one key commit
+/// one after the other (on PostgreSQL the second waits at the counter for
+/// the first's COMMIT; SQLite writers take turns anyway): a higher number is
+/// always a later commit. Messages with different keys never wait for each
+/// other.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Keyed {
+    /// The ordering key given at publish (a product id, an account number).
+    pub key: String,
+    /// The key's sequence number: 1 for its first message of this topic
+    /// from this publisher, then one more per message.
+    pub sequence: i64,
+    /// The module that published it and numbered the key.
+    pub publisher: String,
 }
 
 impl Envelope {
@@ -68,6 +97,7 @@ impl Envelope {
             correlation_id: cause.map_or(id, |c| c.correlation_id),
             causation_id: cause.map(|c| c.id),
             created_at_us: now_us(),
+            keyed: None,
         }
     }
 }

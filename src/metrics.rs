@@ -16,6 +16,7 @@
 //! | `tickbox_inbox_dead_lettered_total` | counter | module, handler, topic |
 //! | `tickbox_inbox_batches_total` | counter | module, handler, topic |
 //! | `tickbox_inbox_batch_fallbacks_total` | counter | module, handler, topic |
+//! | `tickbox_parked_keys` | gauge | module, handler, topic |
 //! | `tickbox_handler_duration_seconds` | histogram | module, handler, topic |
 //! | `tickbox_end_to_end_seconds` | histogram | module, handler, topic |
 //! | `tickbox_mailbox_queued` | gauge | module |
@@ -28,7 +29,7 @@
 //! | `tickbox_outbox_stalled` | gauge | module |
 //! | `tickbox_subscription_lag_seconds` | gauge | module, subscriber, handler |
 //!
-//! The outbox gauges and the dead-letter count are read from the database
+//! The outbox gauges, the dead-letter count and the parked keys are read from the database
 //! by the bus at an interval (indexed queries), never per message.
 //!
 //! [`BusHandle::metrics`]: crate::BusHandle::metrics
@@ -124,6 +125,10 @@ pub(crate) fn describe_to_recorder() {
             "Dead letters waiting for an operator."
         );
         describe_gauge!(
+            "tickbox_parked_keys",
+            "Ordering keys held back for the handler by a dead letter, until it is replayed or skipped."
+        );
+        describe_gauge!(
             "tickbox_outbox_stalled",
             "Outbox messages pending for longer than the bus's stall threshold."
         );
@@ -213,6 +218,8 @@ pub(crate) struct HandlerCounters {
     dead_lettered: AtomicU64,
     batches: AtomicU64,
     batch_fallbacks: AtomicU64,
+    /// Keys parked by a dead letter, as last read from the database.
+    parked_keys: AtomicI64,
     latency: Latency,
     end_to_end: Latency,
     exported: HandlerExport,
@@ -227,6 +234,7 @@ struct HandlerExport {
     dead_lettered: metrics::Counter,
     batches: metrics::Counter,
     batch_fallbacks: metrics::Counter,
+    parked_keys: metrics::Gauge,
     latency: metrics::Histogram,
     end_to_end: metrics::Histogram,
 }
@@ -247,6 +255,7 @@ impl HandlerCounters {
             dead_lettered: AtomicU64::new(0),
             batches: AtomicU64::new(0),
             batch_fallbacks: AtomicU64::new(0),
+            parked_keys: AtomicI64::new(0),
             latency: Latency::default(),
             end_to_end: Latency::default(),
             exported: HandlerExport {
@@ -257,6 +266,7 @@ impl HandlerCounters {
                 dead_lettered: metrics::counter!("tickbox_inbox_dead_lettered_total", &labels),
                 batches: metrics::counter!("tickbox_inbox_batches_total", &labels),
                 batch_fallbacks: metrics::counter!("tickbox_inbox_batch_fallbacks_total", &labels),
+                parked_keys: metrics::gauge!("tickbox_parked_keys", &labels),
                 latency: metrics::histogram!("tickbox_handler_duration_seconds", &labels),
                 end_to_end: metrics::histogram!("tickbox_end_to_end_seconds", &labels),
             },
@@ -300,6 +310,12 @@ impl HandlerCounters {
         self.exported.batches.increment(1);
     }
 
+    /// The keys a dead letter parks for the handler, as read now.
+    pub(crate) fn parked_keys(&self, keys: i64) {
+        self.parked_keys.store(keys, Relaxed);
+        self.exported.parked_keys.set(keys as f64);
+    }
+
     /// A batch that rolled back and was handled one delivery at a time.
     pub(crate) fn batch_fell_back(&self) {
         self.batch_fallbacks.fetch_add(1, Relaxed);
@@ -318,6 +334,7 @@ impl HandlerCounters {
             dead_lettered: self.dead_lettered.load(Relaxed),
             batches: self.batches.load(Relaxed),
             batch_fallbacks: self.batch_fallbacks.load(Relaxed),
+            parked_keys: self.parked_keys.load(Relaxed),
             mean_latency_seconds: latency.mean_seconds(),
             latency,
             end_to_end: self.end_to_end.snapshot(),
@@ -530,6 +547,9 @@ pub struct HandlerMetrics {
     /// Batches that rolled back because one of their deliveries failed, and
     /// were then handled one delivery per transaction.
     pub batch_fallbacks: u64,
+    /// Ordering keys a dead letter holds back for this handler until it is
+    /// replayed or skipped (read from the database at an interval).
+    pub parked_keys: i64,
     /// Mean time of a committed delivery, from BEGIN to COMMIT.
     pub mean_latency_seconds: f64,
     /// Time of committed deliveries, BEGIN to COMMIT.

@@ -2,7 +2,7 @@
 //! their data with, and the place they publish messages from.
 
 use crate::error::{Error, Result};
-use crate::message::{now_us, Envelope, Message};
+use crate::message::{now_us, Envelope, Keyed, Message};
 use crate::outbox::Outbox;
 use crate::store::backend::Backend;
 use crate::store::database::Database;
@@ -93,6 +93,30 @@ impl<B: Backend> Tx<B> {
     /// Fails at once, before anything is written, when the module did not
     /// declare the topic or the encoded message is over the size limit.
     pub fn publish<M: Message>(&mut self, message: &M) -> Result<Uuid> {
+        self.publish_with(message, None)
+    }
+
+    /// Publishes a message with an ordering key (a product id, an account
+    /// number) and returns its id.
+    ///
+    /// Each handler receives the messages of one key in the order their
+    /// transactions commit: it never runs one before an earlier-committed
+    /// message of the same key (and topic) has been handled, skipped as a
+    /// duplicate, or dead-lettered by that handler; messages of other keys
+    /// keep flowing meanwhile. A dead-lettered message parks its key for its
+    /// handler until it is replayed or skipped
+    /// ([`ModuleHandle::replay_dead_letter`](crate::ModuleHandle::replay_dead_letter),
+    /// [`ModuleHandle::skip_dead_letter`](crate::ModuleHandle::skip_dead_letter)).
+    ///
+    /// The message is numbered in its key's order as this transaction
+    /// commits ([`Keyed`](crate::Keyed) says what the number means, and
+    /// handlers read it from [`Delivery::sequence`](crate::Delivery::sequence)).
+    pub fn publish_keyed<M: Message>(&mut self, key: &str, message: &M) -> Result<Uuid> {
+        self.publish_with(message, Some(key))
+    }
+
+    /// Publishes, with or without an ordering key.
+    fn publish_with<M: Message>(&mut self, message: &M, key: Option<&str>) -> Result<Uuid> {
         if self.mode == Mode::Read {
             return Err(Error::ReadOnly {
                 module: self.outbox.module.to_string(),
@@ -117,7 +141,13 @@ impl<B: Backend> Tx<B> {
             });
         }
         let cause = self.cause.as_deref();
-        let envelope = Envelope::new(M::TOPIC, payload, cause);
+        let mut envelope = Envelope::new(M::TOPIC, payload, cause);
+        // Numbered at commit.
+        envelope.keyed = key.map(|key| Keyed {
+            key: key.to_string(),
+            sequence: 0,
+            publisher: self.outbox.module.to_string(),
+        });
         let id = envelope.id;
         self.published.push(envelope);
         Ok(id)
@@ -151,6 +181,10 @@ impl<B: Backend> Tx<B> {
         for envelope in &mut published {
             envelope.created_at_us = committing_us;
         }
+        if let Err(e) = self.number_keyed(&mut published).await {
+            self.rollback().await;
+            return Err(e.into());
+        }
         let claim = self
             .outbox
             .claimant()
@@ -181,6 +215,26 @@ impl<B: Backend> Tx<B> {
         }
         B::commit(&mut self.conn).await?;
         self.outbox.announce(published);
+        Ok(())
+    }
+
+    /// Gives each keyed message the next number of its key, taking the keys
+    /// in one order (topic, then key) so that two transactions publishing
+    /// for the same keys never wait for each other's counters crosswise.
+    async fn number_keyed(&mut self, published: &mut [Envelope]) -> diesel::QueryResult<()> {
+        let mut keyed: Vec<&mut Envelope> =
+            published.iter_mut().filter(|e| e.keyed.is_some()).collect();
+        // Stable: one key's messages keep the order they were published in.
+        keyed.sort_by(|a, b| {
+            let key = |e: &Envelope| (e.topic.clone(), e.keyed.as_ref().map(|k| k.key.clone()));
+            key(a).cmp(&key(b))
+        });
+        for envelope in keyed {
+            let topic = envelope.topic.clone();
+            if let Some(keyed) = envelope.keyed.as_mut() {
+                keyed.sequence = B::next_sequence(&mut self.conn, &topic, &keyed.key).await?;
+            }
+        }
         Ok(())
     }
 

@@ -118,6 +118,14 @@ macro_rules! suite {
         case!(shared_outbox::processes_starting_together_on_a_new_database_migrate_once);
         case!(shared_outbox::a_module_runs_the_applications_own_migrations);
 
+        case!(ordering::interleaved_keys_arrive_in_order_through_failures_panics_and_duplicates);
+        case!(ordering::a_poison_message_parks_only_its_key_and_replaying_it_restores_the_order);
+        case!(ordering::skipping_a_parked_keys_dead_letter_lets_the_key_move_on);
+        case!(ordering::order_holds_across_a_restart);
+        case!(ordering::two_processes_sharing_the_outbox_keep_each_keys_order);
+        case!(ordering::a_batched_handler_receives_each_key_in_order);
+        case!(ordering::concurrent_publishers_of_one_key_are_numbered_in_commit_order);
+
         case!(observability::a_failed_delivery_is_logged_at_warn_level_with_what_identifies_it);
         case!(observability::counters_move_exactly_as_deliveries_happen);
         case!(observability::lag_rises_while_the_bus_is_stopped_and_returns_to_zero);

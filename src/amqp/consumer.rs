@@ -235,7 +235,7 @@ async fn handle<B: Backend>(
                 route.name(),
                 route.topic().unwrap_or_default()
             );
-            bury(&bus, &module, &envelope, route.name(), 0, &reason).await
+            bury(&bus, &module, &envelope, route.name(), 0, &reason, None).await
         }
         Ok(envelope) => {
             let envelope = Arc::new(envelope);
@@ -257,6 +257,7 @@ async fn handle<B: Backend>(
                 route.name(),
                 0,
                 &reason,
+                None,
             )
             .await
         }

@@ -2,7 +2,7 @@
 //! (JSON), the id is the message id, the correlation id is the correlation
 //! id, the topic is the routing key, and the rest travels in headers.
 
-use crate::message::Envelope;
+use crate::message::{Envelope, Keyed};
 use lapin::message::Delivery;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::BasicProperties;
@@ -13,6 +13,12 @@ const CAUSATION_ID: &str = "tickbox-causation-id";
 
 /// The header holding the publication time, in µs since the Unix epoch.
 const CREATED_AT_US: &str = "tickbox-created-at-us";
+
+/// The headers holding a keyed message's ordering key, its sequence number
+/// and the module that numbered it.
+const ORDERING_KEY: &str = "tickbox-ordering-key";
+const KEY_SEQ: &str = "tickbox-key-seq";
+const KEY_PUBLISHER: &str = "tickbox-key-publisher";
 
 /// A persistent message (survives a broker restart in a durable queue).
 const PERSISTENT: u8 = 2;
@@ -28,6 +34,17 @@ pub(crate) fn properties(envelope: &Envelope) -> BasicProperties {
         headers.insert(
             CAUSATION_ID.into(),
             AMQPValue::LongString(cause.to_string().into()),
+        );
+    }
+    if let Some(keyed) = &envelope.keyed {
+        headers.insert(
+            ORDERING_KEY.into(),
+            AMQPValue::LongString(keyed.key.as_str().into()),
+        );
+        headers.insert(KEY_SEQ.into(), AMQPValue::LongLongInt(keyed.sequence));
+        headers.insert(
+            KEY_PUBLISHER.into(),
+            AMQPValue::LongString(keyed.publisher.as_str().into()),
         );
     }
     BasicProperties::default()
@@ -70,6 +87,7 @@ pub(crate) fn envelope(delivery: &Delivery) -> Result<Envelope, Box<Undecodable>
                 correlation_id: id.unwrap_or_default(),
                 causation_id: None,
                 created_at_us: crate::message::now_us(),
+                keyed: None,
             },
         })
     };
@@ -104,6 +122,26 @@ pub(crate) fn envelope(delivery: &Delivery) -> Result<Envelope, Box<Undecodable>
             )))
         }
     };
+    let text = |name: &str| match header(name) {
+        Some(AMQPValue::LongString(text)) => std::str::from_utf8(text.as_bytes())
+            .ok()
+            .map(str::to_string),
+        _ => None,
+    };
+    let keyed = match (text(ORDERING_KEY), header(KEY_SEQ), text(KEY_PUBLISHER)) {
+        (None, None, None) => None,
+        (Some(key), Some(AMQPValue::LongLongInt(sequence)), Some(publisher)) => Some(Keyed {
+            key,
+            sequence,
+            publisher,
+        }),
+        _ => {
+            return Err(undecodable(format!(
+                "the headers {ORDERING_KEY}, {KEY_SEQ} and {KEY_PUBLISHER} are not all there \
+                 as text, integer and text"
+            )))
+        }
+    };
     Ok(Envelope {
         id,
         topic,
@@ -111,5 +149,6 @@ pub(crate) fn envelope(delivery: &Delivery) -> Result<Envelope, Box<Undecodable>
         correlation_id,
         causation_id,
         created_at_us,
+        keyed,
     })
 }

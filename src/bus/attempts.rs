@@ -4,6 +4,7 @@
 
 use crate::bus::core::BusCore;
 use crate::bus::route::Route;
+use crate::delivery::outcome::FailureKind;
 use crate::message::Envelope;
 use crate::module::handle::ModuleHandle;
 use crate::store::backend::Backend;
@@ -11,8 +12,13 @@ use futures_util::future::join_all;
 use std::future::Future;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::sleep;
+
+/// The longest wait before a keyed message that came before an earlier
+/// message of its key tries again.
+const EARLY_AGAIN_WITHIN: Duration = Duration::from_secs(1);
 
 /// How delivering a message to one handler ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,8 +41,18 @@ pub(crate) async fn deliver_to_route<B: Backend>(
     envelope: &Arc<Envelope>,
 ) -> RouteEnd {
     let policy = route.retry(&bus.config);
+    let lane = match envelope.keyed {
+        Some(_) => route.lane(),
+        None => String::new(),
+    };
+    // A keyed message waits for the earlier ones of its key on this route,
+    // and holds its key while it retries.
+    let Some(mut turn) = until_stopped(bus, bus.lanes.turn(&lane, envelope)).await else {
+        return RouteEnd::Stopped;
+    };
     let mut attempt = 0;
     let mut failures = 0;
+    let mut early = 0;
     loop {
         attempt += 1;
         // Waiting for a slot stops with the bus; a running attempt is let
@@ -59,6 +75,22 @@ pub(crate) async fn deliver_to_route<B: Backend>(
             Ok(_) => return RouteEnd::Handled,
             Err(error) => error,
         };
+        if error.kind == FailureKind::Early {
+            // An earlier message of the key is not done with yet, by this
+            // handler: give the turn up (that message may be the one to
+            // come next in the lane) and try again shortly.
+            early += 1;
+            drop(turn);
+            let delay = policy.delay(early).min(EARLY_AGAIN_WITHIN);
+            if until_stopped(bus, sleep(delay)).await.is_none() {
+                return RouteEnd::Stopped;
+            }
+            let Some(again) = until_stopped(bus, bus.lanes.turn(&lane, envelope)).await else {
+                return RouteEnd::Stopped;
+            };
+            turn = again;
+            continue;
+        }
         if error.counts_as_attempt() {
             failures += 1;
         }
@@ -66,7 +98,16 @@ pub(crate) async fn deliver_to_route<B: Backend>(
         if !error.is_retryable() || exhausted {
             let reason = format!("after {attempt} attempt(s): {error}");
             let module = route.dead_letters(source);
-            let buried = bury(bus, module, envelope, route.name(), attempt, &reason).await;
+            let buried = bury(
+                bus,
+                module,
+                envelope,
+                route.name(),
+                attempt,
+                &reason,
+                error.parked_behind,
+            )
+            .await;
             return if buried {
                 RouteEnd::Buried
             } else {
@@ -97,9 +138,10 @@ pub(crate) async fn bury<B: Backend>(
     handler: &str,
     attempts: u32,
     reason: &str,
+    parked_behind: Option<uuid::Uuid>,
 ) -> bool {
     until_done(bus, module, "recording a dead letter", || {
-        module.bury(envelope, handler, attempts, reason)
+        module.bury(envelope, handler, attempts, reason, parked_behind)
     })
     .await
 }

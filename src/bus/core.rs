@@ -1,6 +1,7 @@
 //! The bus's state, shared by its actor, its handle and its dispatchers.
 
 use crate::bus::config::BusConfig;
+use crate::bus::lanes::Lanes;
 use crate::bus::route::Route;
 use crate::store::backend::Backend;
 use std::collections::{HashMap, HashSet};
@@ -30,6 +31,8 @@ pub(crate) struct BusCore<B: Backend> {
     pub(crate) broker: Option<crate::amqp::state::BrokerState>,
     /// Why messages being retried wait, for the watchdog's reports.
     retrying: Mutex<HashMap<uuid::Uuid, String>>,
+    /// Keyed messages go along each route one at a time per key.
+    pub(crate) lanes: Lanes,
 }
 
 impl<B: Backend> BusCore<B> {
@@ -58,6 +61,7 @@ impl<B: Backend> BusCore<B> {
             #[cfg(feature = "amqp")]
             broker,
             retrying: Mutex::new(HashMap::new()),
+            lanes: Lanes::default(),
         }
     }
 

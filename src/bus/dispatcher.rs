@@ -546,8 +546,13 @@ impl<B: Backend> State<B> {
                     _ if std::mem::take(&mut self.scan_again) => Some(None),
                     _ => None,
                 };
-                // RETURNING does not promise an order.
-                rows.sort_by_key(|row| row.id.0.as_ref().map(|id| id.0).ok());
+                // RETURNING does not promise an order. A key's messages
+                // start in the key's order (its lanes take them as they
+                // come), which the order of their ids need not be.
+                rows.sort_by_key(|row| {
+                    let sequence = row.key_seq.0.as_ref().ok().copied().flatten();
+                    (sequence, row.id.0.as_ref().map(|id| id.0).ok())
+                });
                 for row in rows {
                     match row.decode() {
                         Ok(envelope) => self.start(Arc::new(envelope)),
@@ -746,7 +751,7 @@ async fn deliver_message<B: Backend>(
                 "unknown topic `{}`: no module on the bus declares it, so no handler can decode it",
                 envelope.topic
             );
-            bury(&bus, &source, &envelope, "", 0, &reason).await
+            bury(&bus, &source, &envelope, "", 0, &reason, None).await
         }
     };
     bus.forget_retry(id);
@@ -766,7 +771,16 @@ async fn reject_row<B: Backend>(
     finished: mpsc::UnboundedSender<Finished>,
 ) {
     let id = malformed.envelope.id;
-    let done = bury(&bus, &source, &malformed.envelope, "", 0, &malformed.reason).await
+    let done = bury(
+        &bus,
+        &source,
+        &malformed.envelope,
+        "",
+        0,
+        &malformed.reason,
+        None,
+    )
+    .await
         && until_done(
             &bus,
             &source,

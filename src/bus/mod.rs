@@ -9,5 +9,6 @@ pub(crate) mod config;
 pub(crate) mod core;
 pub(crate) mod dispatcher;
 pub(crate) mod handle;
+pub(crate) mod lanes;
 pub(crate) mod route;
 pub(crate) mod transport;

@@ -92,6 +92,16 @@ impl<B: Backend> Route<B> {
         }
     }
 
+    /// The route's name among the bus's key lanes: `<module>/<handler>`, or
+    /// the relay.
+    pub(crate) fn lane(&self) -> String {
+        match self {
+            Route::Handler { module, .. } => format!("{}/{}", module.name(), self.name()),
+            #[cfg(feature = "amqp")]
+            Route::Broker { .. } => "relay".to_string(),
+        }
+    }
+
     /// The module name to report a failure under.
     pub(crate) fn module_name(&self) -> &str {
         match self {

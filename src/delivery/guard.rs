@@ -8,6 +8,7 @@ use crate::delivery::outcome::{DeliveryError, FailureKind, Outcome};
 use crate::error::panic_message;
 use crate::message::now_us;
 use crate::store::backend::Backend;
+use crate::store::ordering::{KeyScope, Turn};
 use crate::tx::Tx;
 use futures_util::FutureExt;
 use std::panic::AssertUnwindSafe;
@@ -132,6 +133,53 @@ pub(crate) async fn handle_in<B: Backend>(
         .map_err(|e| DeliveryError::database(e.into()))?;
     if !ticked {
         return Ok(Outcome::Duplicate);
+    }
+    if let Some(keyed) = &attempt.envelope.keyed {
+        let scope = KeyScope {
+            handler: &entry.name,
+            publisher: &keyed.publisher,
+            topic: &attempt.envelope.topic,
+            key: &keyed.key,
+        };
+        let turn = B::take_turn(tx.conn(), scope, keyed.sequence)
+            .await
+            .map_err(|e| DeliveryError::database(e.into()))?;
+        match turn {
+            Turn::Next => {}
+            Turn::Parked(head) => {
+                return Err(DeliveryError::parked(
+                    head,
+                    format!(
+                        "key `{}` is parked behind dead letter {head}: this message waits \
+                         until it is replayed or skipped",
+                        keyed.key
+                    ),
+                ))
+            }
+            Turn::Early(last) => {
+                return Err(DeliveryError::new(
+                    FailureKind::Early,
+                    format!(
+                        "message {} of key `{}` came before message {} of the key was done with",
+                        keyed.sequence,
+                        keyed.key,
+                        last + 1
+                    ),
+                ))
+            }
+            Turn::Stale(last) => {
+                tracing::warn!(
+                    handler = %entry.name,
+                    key = %keyed.key,
+                    sequence = keyed.sequence,
+                    progress = last,
+                    "a keyed message came after the handler had got past it in its key's order \
+                     (it was skipped by an operator, or arrived after a later message the handler \
+                     took as the key's first): skipped"
+                );
+                return Ok(Outcome::Duplicate);
+            }
+        }
     }
     let called = AssertUnwindSafe(handler.call(tx, &delivery))
         .catch_unwind()

@@ -215,6 +215,21 @@ impl Delivery {
     pub fn idempotency_key(&self) -> String {
         format!("{}:{}", self.envelope.id, self.handler)
     }
+
+    /// The ordering key the message was published with, if any
+    /// ([`Tx::publish_keyed`](crate::Tx::publish_keyed)).
+    pub fn ordering_key(&self) -> Option<&str> {
+        self.envelope.keyed.as_ref().map(|k| k.key.as_str())
+    }
+
+    /// The message's number in its key's order (1, 2, 3… per topic and key
+    /// of the publishing module; see [`Keyed`](crate::Keyed)), if it has a
+    /// key. The handler has seen every earlier number of the key, except
+    /// those dead-lettered and skipped by an operator; a handler keeping a
+    /// copy can also store it and drop anything older.
+    pub fn sequence(&self) -> Option<i64> {
+        self.envelope.keyed.as_ref().map(|k| k.sequence)
+    }
 }
 
 /// Why an erased handler call failed.

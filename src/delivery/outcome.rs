@@ -23,6 +23,9 @@ pub struct DeliveryError {
     /// The database failed in a way that may pass (a lost connection, a
     /// serialization failure, a busy database).
     pub transient: bool,
+    /// For [`FailureKind::Parked`]: the dead letter's message id the key is
+    /// parked behind.
+    pub parked_behind: Option<uuid::Uuid>,
 }
 
 /// The kinds of delivery failure.
@@ -48,6 +51,15 @@ pub enum FailureKind {
     /// is unreachable, refused it, or no queue is bound to its topic yet):
     /// published again, without end, until it does.
     Broker,
+    /// A keyed message came before an earlier message of its key was done
+    /// with by this handler (it is on its way, or retrying elsewhere): tried
+    /// again shortly, without using up an attempt.
+    Early,
+    /// A keyed message whose key is parked for this handler behind a dead
+    /// letter ([`DeliveryError::parked_behind`]): recorded as a dead letter
+    /// parked behind it, and delivered when that one is replayed or
+    /// skipped.
+    Parked,
 }
 
 impl DeliveryError {
@@ -56,6 +68,15 @@ impl DeliveryError {
             kind,
             reason: reason.to_string(),
             transient: false,
+            parked_behind: None,
+        }
+    }
+
+    /// A keyed message whose key is parked behind dead letter `head`.
+    pub(crate) fn parked(head: uuid::Uuid, reason: impl fmt::Display) -> Self {
+        DeliveryError {
+            parked_behind: Some(head),
+            ..Self::new(FailureKind::Parked, reason)
         }
     }
 
@@ -80,7 +101,7 @@ impl DeliveryError {
     pub fn counts_as_attempt(&self) -> bool {
         match self.kind {
             FailureKind::Database => !self.transient,
-            FailureKind::Stopped | FailureKind::Broker => false,
+            FailureKind::Stopped | FailureKind::Broker | FailureKind::Early => false,
             _ => true,
         }
     }
@@ -94,7 +115,10 @@ impl DeliveryError {
     pub fn is_retryable(&self) -> bool {
         !matches!(
             self.kind,
-            FailureKind::Permanent | FailureKind::Undecodable | FailureKind::NoSuchHandler
+            FailureKind::Permanent
+                | FailureKind::Undecodable
+                | FailureKind::NoSuchHandler
+                | FailureKind::Parked
         )
     }
 }

@@ -41,14 +41,22 @@ pub(crate) async fn sample_outbox_periodically<B: Backend>(
     }
 }
 
-/// Reads the outbox backlog and the dead-letter count into the module's
-/// gauges.
+/// Reads the outbox backlog, the dead-letter count and each handler's
+/// parked keys into the module's gauges.
 async fn sample_outbox<B: Backend>(core: Arc<ModuleCore<B>>) {
     let sampled = async {
         let mut conn = core.db.connection().await?;
         let (pending, oldest) = B::outbox_backlog(&mut conn).await?;
         let dead = B::count_dead_letters(&mut conn).await?;
+        let parked = B::parked_keys(&mut conn).await?;
         drop(conn);
+        for entry in &core.handlers.entries {
+            let keys = parked
+                .iter()
+                .find(|p| p.handler == *entry.name)
+                .map_or(0, |p| p.keys);
+            entry.counters.parked_keys(keys);
+        }
         let now = now_us();
         core.outbox.gauges.sampled(pending, oldest, dead, now);
         let subscriptions = subscription::read(&core.db).await?;

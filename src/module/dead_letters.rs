@@ -3,10 +3,11 @@
 
 use crate::delivery::outcome::Outcome;
 use crate::error::{Error, Result};
-use crate::message::{now_us, Envelope};
+use crate::message::{now_us, Envelope, Keyed};
 use crate::module::handle::ModuleHandle;
 use crate::store::backend::Backend;
-use crate::store::schema::{DeadLetterRow, Id, OutboxRow};
+use crate::store::ordering::KeyScope;
+use crate::store::schema::{keyed, DeadLetterRow, Id, OutboxRow};
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -36,6 +37,13 @@ pub struct DeadLetter {
     pub reason: String,
     /// When it was given up on (µs since the Unix epoch).
     pub dead_at_us: i64,
+    /// The message's place in its key's order, when it has an ordering key:
+    /// the dead letter then parks the key for its handler.
+    pub keyed: Option<Keyed>,
+    /// The keyed dead letter this message was parked behind, when it did not
+    /// fail itself but arrived while its key was parked: it is delivered
+    /// when that one is replayed or skipped.
+    pub parked_behind: Option<Uuid>,
 }
 
 impl DeadLetter {
@@ -48,6 +56,7 @@ impl DeadLetter {
             correlation_id: self.correlation_id,
             causation_id: self.causation_id,
             created_at_us: self.created_at_us,
+            keyed: self.keyed.clone(),
         }
     }
 }
@@ -65,6 +74,8 @@ impl From<DeadLetterRow> for DeadLetter {
             attempts: row.attempts.max(0) as u32,
             reason: row.reason,
             dead_at_us: row.dead_at_us,
+            keyed: keyed(row.ordering_key, row.key_seq, row.key_publisher),
+            parked_behind: row.parked_behind.map(|id| id.0),
         }
     }
 }
@@ -88,6 +99,7 @@ impl<B: Backend> ModuleHandle<B> {
         handler: &str,
         attempts: u32,
         reason: &str,
+        parked_behind: Option<Uuid>,
     ) -> Result<()> {
         tracing::error!(
             module = %self.name(),
@@ -109,6 +121,10 @@ impl<B: Backend> ModuleHandle<B> {
             attempts: attempts.min(i32::MAX as u32) as i32,
             reason: reason.to_string(),
             dead_at_us: now_us(),
+            ordering_key: envelope.keyed.as_ref().map(|k| k.key.clone()),
+            key_seq: envelope.keyed.as_ref().map(|k| k.sequence),
+            key_publisher: envelope.keyed.as_ref().map(|k| k.publisher.clone()),
+            parked_behind: parked_behind.map(Id),
         };
         let mut conn = self.write_connection().await?;
         B::insert_dead_letter(&mut conn, row).await?;
@@ -156,24 +172,124 @@ impl<B: Backend> ModuleHandle<B> {
     /// it once delivered. A message without a handler is put back in this
     /// module's outbox instead. If the delivery fails again the dead letter
     /// stays, with the new reason.
+    ///
+    /// A keyed dead letter parks its key: once it is delivered, the messages
+    /// of the key parked behind it are delivered too, in the key's order (a
+    /// failure among them stops there, and parks the key again). Replaying
+    /// a parked message while the one it waits for is still a dead letter
+    /// fails ([`FailureKind::Parked`](crate::FailureKind::Parked)).
     pub async fn replay_dead_letter(&self, message_id: Uuid, handler: &str) -> Result<Replayed> {
         let dead = self.existing_dead_letter(message_id, handler).await?;
         if dead.handler.is_empty() {
             self.requeue_dead_letter(message_id, handler).await?;
             return Ok(Replayed::Requeued);
         }
+        let outcome = self.redeliver(&dead).await?;
+        if dead.keyed.is_some() {
+            self.release_parked(&dead).await?;
+        }
+        Ok(Replayed::Delivered(outcome))
+    }
+
+    /// Delivers one dead letter again and removes it; on failure records the
+    /// new reason and reports it.
+    async fn redeliver(&self, dead: &DeadLetter) -> Result<Outcome> {
         let envelope = dead.envelope();
-        match self.deliver_to(envelope.clone(), handler).await {
+        match self.deliver_to(envelope.clone(), &dead.handler).await {
             Ok(outcome) => {
-                self.discard_dead_letter(message_id, handler).await?;
-                Ok(Replayed::Delivered(outcome))
+                self.discard_dead_letter(dead.message_id, &dead.handler)
+                    .await?;
+                Ok(outcome)
             }
             Err(error) => {
-                self.bury(&envelope, handler, dead.attempts + 1, &error.to_string())
-                    .await?;
+                self.bury(
+                    &envelope,
+                    &dead.handler,
+                    dead.attempts + 1,
+                    &error.to_string(),
+                    error.parked_behind,
+                )
+                .await?;
                 Err(Error::ReplayFailed(error))
             }
         }
+    }
+
+    /// Gives up on a dead letter without delivering it: deletes it and, for
+    /// a keyed one, moves its handler's progress in the key past it, so the
+    /// key is no longer parked behind it; the messages parked behind it are
+    /// then delivered in the key's order (when this process runs the
+    /// handler; otherwise they are put back in this module's outbox, for the
+    /// bus that runs it). False if there was no such dead letter.
+    pub async fn skip_dead_letter(&self, message_id: Uuid, handler: &str) -> Result<bool> {
+        let Some(dead) = self.dead_letter(message_id, handler).await? else {
+            return Ok(false);
+        };
+        let Some(keyed) = dead.keyed.clone() else {
+            return self.discard_dead_letter(message_id, handler).await;
+        };
+        let handler_name = handler.to_string();
+        let topic = dead.topic.clone();
+        self.transaction(async move |tx| {
+            let scope = KeyScope {
+                handler: &handler_name,
+                publisher: &keyed.publisher,
+                topic: &topic,
+                key: &keyed.key,
+            };
+            B::skip_to(tx.conn(), scope, keyed.sequence).await?;
+            B::delete_dead_letter(tx.conn(), message_id, handler_name.clone()).await?;
+            Ok::<_, Error>(())
+        })
+        .await?;
+        tracing::warn!(module = %self.name(), handler, %message_id, key = %dead.keyed.as_ref().map_or("", |k| k.key.as_str()), "dead letter skipped: its key moves on without it");
+        self.release_parked(&dead).await?;
+        Ok(true)
+    }
+
+    /// The messages of `head`'s key parked behind it (the key's dead letters
+    /// after it), delivered in the key's order once `head` no longer parks
+    /// the key; put back in the outbox when this process does not run the
+    /// handler.
+    async fn release_parked(&self, head: &DeadLetter) -> Result<()> {
+        let parked = self.parked_after(head).await?;
+        if parked.is_empty() {
+            return Ok(());
+        }
+        if self.core.handlers.position(&head.handler).is_none() {
+            return self.requeue_all(parked).await;
+        }
+        for dead in &parked {
+            if let Err(error) = self.redeliver(dead).await {
+                tracing::warn!(module = %self.name(), handler = %dead.handler, message_id = %dead.message_id, %error, "a parked message failed again: its key stays parked behind it");
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The dead letters of `head`'s key after it, in the key's order.
+    async fn parked_after(&self, head: &DeadLetter) -> Result<Vec<DeadLetter>> {
+        let Some(keyed) = &head.keyed else {
+            return Ok(Vec::new());
+        };
+        let scope = KeyScope {
+            handler: &head.handler,
+            publisher: &keyed.publisher,
+            topic: &head.topic,
+            key: &keyed.key,
+        };
+        let mut conn = self.connection().await?;
+        let rows = B::key_dead_letters(&mut conn, scope).await?;
+        Ok(rows
+            .into_iter()
+            .map(DeadLetter::from)
+            .filter(|d| {
+                d.keyed
+                    .as_ref()
+                    .is_some_and(|k| k.sequence > keyed.sequence)
+            })
+            .collect())
     }
 
     /// Puts a dead letter's message back in this module's outbox and removes
@@ -183,15 +299,25 @@ impl<B: Backend> ModuleHandle<B> {
     /// periodic scan: handlers that did process it skip it in their inbox,
     /// the one that gave up tries again. Unlike
     /// [`ModuleHandle::replay_dead_letter`] this needs no handler code, so an
-    /// operator's tool can do it while the application runs elsewhere.
+    /// operator's tool can do it while the application runs elsewhere. A
+    /// keyed dead letter goes back with the messages of its key parked
+    /// behind it, and the bus delivers them in the key's order.
     pub async fn requeue_dead_letter(&self, message_id: Uuid, handler: &str) -> Result<()> {
         let dead = self.existing_dead_letter(message_id, handler).await?;
-        let envelope = dead.envelope();
-        let handler = handler.to_string();
+        let mut all = vec![dead.clone()];
+        all.extend(self.parked_after(&dead).await?);
+        self.requeue_all(all).await
+    }
+
+    /// Puts dead letters back in the outbox and removes them, in one
+    /// transaction.
+    async fn requeue_all(&self, dead: Vec<DeadLetter>) -> Result<()> {
         self.transaction(async move |tx| {
-            B::requeue_or_insert(tx.conn(), OutboxRow::from(&envelope)).await?;
+            for dead in dead {
+                B::requeue_or_insert(tx.conn(), OutboxRow::from(&dead.envelope())).await?;
+                B::delete_dead_letter(tx.conn(), dead.message_id, dead.handler).await?;
+            }
             tx.requeued_outbox_rows();
-            B::delete_dead_letter(tx.conn(), message_id, handler).await?;
             Ok::<_, Error>(())
         })
         .await

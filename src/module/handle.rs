@@ -16,7 +16,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 /// Sizes of a module's tickbox tables.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct StoreStats {
     /// Outbox messages not yet delivered to all their subscribers.
     pub outbox_pending: i64,
@@ -26,6 +26,9 @@ pub struct StoreStats {
     pub inbox_rows: i64,
     /// Dead letters waiting for an operator.
     pub dead_letters: i64,
+    /// Ordering keys held back by a dead letter, per handler: (handler,
+    /// keys), handlers without any left out.
+    pub parked_keys: Vec<(String, i64)>,
 }
 
 /// What application code holds of a started module: run transactions, read
@@ -188,11 +191,16 @@ impl<B: Backend> ModuleHandle<B> {
         let mut conn = self.connection().await?;
         let (outbox_pending, oldest_pending_us) = B::outbox_backlog(&mut conn).await?;
         let (inbox_rows, dead_letters) = B::table_sizes(&mut conn).await?;
+        let parked_keys = B::parked_keys(&mut conn).await?;
         Ok(StoreStats {
             outbox_pending,
             oldest_pending_us,
             inbox_rows,
             dead_letters,
+            parked_keys: parked_keys
+                .into_iter()
+                .map(|p| (p.handler, p.keys))
+                .collect(),
         })
     }
 

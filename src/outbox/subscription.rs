@@ -317,7 +317,9 @@ pub(crate) fn clear_done(dialect: Dialect) -> Statement {
 /// that are unclaimed, claimed by it, or whose claim expired, and that it
 /// has work for: a subscription it serves is not done with them, or their
 /// topic has no subscription at all (it then finds the topic unknown, or
-/// without subscribers, itself). `lock` is the dialect's row locking
+/// without subscribers, itself). A keyed row waits while an earlier row of
+/// its key is under another bus's live claim, so two processes do not
+/// deliver one key's messages at once. `lock` is the dialect's row locking
 /// (`FOR UPDATE SKIP LOCKED` on PostgreSQL), `columns` its `RETURNING` list
 /// for a [`ClaimedRow`](crate::store::schema::ClaimedRow).
 pub(crate) fn claim(dialect: Dialect, lock: &str, columns: &str, claim: &Claim) -> Statement {
@@ -343,6 +345,11 @@ pub(crate) fn claim(dialect: Dialect, lock: &str, columns: &str, claim: &Claim) 
                       WHERE s.topic = o.topic AND {mine} \
                       AND NOT EXISTS (SELECT 1 FROM tickbox_outbox_done d \
                           WHERE d.message_id = o.id AND d.subscription = s.id))) \
+             AND (o.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM tickbox_outbox e \
+                 WHERE e.delivered_at_us IS NULL AND e.topic = o.topic \
+                 AND e.ordering_key = o.ordering_key AND e.key_seq < o.key_seq \
+                 AND e.claimed_by <> {bus} AND e.claimed_until_us >= {now} \
+                 AND e.claimed_until_us <= {beyond})) \
              ORDER BY o.id LIMIT {limit} {lock}) \
          RETURNING {columns}"
     ))

@@ -6,6 +6,7 @@ pub(crate) mod backend;
 pub(crate) mod contract;
 pub(crate) mod database;
 pub(crate) mod migrations;
+pub(crate) mod ordering;
 pub(crate) mod pool;
 pub(crate) mod queries;
 pub(crate) mod schema;

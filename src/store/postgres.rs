@@ -247,7 +247,7 @@ impl Store for Postgres {
     const SKIP_LOCKED: &'static str = "FOR UPDATE SKIP LOCKED";
     const CLAIM_COLUMNS: &'static str =
         "id, convert_to(topic, 'UTF8') AS topic, convert_to(payload, 'UTF8') AS payload, \
-         correlation_id, causation_id, created_at_us";
+         correlation_id, causation_id, created_at_us, ordering_key, key_seq, key_publisher";
     const TABLES_BY_NAME: &'static str =
         "information_schema.tables WHERE table_schema = current_schema() AND table_name";
     const ONE_WRITER: bool = false;

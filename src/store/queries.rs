@@ -14,19 +14,22 @@ use std::future::Future;
 use uuid::Uuid;
 
 /// tickbox's tables, as [`Queries::count_tables`] counts them.
-pub(crate) const TABLES: i64 = 6;
+pub(crate) const TABLES: i64 = 8;
 
 /// Their names, as the catalog lists them.
 const TABLE_NAMES: &str = "'tickbox_outbox', 'tickbox_inbox', 'tickbox_dead_letters', \
-     'tickbox_subscriptions', 'tickbox_outbox_done', 'tickbox_schema_version'";
+     'tickbox_subscriptions', 'tickbox_outbox_done', 'tickbox_schema_version', \
+     'tickbox_key_sequences', 'tickbox_key_progress'";
 
 /// The columns of a subscription row, in [`SubscriptionRow`]'s order.
 const SUBSCRIPTION_COLUMNS: &str =
     "id, module, handler, topic, subscribed_at_us, seen_at_us, alive_until_us";
 
 /// The columns of a dead letter row, in [`DeadLetterRow`]'s order.
-const DEAD_LETTER_COLUMNS: &str = "message_id, handler, topic, payload, correlation_id, \
-     causation_id, created_at_us, attempts, reason, dead_at_us";
+pub(crate) const DEAD_LETTER_COLUMNS: &str =
+    "message_id, handler, topic, payload, correlation_id, \
+     causation_id, created_at_us, attempts, reason, dead_at_us, ordering_key, key_seq, \
+     key_publisher, parked_behind";
 
 /// A count.
 #[derive(diesel::QueryableByName)]
@@ -52,6 +55,16 @@ fn plain(dialect: Dialect, sql: &str) -> Statement {
 /// Binds an optional id: its placeholder, or `NULL`.
 fn optional_id(b: &mut StatementBuilder, id: Option<Id>) -> String {
     id.map_or_else(|| "NULL".to_string(), |id| b.id(id.0))
+}
+
+/// Binds an optional text: its placeholder, or `NULL`.
+fn optional_text(b: &mut StatementBuilder, text: Option<&str>) -> String {
+    text.map_or_else(|| "NULL".to_string(), |text| b.text(text))
+}
+
+/// Binds an optional integer: its placeholder, or `NULL`.
+fn optional_int(b: &mut StatementBuilder, value: Option<i64>) -> String {
+    value.map_or_else(|| "NULL".to_string(), |value| b.int(value))
 }
 
 /// The queries every backend runs alike, for every [`Store`].
@@ -151,12 +164,17 @@ pub trait Queries: Store {
             b.int(row.attempts.into()),
             b.text(&row.reason),
             b.int(row.dead_at_us),
+            optional_text(&mut b, row.ordering_key.as_deref()),
+            optional_int(&mut b, row.key_seq),
+            optional_text(&mut b, row.key_publisher.as_deref()),
+            optional_id(&mut b, row.parked_behind),
         ]
         .join(", ");
         let sql = format!(
             "INSERT INTO tickbox_dead_letters ({DEAD_LETTER_COLUMNS}) VALUES ({values}) \
              ON CONFLICT (message_id, handler) DO UPDATE SET attempts = excluded.attempts, \
-             reason = excluded.reason, dead_at_us = excluded.dead_at_us"
+             reason = excluded.reason, dead_at_us = excluded.dead_at_us, \
+             parked_behind = excluded.parked_behind"
         );
         let statement = b.finish(sql);
         async move { Self::execute(conn, statement).await.map(drop) }
@@ -226,11 +244,14 @@ pub trait Queries: Store {
             b.id(row.correlation_id.0),
             optional_id(&mut b, row.causation_id),
             b.int(row.created_at_us),
+            optional_text(&mut b, row.ordering_key.as_deref()),
+            optional_int(&mut b, row.key_seq),
+            optional_text(&mut b, row.key_publisher.as_deref()),
         ]
         .join(", ");
         let insert = b.finish(format!(
-            "INSERT INTO tickbox_outbox \
-             (id, topic, payload, correlation_id, causation_id, created_at_us) VALUES ({values}) \
+            "INSERT INTO tickbox_outbox (id, topic, payload, correlation_id, causation_id, \
+             created_at_us, ordering_key, key_seq, key_publisher) VALUES ({values}) \
              ON CONFLICT (id) DO UPDATE SET delivered_at_us = NULL, claimed_by = NULL, \
              claimed_until_us = NULL"
         ));

@@ -56,6 +56,9 @@ diesel::table! {
         delivered_at_us -> Nullable<BigInt>,
         claimed_by -> Nullable<DbUuid>,
         claimed_until_us -> Nullable<BigInt>,
+        ordering_key -> Nullable<Text>,
+        key_seq -> Nullable<BigInt>,
+        key_publisher -> Nullable<Text>,
     }
 }
 
@@ -87,6 +90,10 @@ diesel::table! {
         attempts -> Integer,
         reason -> Text,
         dead_at_us -> BigInt,
+        ordering_key -> Nullable<Text>,
+        key_seq -> Nullable<BigInt>,
+        key_publisher -> Nullable<Text>,
+        parked_behind -> Nullable<DbUuid>,
     }
 }
 
@@ -144,6 +151,14 @@ pub struct DeadLetterRow {
     pub(crate) attempts: i32,
     pub(crate) reason: String,
     pub(crate) dead_at_us: i64,
+    /// The message's ordering key, if it has one.
+    pub(crate) ordering_key: Option<String>,
+    /// Its key's sequence number.
+    pub(crate) key_seq: Option<i64>,
+    /// The module that numbered the key.
+    pub(crate) key_publisher: Option<String>,
+    /// The keyed dead letter this message waits for (it parks the key).
+    pub(crate) parked_behind: Option<Id>,
 }
 
 /// One outbox row, as written at publish and read back for redelivery.
@@ -162,6 +177,12 @@ pub struct OutboxRow {
     /// bus runs over the publishing module.
     pub(crate) claimed_by: Option<Id>,
     pub(crate) claimed_until_us: Option<i64>,
+    /// The message's ordering key, if it has one.
+    pub(crate) ordering_key: Option<String>,
+    /// Its key's sequence number.
+    pub(crate) key_seq: Option<i64>,
+    /// The module that numbered the key.
+    pub(crate) key_publisher: Option<String>,
 }
 
 /// A column value read without failing: what diesel decoded, or why it
@@ -204,6 +225,14 @@ pub(crate) struct ClaimedRow {
     /// in any column).
     #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
     pub(crate) created_at_us: Lenient<Option<i64>>,
+    /// The ordering key, the key's sequence number and publisher: all NULL
+    /// or none.
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    pub(crate) ordering_key: Lenient<Option<String>>,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
+    pub(crate) key_seq: Lenient<Option<i64>>,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    pub(crate) key_publisher: Lenient<Option<String>>,
 }
 
 /// An outbox row a scan could not turn into an envelope: a dead letter in
@@ -271,6 +300,23 @@ impl ClaimedRow {
                 0
             }
         };
+        let keyed = match (self.ordering_key.0, self.key_seq.0, self.key_publisher.0) {
+            (Ok(None), Ok(None), Ok(None)) => None,
+            (Ok(Some(key)), Ok(Some(sequence)), Ok(Some(publisher))) => {
+                Some(crate::message::Keyed {
+                    key,
+                    sequence,
+                    publisher,
+                })
+            }
+            _ => {
+                problems.push(
+                    "ordering_key, key_seq and key_publisher are not all set or all NULL"
+                        .to_string(),
+                );
+                None
+            }
+        };
         let envelope = crate::Envelope {
             id: id.unwrap_or_default(),
             topic,
@@ -278,6 +324,7 @@ impl ClaimedRow {
             correlation_id,
             causation_id,
             created_at_us,
+            keyed,
         };
         if problems.is_empty() {
             Ok(envelope)
@@ -300,8 +347,22 @@ impl From<OutboxRow> for crate::Envelope {
             correlation_id: row.correlation_id.0,
             causation_id: row.causation_id.map(|c| c.0),
             created_at_us: row.created_at_us,
+            keyed: keyed(row.ordering_key, row.key_seq, row.key_publisher),
         }
     }
+}
+
+/// A message's place in its key's order, from the columns that store it.
+pub(crate) fn keyed(
+    key: Option<String>,
+    sequence: Option<i64>,
+    publisher: Option<String>,
+) -> Option<crate::message::Keyed> {
+    Some(crate::message::Keyed {
+        key: key?,
+        sequence: sequence?,
+        publisher: publisher?,
+    })
 }
 
 impl From<&crate::Envelope> for OutboxRow {
@@ -315,6 +376,9 @@ impl From<&crate::Envelope> for OutboxRow {
             created_at_us: e.created_at_us,
             claimed_by: None,
             claimed_until_us: None,
+            ordering_key: e.keyed.as_ref().map(|k| k.key.clone()),
+            key_seq: e.keyed.as_ref().map(|k| k.sequence),
+            key_publisher: e.keyed.as_ref().map(|k| k.publisher.clone()),
         }
     }
 }

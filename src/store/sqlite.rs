@@ -163,7 +163,8 @@ impl Store for Sqlite {
     const CLAIM_COLUMNS: &'static str =
         "id, CAST(topic AS BLOB) AS topic, CAST(payload AS BLOB) AS payload, \
          correlation_id, causation_id, \
-         CASE WHEN typeof(created_at_us) = 'integer' THEN created_at_us END AS created_at_us";
+         CASE WHEN typeof(created_at_us) = 'integer' THEN created_at_us END AS created_at_us, \
+         ordering_key, key_seq, key_publisher";
     const TABLES_BY_NAME: &'static str = "sqlite_master WHERE type = 'table' AND name";
     const ONE_WRITER: bool = true;
     // SQLite reports a lock held by another connection only in words.

@@ -5,6 +5,7 @@ pub mod batches;
 pub mod faults;
 pub mod hostile;
 pub mod observability;
+pub mod ordering;
 pub mod shared_outbox;
 
 use crate::support::*;

@@ -34,6 +34,12 @@ pub trait TestBackend: Backend {
         sql: String,
     ) -> impl Future<Output = diesel::QueryResult<i64>> + Send;
 
+    /// Runs `SELECT ordering_key, seq, n …` and returns its rows.
+    fn keyed_rows(
+        conn: &mut Self::Connection,
+        sql: String,
+    ) -> impl Future<Output = diesel::QueryResult<Vec<KeyedRow>>> + Send;
+
     /// SQL that the database refuses with a failure worth retrying, run in a
     /// read transaction while another transaction of the module writes.
     const TRANSIENT_FAILURE: &'static str;
@@ -45,10 +51,28 @@ struct Count {
     n: i64,
 }
 
+/// A keyed message as a test handler recorded it.
+#[derive(Debug, diesel::QueryableByName)]
+pub struct KeyedRow {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub ordering_key: String,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub seq: i64,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub n: i64,
+}
+
 macro_rules! count_impl {
     () => {
         async fn count(conn: &mut Self::Connection, sql: String) -> diesel::QueryResult<i64> {
             Ok(diesel::sql_query(sql).get_result::<Count>(conn).await?.n)
+        }
+
+        async fn keyed_rows(
+            conn: &mut Self::Connection,
+            sql: String,
+        ) -> diesel::QueryResult<Vec<KeyedRow>> {
+            diesel::sql_query(sql).load::<KeyedRow>(conn).await
         }
     };
 }

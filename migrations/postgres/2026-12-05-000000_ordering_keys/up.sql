@@ -1,0 +1,41 @@
+-- Ordering keys. A keyed message carries its key and its place in the key's
+-- order: the key's sequence number, counted per topic and key by the
+-- publishing module, key_publisher (which is not always the outbox's own
+-- module: a dead letter put back goes into its handler's module's outbox).
+ALTER TABLE tickbox_outbox ADD COLUMN ordering_key text;
+ALTER TABLE tickbox_outbox ADD COLUMN key_seq bigint;
+ALTER TABLE tickbox_outbox ADD COLUMN key_publisher text;
+CREATE INDEX tickbox_outbox_pending_keys ON tickbox_outbox (topic, ordering_key, key_seq)
+    WHERE delivered_at_us IS NULL AND ordering_key IS NOT NULL;
+
+-- The last sequence number this module gave each key of a topic.
+CREATE TABLE tickbox_key_sequences (
+    topic        text NOT NULL,
+    ordering_key text NOT NULL,
+    last_seq     bigint NOT NULL,
+    PRIMARY KEY (topic, ordering_key)
+);
+
+-- How far each handler of this module has got in each key's order: the
+-- sequence number of the last message of the key it handled (or that an
+-- operator skipped), per publishing module and topic.
+CREATE TABLE tickbox_key_progress (
+    handler      text NOT NULL,
+    publisher    text NOT NULL,
+    topic        text NOT NULL,
+    ordering_key text NOT NULL,
+    last_seq     bigint NOT NULL,
+    PRIMARY KEY (handler, publisher, topic, ordering_key)
+);
+
+-- A keyed dead letter parks its key for its handler: the key's later
+-- messages are recorded here too, parked_behind naming the message they
+-- wait for, until it is replayed or skipped.
+ALTER TABLE tickbox_dead_letters ADD COLUMN ordering_key text;
+ALTER TABLE tickbox_dead_letters ADD COLUMN key_seq bigint;
+ALTER TABLE tickbox_dead_letters ADD COLUMN key_publisher text;
+ALTER TABLE tickbox_dead_letters ADD COLUMN parked_behind uuid;
+CREATE INDEX tickbox_dead_letters_keys ON tickbox_dead_letters (handler, key_publisher, topic, ordering_key, key_seq)
+    WHERE ordering_key IS NOT NULL;
+
+INSERT INTO tickbox_schema_version (version) VALUES ('20261205000000');

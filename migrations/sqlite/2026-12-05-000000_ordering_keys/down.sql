@@ -1,0 +1,12 @@
+DELETE FROM tickbox_schema_version WHERE version = '20261205000000';
+DROP INDEX tickbox_dead_letters_keys;
+ALTER TABLE tickbox_dead_letters DROP COLUMN parked_behind;
+ALTER TABLE tickbox_dead_letters DROP COLUMN key_publisher;
+ALTER TABLE tickbox_dead_letters DROP COLUMN key_seq;
+ALTER TABLE tickbox_dead_letters DROP COLUMN ordering_key;
+DROP TABLE tickbox_key_progress;
+DROP TABLE tickbox_key_sequences;
+DROP INDEX tickbox_outbox_pending_keys;
+ALTER TABLE tickbox_outbox DROP COLUMN key_publisher;
+ALTER TABLE tickbox_outbox DROP COLUMN key_seq;
+ALTER TABLE tickbox_outbox DROP COLUMN ordering_key;
