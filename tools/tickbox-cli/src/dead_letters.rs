@@ -1,5 +1,5 @@
-//! `dead-letters list`, `show`, `replay` and `discard`: the deliveries the
-//! bus gave up on, and what an operator does about them.
+//! `dead-letters list`, `show`, `replay`, `skip` and `discard`: the
+//! deliveries the bus gave up on, and what an operator does about them.
 
 use crate::output::{indent, json_line, one_line, plural, pretty_json, table, timestamp, to_json};
 use crate::{handler_label, DeadLetterKey, Failure};
@@ -40,6 +40,7 @@ pub(crate) async fn list<B: Backend>(
                     letter.handler.clone()
                 },
                 letter.topic.clone(),
+                key_label(letter),
                 letter.attempts.to_string(),
                 timestamp(letter.dead_at_us, false),
                 one_line(&letter.reason, REASON_WIDTH),
@@ -51,6 +52,7 @@ pub(crate) async fn list<B: Backend>(
             "MESSAGE ID",
             "HANDLER",
             "TOPIC",
+            "KEY #SEQ",
             "ATTEMPTS",
             "DEAD AT (UTC)",
             "REASON",
@@ -70,6 +72,16 @@ pub(crate) async fn list<B: Backend>(
         out.push('\n');
     }
     Ok(out)
+}
+
+/// A dead letter's ordering key and sequence number, `parked` when it waits
+/// behind another; `-` without a key.
+fn key_label(letter: &DeadLetter) -> String {
+    match (&letter.keyed, letter.parked_behind) {
+        (None, _) => "-".to_string(),
+        (Some(keyed), None) => format!("{} #{}", keyed.key, keyed.sequence),
+        (Some(keyed), Some(_)) => format!("{} #{} (parked)", keyed.key, keyed.sequence),
+    }
 }
 
 /// Reads a dead letter or fails with "not found".
@@ -112,6 +124,21 @@ pub(crate) async fn show<B: Backend>(
     out.push_str(&format!("message id       {}\n", letter.message_id));
     out.push_str(&format!("handler          {handler}\n"));
     out.push_str(&format!("topic            {}\n", letter.topic));
+    if let Some(keyed) = &letter.keyed {
+        out.push_str(&format!(
+            "ordering key     {} (sequence {}, numbered by module `{}`)\n",
+            keyed.key, keyed.sequence, keyed.publisher
+        ));
+        match letter.parked_behind {
+            Some(head) => out.push_str(&format!(
+                "parked behind    {head} (delivered when that one is replayed or skipped)\n"
+            )),
+            None => out.push_str(
+                "parks its key    the key's later messages wait until this one is replayed \
+                 or skipped\n",
+            ),
+        }
+    }
     out.push_str(&format!("attempts         {}\n", letter.attempts));
     out.push_str(&format!(
         "dead at          {}\n",
@@ -182,6 +209,50 @@ pub(crate) async fn replay<B: Backend>(
         );
     }
     Ok(out)
+}
+
+/// `dead-letters skip`.
+pub(crate) async fn skip<B: Backend>(
+    module: &ModuleHandle<B>,
+    key: &DeadLetterKey,
+    json: bool,
+) -> Result<String, Failure> {
+    let letter = find(module, key).await?;
+    if !module
+        .skip_dead_letter(key.message_id, &key.handler)
+        .await?
+    {
+        return Err(not_found(key));
+    }
+    if json {
+        return json_line(&serde_json::json!({
+            "message_id": letter.message_id,
+            "handler": letter.handler,
+            "topic": letter.topic,
+            "ordering_key": letter.keyed.as_ref().map(|k| &k.key),
+            "skipped": true,
+        }));
+    }
+    Ok(match &letter.keyed {
+        Some(keyed) => format!(
+            "skipped message {} (topic {}, {}, key {} #{}):\n\
+             its dead letter is gone and the handler's place in the key moved past it;\n\
+             the key's messages parked behind it are back in the outbox, and the\n\
+             application's bus delivers them in the key's order.\n",
+            letter.message_id,
+            letter.topic,
+            handler_label(&letter.handler),
+            keyed.key,
+            keyed.sequence
+        ),
+        None => format!(
+            "skipped message {} (topic {}, {}): it has no ordering key, so its dead letter\n\
+             was simply deleted; it will not be delivered to that handler again.\n",
+            letter.message_id,
+            letter.topic,
+            handler_label(&letter.handler)
+        ),
+    })
 }
 
 /// `dead-letters discard`.

@@ -314,7 +314,7 @@ enum DeadLettersCommand {
     ///
     /// With --json: an array of dead letter objects (message_id, handler,
     /// topic, payload, correlation_id, causation_id, created_at_us,
-    /// attempts, reason, dead_at_us).
+    /// attempts, reason, dead_at_us, keyed, parked_behind).
     List {
         /// Skip the first N dead letters
         #[arg(long, value_name = "N", default_value_t = 0)]
@@ -344,7 +344,31 @@ enum DeadLettersCommand {
     /// that gave up tries again. No handler code runs in this tool.
     ///
     /// With --json: one object with message_id, handler, topic and requeued.
+    ///
+    /// A dead letter with an ordering key parks its key: the key's later
+    /// messages wait behind it (listed as parked). Replaying it puts them
+    /// back too, and the bus delivers them in the key's order.
     Replay(DeadLetterKey),
+
+    /// Give up on a dead letter and let its ordering key move on (requires --yes).
+    ///
+    /// Deletes the dead letter without delivering it and, when it has an
+    /// ordering key, moves its handler's place in the key past it: the
+    /// key's messages parked behind it go back in the outbox and the
+    /// application's bus delivers them in the key's order. Without a key it
+    /// is the same as discard. The handler never processes the skipped
+    /// message.
+    ///
+    /// With --json: one object with message_id, handler, topic,
+    /// ordering_key and skipped.
+    Skip {
+        #[command(flatten)]
+        key: DeadLetterKey,
+
+        /// Confirm skipping it
+        #[arg(short, long)]
+        yes: bool,
+    },
 
     /// Delete a dead letter for good (requires --yes).
     ///
@@ -472,6 +496,7 @@ impl Command {
             Command::DeadLetters(DeadLettersCommand::List { .. }) => &["dead-letters", "list"],
             Command::DeadLetters(DeadLettersCommand::Show(_)) => &["dead-letters", "show"],
             Command::DeadLetters(DeadLettersCommand::Replay(_)) => &["dead-letters", "replay"],
+            Command::DeadLetters(DeadLettersCommand::Skip { .. }) => &["dead-letters", "skip"],
             Command::DeadLetters(DeadLettersCommand::Discard { .. }) => {
                 &["dead-letters", "discard"]
             }
@@ -504,6 +529,13 @@ impl Command {
                  --yes: the messages only it still owes would be marked delivered, and it would \
                  never receive them; add --yes to confirm",
                 args.handler, args.module
+            ),
+            Command::DeadLetters(DeadLettersCommand::Skip { key, yes: false }) => format!(
+                "refusing to skip the dead letter of message {} ({}) without --yes: that handler \
+                 would never process it, and its ordering key would move on without it; add \
+                 --yes to confirm",
+                key.message_id,
+                handler_label(&key.handler)
             ),
             Command::DeadLetters(DeadLettersCommand::Discard { key, yes: false }) => format!(
                 "refusing to discard the dead letter of message {} ({}) without --yes: it would \
@@ -662,6 +694,7 @@ async fn run<B: Open + status::Inspect>(invocation: &Invocation) -> Result<Strin
             }
             DeadLettersCommand::Show(key) => dead_letters::show(&module, key, json).await,
             DeadLettersCommand::Replay(key) => dead_letters::replay(&module, key, json).await,
+            DeadLettersCommand::Skip { key, .. } => dead_letters::skip(&module, key, json).await,
             DeadLettersCommand::Discard { key, .. } => {
                 dead_letters::discard(&module, key, json).await
             }

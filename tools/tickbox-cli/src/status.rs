@@ -179,6 +179,19 @@ pub(crate) async fn status<B: Inspect>(
         out.push_str("  (see `tickbox dead-letters list`)");
     }
     out.push('\n');
+    if stats.parked_keys.is_empty() {
+        out.push_str("parked keys      none\n");
+    } else {
+        let parked: Vec<String> = stats
+            .parked_keys
+            .iter()
+            .map(|(handler, keys)| format!("{} by handler `{handler}`", plural(*keys, "key")))
+            .collect();
+        out.push_str(&format!(
+            "parked keys      {}  (held back by a dead letter until it is replayed or skipped)\n",
+            parked.join(", ")
+        ));
+    }
     Ok(out)
 }
 

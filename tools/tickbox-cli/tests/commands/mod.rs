@@ -397,6 +397,116 @@ async fn discard_requires_yes<B: CliBackend>(db: Db) {
     assert_eq!(status::<B>(&db).await["dead_letters"], 0);
 }
 
+async fn a_parked_key_is_shown_and_skipping_its_dead_letter_lets_it_move_on<B: CliBackend>(db: Db) {
+    static REFUSING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+    let module = B::module(&db)
+        .publishes::<CliPing>()
+        .handler(
+            "orders.ping",
+            Refuse {
+                n: 1,
+                switch: &REFUSING,
+            },
+        )
+        .start()
+        .await
+        .expect("the orders module starts");
+    let bus = Bus::builder()
+        .module(&module)
+        .start()
+        .await
+        .expect("bus starts");
+    for n in 1..=3 {
+        module
+            .transaction(async move |tx| tx.publish_keyed("k", &CliPing::new(n)))
+            .await
+            .expect("publish");
+    }
+    eventually("the refused message parks its key", || async {
+        module
+            .dead_letters(0, 10)
+            .await
+            .expect("dead letters")
+            .len()
+            == 3
+    })
+    .await;
+    bus.stop().await;
+    let dead = module.dead_letters(0, 10).await.expect("dead letters");
+    let head = dead
+        .iter()
+        .find(|d| d.parked_behind.is_none())
+        .expect("the refused one")
+        .message_id
+        .to_string();
+
+    let before = status::<B>(&db).await;
+    assert_eq!(
+        before["parked_keys"],
+        serde_json::json!([["orders.ping", 1]]),
+        "{before}"
+    );
+    let text = on::<B>(&db, &["status"]).await;
+    let text = text.ok();
+    assert!(
+        text.contains("parked keys      1 key by handler `orders.ping`"),
+        "{text}"
+    );
+    let list = on::<B>(&db, &["dead-letters", "list"]).await;
+    let list = list.ok();
+    assert!(
+        list.contains("k #1") && list.contains("k #3 (parked)"),
+        "{list}"
+    );
+    let show = on::<B>(&db, &["dead-letters", "show", &head, "orders.ping"]).await;
+    let show = show.ok();
+    assert!(show.contains("ordering key     k (sequence 1"), "{show}");
+
+    on::<B>(&db, &["dead-letters", "skip", &head, "orders.ping"])
+        .await
+        .fails(2, "--yes");
+    let json = on::<B>(
+        &db,
+        &[
+            "--json",
+            "dead-letters",
+            "skip",
+            &head,
+            "orders.ping",
+            "--yes",
+        ],
+    )
+    .await
+    .json();
+    assert_eq!(json["skipped"], true, "{json}");
+    assert_eq!(json["ordering_key"], "k", "{json}");
+    let after = status::<B>(&db).await;
+    assert_eq!(after["dead_letters"], 0, "{after}");
+    assert_eq!(after["parked_keys"], serde_json::json!([]), "{after}");
+    assert_eq!(
+        after["outbox_pending"], 2,
+        "the parked two are back: {after}"
+    );
+
+    // The application's bus delivers them, in the key's order.
+    let bus = Bus::builder()
+        .module(&module)
+        .start()
+        .await
+        .expect("bus starts");
+    eventually("the two parked messages are handled", || async {
+        let stats = module.store_stats().await.expect("stats");
+        stats.outbox_pending == 0 && stats.inbox_rows == 2
+    })
+    .await;
+    bus.stop().await;
+    assert!(module
+        .dead_letters(0, 10)
+        .await
+        .expect("dead letters")
+        .is_empty());
+}
+
 async fn sweep_deletes_old_rows_and_keeps_recent_ones<B: CliBackend>(db: Db) {
     let module = orders::<B>(&db).await;
     let old_us = micros_ago(2 * 7 * DAY);
@@ -872,6 +982,7 @@ macro_rules! cli_tests {
         case!(dead_letters_are_listed_and_shown);
         case!(replay_requeues_and_the_bus_redelivers);
         case!(discard_requires_yes);
+        case!(a_parked_key_is_shown_and_skipping_its_dead_letter_lets_it_move_on);
         case!(sweep_deletes_old_rows_and_keeps_recent_ones);
         case!(subscriptions_lists_a_stopped_one_with_what_it_owes);
         case!(subscriptions_retire_finishes_only_what_it_alone_owed);

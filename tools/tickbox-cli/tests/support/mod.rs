@@ -30,8 +30,37 @@ impl Message for CliPing {
     const TOPIC: &'static str = "cli.ping";
 }
 
+impl CliPing {
+    pub(crate) fn new(n: u64) -> Self {
+        CliPing { n }
+    }
+}
+
 /// A handler that only succeeds: its inbox row shows it ran.
 pub(crate) struct Accept;
+
+/// A handler that refuses, for good, message number `n` while the switch is
+/// on, and accepts every other.
+pub(crate) struct Refuse {
+    pub(crate) n: u64,
+    pub(crate) switch: &'static std::sync::atomic::AtomicBool,
+}
+
+impl<B: Backend> Handler<B> for Refuse {
+    type Message = CliPing;
+
+    async fn handle(
+        &self,
+        _tx: &mut Tx<B>,
+        message: CliPing,
+        _delivery: &Delivery,
+    ) -> Result<(), HandlerError> {
+        if message.n == self.n && self.switch.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(HandlerError::permanent(HandlerError::msg("refused")));
+        }
+        Ok(())
+    }
+}
 
 impl<B: Backend> Handler<B> for Accept {
     type Message = CliPing;
