@@ -53,6 +53,11 @@ macro_rules! amqp_suite {
         case!(faults::a_poison_message_is_dead_lettered_while_others_flow_and_replayed_once);
         case!(faults::a_permanent_error_dead_letters_at_once_and_can_be_discarded);
         case!(faults::stopping_with_deliveries_in_flight_loses_and_doubles_nothing);
+        case!(ordering::interleaved_keys_arrive_in_order_through_failures_panics_and_duplicates);
+        case!(ordering::a_poison_message_parks_only_its_key_and_replaying_it_restores_the_order);
+        case!(ordering::order_holds_across_a_restart);
+        case!(ordering::two_processes_sharing_the_outbox_keep_each_keys_order);
+        case!(ordering::a_batched_handler_receives_each_key_in_order);
     };
 }
 
