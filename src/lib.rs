@@ -175,6 +175,34 @@
 //!   claims, and a dead process's claims are taken over when their lease
 //!   ([`BusBuilder::claim_lease`]) expires.
 //!
+//! # Ordering keys
+//!
+//! Messages published with [`Tx::publish_keyed`] reach each handler in the
+//! order their transactions committed, per key: a handler never runs one
+//! before an earlier-committed message of the same key (and topic) has been
+//! handled, skipped as a duplicate, or dead-lettered by that handler. Other
+//! keys and handlers run concurrently; a failing message holds back only its
+//! key.
+//!
+//! - **Numbering**: the publishing module gives each key's messages the
+//!   numbers 1, 2, 3… at commit, under a lock on the key's counter row
+//!   (`tickbox_key_sequences`), so numbers follow commit order ([`Keyed`],
+//!   [`Delivery::sequence`]).
+//! - **Lanes**: the bus takes a key's messages along each route (a handler,
+//!   or the relay) one at a time, lowest number first.
+//! - **Progress**: each handler's place in each key (`tickbox_key_progress`,
+//!   in its own database) is checked and advanced inside the delivery's
+//!   transaction: a message whose predecessor is not done waits
+//!   ([`FailureKind::Early`], no attempt used), one already passed is
+//!   skipped. The order therefore holds across processes, crashes, batches
+//!   and the broker.
+//! - **Parking**: a keyed dead letter parks its key for its handler; the
+//!   key's later messages become dead letters parked behind it
+//!   ([`FailureKind::Parked`], [`DeadLetter::parked_behind`]) until it is
+//!   replayed ([`ModuleHandle::replay_dead_letter`], which then delivers them
+//!   in order) or skipped ([`ModuleHandle::skip_dead_letter`]). Claims skip a
+//!   keyed row while another bus holds an earlier one of its key.
+//!
 //! # Over RabbitMQ
 //!
 //! When modules move to services with databases of their own, the bus runs
@@ -256,6 +284,8 @@
 //!   words a backend lists when it gives no code (SQLite's busy database).
 //! - `metrics` — counters, histograms and gauges, their snapshots, and the
 //!   names they are exported under; `prometheus` serves them.
+//! - `store/ordering` — the ordering keys' counters and each handler's
+//!   progress in its keys, written once for both backends.
 //! - `outbox/` — a module's outbox as this process sees it: what it may
 //!   publish, the hand-over of committed messages to the bus, who claims
 //!   them; `subscription`: which handlers of which processes it owes its
@@ -279,7 +309,8 @@
 //! - `bus/` — [`Bus`]: `builder` ([`BusBuilder`]), `config`, `core`,
 //!   `actor`, `handle` ([`BusHandle`]), `dispatcher` (one per outbox: takes
 //!   committed messages and fans each out), `attempts` (retries and dead
-//!   letters along a route), `transport` (in this process, or over a
+//!   letters along a route), `lanes` (a key's messages one at a time per
+//!   route), `transport` (in this process, or over a
 //!   broker), `route` (a handler or the broker: the seam where a message
 //!   leaves the bus).
 //!
