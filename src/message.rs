@@ -72,6 +72,12 @@ pub struct Keyed {
     pub sequence: i64,
     /// The module that published it and numbered the key.
     pub publisher: String,
+    /// When the key's previous message was published (µs since the Unix
+    /// epoch); `None` for the key's first. A handler that meets a key for
+    /// the first time takes this message as the key's start only if that
+    /// previous message was published before the handler first started
+    /// (so it was never owed to it); otherwise it waits for it.
+    pub previous_at_us: Option<i64>,
 }
 
 impl Envelope {

@@ -147,6 +147,7 @@ impl<B: Backend> Tx<B> {
             key: key.to_string(),
             sequence: 0,
             publisher: self.outbox.module.to_string(),
+            previous_at_us: None,
         });
         let id = envelope.id;
         self.published.push(envelope);
@@ -231,8 +232,10 @@ impl<B: Backend> Tx<B> {
         });
         for envelope in keyed {
             let topic = envelope.topic.clone();
+            let at = envelope.created_at_us;
             if let Some(keyed) = envelope.keyed.as_mut() {
-                keyed.sequence = B::next_sequence(&mut self.conn, &topic, &keyed.key).await?;
+                (keyed.sequence, keyed.previous_at_us) =
+                    B::next_sequence(&mut self.conn, &topic, &keyed.key, at).await?;
             }
         }
         Ok(())

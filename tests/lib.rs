@@ -130,6 +130,7 @@ macro_rules! suite {
         case!(ordering::two_processes_sharing_the_outbox_keep_each_keys_order);
         case!(ordering::a_batched_handler_receives_each_key_in_order);
         case!(ordering::concurrent_publishers_of_one_key_are_numbered_in_commit_order);
+        case!(ordering::a_handler_that_joins_later_starts_each_key_where_it_joins);
 
         case!(observability::a_failed_delivery_is_logged_at_warn_level_with_what_identifies_it);
         case!(observability::counters_move_exactly_as_deliveries_happen);

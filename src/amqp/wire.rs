@@ -19,6 +19,8 @@ const CREATED_AT_US: &str = "tickbox-created-at-us";
 const ORDERING_KEY: &str = "tickbox-ordering-key";
 const KEY_SEQ: &str = "tickbox-key-seq";
 const KEY_PUBLISHER: &str = "tickbox-key-publisher";
+/// When the key's previous message was published, µs since the Unix epoch.
+const KEY_PREVIOUS_AT_US: &str = "tickbox-key-previous-at-us";
 
 /// A persistent message (survives a broker restart in a durable queue).
 const PERSISTENT: u8 = 2;
@@ -46,6 +48,9 @@ pub(crate) fn properties(envelope: &Envelope) -> BasicProperties {
             KEY_PUBLISHER.into(),
             AMQPValue::LongString(keyed.publisher.as_str().into()),
         );
+        if let Some(at) = keyed.previous_at_us {
+            headers.insert(KEY_PREVIOUS_AT_US.into(), AMQPValue::LongLongInt(at));
+        }
     }
     BasicProperties::default()
         .with_message_id(ShortString::from(envelope.id.to_string()))
@@ -134,6 +139,10 @@ pub(crate) fn envelope(delivery: &Delivery) -> Result<Envelope, Box<Undecodable>
             key,
             sequence,
             publisher,
+            previous_at_us: match header(KEY_PREVIOUS_AT_US) {
+                Some(AMQPValue::LongLongInt(at)) => Some(at),
+                _ => None,
+            },
         }),
         _ => {
             return Err(undecodable(format!(

@@ -141,7 +141,7 @@ pub(crate) async fn handle_in<B: Backend>(
             topic: &attempt.envelope.topic,
             key: &keyed.key,
         };
-        let turn = B::take_turn(tx.conn(), scope, keyed.sequence)
+        let turn = B::take_turn(tx.conn(), scope, keyed.sequence, keyed.previous_at_us)
             .await
             .map_err(|e| DeliveryError::database(e.into()))?;
         match turn {

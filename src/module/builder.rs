@@ -5,7 +5,7 @@ use crate::delivery::batch_queue::BatchQueue;
 use crate::delivery::handler::{Handler, HandlerOptions, Typed};
 use crate::delivery::handlers::{HandlerEntry, Handlers};
 use crate::error::{Error, Result};
-use crate::message::Message;
+use crate::message::{now_us, Message};
 use crate::metrics::{HandlerCounters, Mailbox};
 use crate::module::actor::Module;
 use crate::module::core::{sample_outbox_periodically, ModuleCore};
@@ -273,6 +273,11 @@ impl<B: Backend> ModuleBuilder<B> {
             .collect();
         let name: Arc<str> = Arc::from(name);
         let db = Arc::new(Database::new(name.clone(), pool));
+        if self.settings.migrate && !handlers.is_empty() {
+            let names: Vec<&str> = handlers.iter().map(|entry| &*entry.name).collect();
+            let mut conn = db.write_connection().await?;
+            B::record_handler_starts(&mut conn, &names, now_us()).await?;
+        }
         let outbox = Arc::new(Outbox::new(
             name.clone(),
             self.publishes,

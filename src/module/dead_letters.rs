@@ -74,7 +74,12 @@ impl From<DeadLetterRow> for DeadLetter {
             attempts: row.attempts.max(0) as u32,
             reason: row.reason,
             dead_at_us: row.dead_at_us,
-            keyed: keyed(row.ordering_key, row.key_seq, row.key_publisher),
+            keyed: keyed(
+                row.ordering_key,
+                row.key_seq,
+                row.key_publisher,
+                row.key_previous_at_us,
+            ),
             parked_behind: row.parked_behind.map(|id| id.0),
         }
     }
@@ -124,6 +129,7 @@ impl<B: Backend> ModuleHandle<B> {
             ordering_key: envelope.keyed.as_ref().map(|k| k.key.clone()),
             key_seq: envelope.keyed.as_ref().map(|k| k.sequence),
             key_publisher: envelope.keyed.as_ref().map(|k| k.publisher.clone()),
+            key_previous_at_us: envelope.keyed.as_ref().and_then(|k| k.previous_at_us),
             parked_behind: parked_behind.map(Id),
         };
         let mut conn = self.write_connection().await?;

@@ -2,6 +2,7 @@
 //! for what truly differs between them. What reads the same on every backend
 //! is written once, in [`Queries`](crate::store::queries::Queries).
 
+use crate::store::ordering::KeyScope;
 use crate::store::schema::OutboxRow;
 use crate::store::settings::{StoreSettings, WakeupChannel};
 use crate::store::statement::{Dialect, Row, Statement};
@@ -97,6 +98,27 @@ pub trait Store: Sized + Send + Sync + 'static {
         now_us: i64,
     ) -> impl Future<Output = QueryResult<bool>> + Send;
 
+    /// Numbers the next message of `key` in `topic` (1 for its first),
+    /// published at `at_us`, inside the publishing transaction: the counter
+    /// row stays locked until it ends, so transactions publishing for one
+    /// key commit in the order of their numbers. Also returns when the
+    /// key's previous message was published (`None` for the first).
+    fn next_sequence(
+        conn: &mut Self::Connection,
+        topic: &str,
+        key: &str,
+        at_us: i64,
+    ) -> impl Future<Output = QueryResult<(i64, Option<i64>)>> + Send;
+
+    /// Inside a delivery's transaction: moves the handler's progress in the
+    /// key to `sequence` if that is the key's next message; false otherwise
+    /// (see [`Ordering::take_turn`](crate::store::ordering::Ordering::take_turn)).
+    fn advance_key(
+        conn: &mut Self::Connection,
+        scope: KeyScope<'_>,
+        sequence: i64,
+    ) -> impl Future<Output = QueryResult<bool>> + Send;
+
     /// How the dialect spells what tickbox's [`Statement`]s need.
     const DIALECT: Dialect;
 
@@ -167,3 +189,48 @@ macro_rules! tick_inbox_statement {
     }};
 }
 pub(crate) use tick_inbox_statement;
+
+/// The next number of a key, inside the publishing transaction: the upsert
+/// locks the key's counter row until the transaction ends. Fixed shape, like
+/// [`tick_inbox_statement`].
+macro_rules! next_sequence_statement {
+    ($topic:expr, $key:expr, $at_us:expr) => {{
+        use diesel::{ExpressionMethods, NullableExpressionMethods};
+        use $crate::store::schema::tickbox_key_sequences::dsl as seq;
+        diesel::insert_into(seq::tickbox_key_sequences)
+            .values((
+                seq::topic.eq($topic),
+                seq::ordering_key.eq($key),
+                seq::last_seq.eq(1_i64),
+                seq::last_at_us.eq($at_us),
+            ))
+            .on_conflict((seq::topic, seq::ordering_key))
+            .do_update()
+            .set((
+                seq::last_seq.eq(seq::last_seq + 1_i64),
+                seq::previous_at_us.eq(seq::last_at_us.nullable()),
+                seq::last_at_us.eq($at_us),
+            ))
+            .returning((seq::last_seq, seq::previous_at_us))
+    }};
+}
+pub(crate) use next_sequence_statement;
+
+/// A handler's progress in a key moves to `sequence` if it stands just
+/// before it: one row changed means the message is the key's next.
+macro_rules! advance_key_statement {
+    ($scope:expr, $sequence:expr) => {{
+        use diesel::{ExpressionMethods, QueryDsl};
+        use $crate::store::schema::tickbox_key_progress::dsl as progress;
+        diesel::update(
+            progress::tickbox_key_progress
+                .filter(progress::handler.eq($scope.handler))
+                .filter(progress::publisher.eq($scope.publisher))
+                .filter(progress::topic.eq($scope.topic))
+                .filter(progress::ordering_key.eq($scope.key))
+                .filter(progress::last_seq.eq($sequence - 1)),
+        )
+        .set(progress::last_seq.eq($sequence))
+    }};
+}
+pub(crate) use advance_key_statement;

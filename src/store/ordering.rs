@@ -28,6 +28,37 @@ pub struct KeyScope<'a> {
     pub(crate) key: &'a str,
 }
 
+/// A [`KeyScope`] that owns its texts, to move to a blocking thread.
+pub(crate) struct OwnedScope {
+    handler: String,
+    publisher: String,
+    topic: String,
+    key: String,
+}
+
+impl From<KeyScope<'_>> for OwnedScope {
+    fn from(scope: KeyScope<'_>) -> Self {
+        OwnedScope {
+            handler: scope.handler.to_owned(),
+            publisher: scope.publisher.to_owned(),
+            topic: scope.topic.to_owned(),
+            key: scope.key.to_owned(),
+        }
+    }
+}
+
+impl OwnedScope {
+    /// Borrowed again.
+    pub(crate) fn scope(&self) -> KeyScope<'_> {
+        KeyScope {
+            handler: &self.handler,
+            publisher: &self.publisher,
+            topic: &self.topic,
+            key: &self.key,
+        }
+    }
+}
+
 /// Whether a keyed message may run now, by its handler's progress in its
 /// key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,39 +88,20 @@ struct Seq {
 
 /// The ordering statements, the same on every backend.
 pub trait Ordering: Store {
-    /// Numbers the next message of `key` in `topic`, inside the publishing
-    /// transaction: the counter row stays locked until it ends, so
-    /// transactions publishing for one key commit in the order of their
-    /// numbers.
-    fn next_sequence(
-        conn: &mut Self::Connection,
-        topic: &str,
-        key: &str,
-    ) -> impl Future<Output = QueryResult<i64>> + Send {
-        let mut b = StatementBuilder::new(Self::DIALECT);
-        let (topic, key) = (b.text(topic), b.text(key));
-        let statement = b.finish(format!(
-            "INSERT INTO tickbox_key_sequences (topic, ordering_key, last_seq) \
-             VALUES ({topic}, {key}, 1) ON CONFLICT (topic, ordering_key) \
-             DO UPDATE SET last_seq = tickbox_key_sequences.last_seq + 1 RETURNING last_seq"
-        ));
-        async move {
-            let rows: Vec<Seq> = Self::load(conn, statement).await?;
-            rows.into_iter()
-                .next()
-                .map(|row| row.last_seq)
-                .ok_or(diesel::result::Error::NotFound)
-        }
-    }
-
     /// Inside a delivery's transaction: whether message `sequence` of the
     /// key may run now, and if so, records it as the handler's progress.
     /// One statement when it is the key's next message, as it nearly always
     /// is.
+    ///
+    /// A key the handler has no progress in starts with its message 1, or
+    /// with a message whose predecessor (published at `previous_at_us`) was
+    /// published before the handler first started: that one was never owed
+    /// to it. Any other message waits for its predecessor.
     fn take_turn(
         conn: &mut Self::Connection,
         scope: KeyScope<'_>,
         sequence: i64,
+        previous_at_us: Option<i64>,
     ) -> impl Future<Output = QueryResult<Turn>> + Send {
         let dialect = Self::DIALECT;
         // Binds only what the text names: PostgreSQL refuses a parameter
@@ -112,12 +124,6 @@ pub trait Ordering: Store {
             }
             b.finish(sql)
         };
-        let next = statement(
-            "UPDATE tickbox_key_progress SET last_seq = {seq} \
-             WHERE handler = {handler} AND publisher = {publisher} AND topic = {topic} \
-             AND ordering_key = {key} AND last_seq = {seq} - 1"
-                .to_string(),
-        );
         let parked = statement(format!(
             "SELECT {DEAD_LETTER_COLUMNS} FROM tickbox_dead_letters \
              WHERE handler = {{handler}} AND key_publisher = {{publisher}} AND topic = {{topic}} \
@@ -135,24 +141,67 @@ pub trait Ordering: Store {
              AND ordering_key = {key}"
                 .to_string(),
         );
+        let since = statement(
+            "SELECT first_started_at_us AS last_seq FROM tickbox_handlers \
+             WHERE handler = {handler}"
+                .to_string(),
+        );
         async move {
-            if Self::execute(conn, next).await? == 1 {
+            if Self::advance_key(conn, scope, sequence).await? {
                 return Ok(Turn::Next);
             }
             let parked: Vec<DeadLetterRow> = Self::load(conn, parked).await?;
             if let Some(dead) = parked.into_iter().next() {
                 return Ok(Turn::Parked(dead.message_id.0));
             }
-            if Self::execute(conn, first).await? == 1 {
+            let rows: Vec<Seq> = Self::load(conn, progress).await?;
+            if let Some(last) = rows.into_iter().next().map(|row| row.last_seq) {
+                return Ok(if sequence <= last {
+                    Turn::Stale(last)
+                } else {
+                    Turn::Early(last)
+                });
+            }
+            let starts = sequence == 1 || {
+                let rows: Vec<Seq> = Self::load(conn, since).await?;
+                // A handler with no recorded start (a database opened by a
+                // tool) takes any message as the start.
+                match (rows.into_iter().next(), previous_at_us) {
+                    (None, _) => true,
+                    (Some(since), Some(previous)) => previous < since.last_seq,
+                    (Some(_), None) => true,
+                }
+            };
+            if starts && Self::execute(conn, first).await? == 1 {
                 return Ok(Turn::Next);
             }
-            let rows: Vec<Seq> = Self::load(conn, progress).await?;
-            let last = rows.into_iter().next().map_or(0, |row| row.last_seq);
-            Ok(if sequence <= last {
-                Turn::Stale(last)
-            } else {
-                Turn::Early(last)
+            Ok(Turn::Early(0))
+        }
+    }
+
+    /// Records when each of `handlers` first started in this database (kept
+    /// from the first time on).
+    fn record_handler_starts(
+        conn: &mut Self::Connection,
+        handlers: &[&str],
+        now_us: i64,
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        let statements: Vec<_> = handlers
+            .iter()
+            .map(|handler| {
+                let mut b = StatementBuilder::new(Self::DIALECT);
+                let (handler, now) = (b.text(handler), b.int(now_us));
+                b.finish(format!(
+                    "INSERT INTO tickbox_handlers (handler, first_started_at_us) \
+                     VALUES ({handler}, {now}) ON CONFLICT (handler) DO NOTHING"
+                ))
             })
+            .collect();
+        async move {
+            for statement in statements {
+                Self::execute(conn, statement).await?;
+            }
+            Ok(())
         }
     }
 

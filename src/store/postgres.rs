@@ -8,8 +8,11 @@
 
 use crate::error::{redact_url, Error};
 use crate::store::backend::Backend;
-use crate::store::contract::{tick_inbox_statement, Store};
+use crate::store::contract::{
+    advance_key_statement, next_sequence_statement, tick_inbox_statement, Store,
+};
 use crate::store::migrations::{refuse_clashing_versions, refuse_newer_migrations};
+use crate::store::ordering::KeyScope;
 use crate::store::pool::{build_pool, checkout};
 use crate::store::schema::{tickbox_outbox, OutboxRow};
 use crate::store::settings::{StoreSettings, WakeupChannel};
@@ -247,7 +250,7 @@ impl Store for Postgres {
     const SKIP_LOCKED: &'static str = "FOR UPDATE SKIP LOCKED";
     const CLAIM_COLUMNS: &'static str =
         "id, convert_to(topic, 'UTF8') AS topic, convert_to(payload, 'UTF8') AS payload, \
-         correlation_id, causation_id, created_at_us, ordering_key, key_seq, key_publisher";
+         correlation_id, causation_id, created_at_us, ordering_key, key_seq, key_publisher, key_previous_at_us";
     const TABLES_BY_NAME: &'static str =
         "information_schema.tables WHERE table_schema = current_schema() AND table_name";
     const ONE_WRITER: bool = false;
@@ -388,6 +391,30 @@ impl Store for Postgres {
         wake: impl Fn() + Send + Sync + 'static,
     ) -> Option<impl Future<Output = ()> + Send + 'static> {
         Some(listen_forever(wakeup, module, wake))
+    }
+
+    async fn next_sequence(
+        conn: &mut Self::Connection,
+        topic: &str,
+        key: &str,
+        at_us: i64,
+    ) -> QueryResult<(i64, Option<i64>)> {
+        use diesel_async::RunQueryDsl;
+        next_sequence_statement!(topic, key, at_us)
+            .get_result(conn)
+            .await
+    }
+
+    async fn advance_key(
+        conn: &mut Self::Connection,
+        scope: KeyScope<'_>,
+        sequence: i64,
+    ) -> QueryResult<bool> {
+        use diesel_async::RunQueryDsl;
+        Ok(advance_key_statement!(scope, sequence)
+            .execute(conn)
+            .await?
+            == 1)
     }
 
     async fn tick_inbox(

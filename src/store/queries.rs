@@ -14,12 +14,12 @@ use std::future::Future;
 use uuid::Uuid;
 
 /// tickbox's tables, as [`Queries::count_tables`] counts them.
-pub(crate) const TABLES: i64 = 8;
+pub(crate) const TABLES: i64 = 9;
 
 /// Their names, as the catalog lists them.
 const TABLE_NAMES: &str = "'tickbox_outbox', 'tickbox_inbox', 'tickbox_dead_letters', \
      'tickbox_subscriptions', 'tickbox_outbox_done', 'tickbox_schema_version', \
-     'tickbox_key_sequences', 'tickbox_key_progress'";
+     'tickbox_key_sequences', 'tickbox_key_progress', 'tickbox_handlers'";
 
 /// The columns of a subscription row, in [`SubscriptionRow`]'s order.
 const SUBSCRIPTION_COLUMNS: &str =
@@ -29,7 +29,7 @@ const SUBSCRIPTION_COLUMNS: &str =
 pub(crate) const DEAD_LETTER_COLUMNS: &str =
     "message_id, handler, topic, payload, correlation_id, \
      causation_id, created_at_us, attempts, reason, dead_at_us, ordering_key, key_seq, \
-     key_publisher, parked_behind";
+     key_publisher, key_previous_at_us, parked_behind";
 
 /// A count.
 #[derive(diesel::QueryableByName)]
@@ -167,6 +167,7 @@ pub trait Queries: Store {
             optional_text(&mut b, row.ordering_key.as_deref()),
             optional_int(&mut b, row.key_seq),
             optional_text(&mut b, row.key_publisher.as_deref()),
+            optional_int(&mut b, row.key_previous_at_us),
             optional_id(&mut b, row.parked_behind),
         ]
         .join(", ");
@@ -247,11 +248,13 @@ pub trait Queries: Store {
             optional_text(&mut b, row.ordering_key.as_deref()),
             optional_int(&mut b, row.key_seq),
             optional_text(&mut b, row.key_publisher.as_deref()),
+            optional_int(&mut b, row.key_previous_at_us),
         ]
         .join(", ");
         let insert = b.finish(format!(
             "INSERT INTO tickbox_outbox (id, topic, payload, correlation_id, causation_id, \
-             created_at_us, ordering_key, key_seq, key_publisher) VALUES ({values}) \
+             created_at_us, ordering_key, key_seq, key_publisher, key_previous_at_us) \
+             VALUES ({values}) \
              ON CONFLICT (id) DO UPDATE SET delivered_at_us = NULL, claimed_by = NULL, \
              claimed_until_us = NULL"
         ));

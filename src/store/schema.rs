@@ -59,6 +59,7 @@ diesel::table! {
         ordering_key -> Nullable<Text>,
         key_seq -> Nullable<BigInt>,
         key_publisher -> Nullable<Text>,
+        key_previous_at_us -> Nullable<BigInt>,
     }
 }
 
@@ -93,6 +94,7 @@ diesel::table! {
         ordering_key -> Nullable<Text>,
         key_seq -> Nullable<BigInt>,
         key_publisher -> Nullable<Text>,
+        key_previous_at_us -> Nullable<BigInt>,
         parked_behind -> Nullable<DbUuid>,
     }
 }
@@ -110,6 +112,28 @@ diesel::table! {
         subscribed_at_us -> BigInt,
         seen_at_us -> BigInt,
         alive_until_us -> BigInt,
+    }
+}
+
+diesel::table! {
+    /// The last sequence number a publishing module gave each key of a topic.
+    tickbox_key_sequences (topic, ordering_key) {
+        topic -> Text,
+        ordering_key -> Text,
+        last_seq -> BigInt,
+        last_at_us -> BigInt,
+        previous_at_us -> Nullable<BigInt>,
+    }
+}
+
+diesel::table! {
+    /// How far each handler has got in each key's order.
+    tickbox_key_progress (handler, publisher, topic, ordering_key) {
+        handler -> Text,
+        publisher -> Text,
+        topic -> Text,
+        ordering_key -> Text,
+        last_seq -> BigInt,
     }
 }
 
@@ -157,6 +181,8 @@ pub struct DeadLetterRow {
     pub(crate) key_seq: Option<i64>,
     /// The module that numbered the key.
     pub(crate) key_publisher: Option<String>,
+    /// When the key's previous message was published.
+    pub(crate) key_previous_at_us: Option<i64>,
     /// The keyed dead letter this message waits for (it parks the key).
     pub(crate) parked_behind: Option<Id>,
 }
@@ -183,6 +209,8 @@ pub struct OutboxRow {
     pub(crate) key_seq: Option<i64>,
     /// The module that numbered the key.
     pub(crate) key_publisher: Option<String>,
+    /// When the key's previous message was published.
+    pub(crate) key_previous_at_us: Option<i64>,
 }
 
 /// A column value read without failing: what diesel decoded, or why it
@@ -233,6 +261,8 @@ pub(crate) struct ClaimedRow {
     pub(crate) key_seq: Lenient<Option<i64>>,
     #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
     pub(crate) key_publisher: Lenient<Option<String>>,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
+    pub(crate) key_previous_at_us: Lenient<Option<i64>>,
 }
 
 /// An outbox row a scan could not turn into an envelope: a dead letter in
@@ -300,6 +330,10 @@ impl ClaimedRow {
                 0
             }
         };
+        let previous_at_us = self.key_previous_at_us.0.unwrap_or_else(|e| {
+            problems.push(format!("key_previous_at_us cannot be read ({e})"));
+            None
+        });
         let keyed = match (self.ordering_key.0, self.key_seq.0, self.key_publisher.0) {
             (Ok(None), Ok(None), Ok(None)) => None,
             (Ok(Some(key)), Ok(Some(sequence)), Ok(Some(publisher))) => {
@@ -307,6 +341,7 @@ impl ClaimedRow {
                     key,
                     sequence,
                     publisher,
+                    previous_at_us,
                 })
             }
             _ => {
@@ -347,7 +382,12 @@ impl From<OutboxRow> for crate::Envelope {
             correlation_id: row.correlation_id.0,
             causation_id: row.causation_id.map(|c| c.0),
             created_at_us: row.created_at_us,
-            keyed: keyed(row.ordering_key, row.key_seq, row.key_publisher),
+            keyed: keyed(
+                row.ordering_key,
+                row.key_seq,
+                row.key_publisher,
+                row.key_previous_at_us,
+            ),
         }
     }
 }
@@ -357,11 +397,13 @@ pub(crate) fn keyed(
     key: Option<String>,
     sequence: Option<i64>,
     publisher: Option<String>,
+    previous_at_us: Option<i64>,
 ) -> Option<crate::message::Keyed> {
     Some(crate::message::Keyed {
         key: key?,
         sequence: sequence?,
         publisher: publisher?,
+        previous_at_us,
     })
 }
 
@@ -379,6 +421,7 @@ impl From<&crate::Envelope> for OutboxRow {
             ordering_key: e.keyed.as_ref().map(|k| k.key.clone()),
             key_seq: e.keyed.as_ref().map(|k| k.sequence),
             key_publisher: e.keyed.as_ref().map(|k| k.publisher.clone()),
+            key_previous_at_us: e.keyed.as_ref().and_then(|k| k.previous_at_us),
         }
     }
 }

@@ -6,8 +6,11 @@
 
 use crate::error::Error;
 use crate::store::backend::Backend;
-use crate::store::contract::{tick_inbox_statement, Store};
+use crate::store::contract::{
+    advance_key_statement, next_sequence_statement, tick_inbox_statement, Store,
+};
 use crate::store::migrations::{refuse_clashing_versions, refuse_newer_migrations};
+use crate::store::ordering::{KeyScope, OwnedScope};
 use crate::store::pool::{build_pool, checkout};
 use crate::store::schema::{tickbox_outbox, OutboxRow};
 use crate::store::settings::{StoreSettings, WakeupChannel};
@@ -164,7 +167,7 @@ impl Store for Sqlite {
         "id, CAST(topic AS BLOB) AS topic, CAST(payload AS BLOB) AS payload, \
          correlation_id, causation_id, \
          CASE WHEN typeof(created_at_us) = 'integer' THEN created_at_us END AS created_at_us, \
-         ordering_key, key_seq, key_publisher";
+         ordering_key, key_seq, key_publisher, key_previous_at_us";
     const TABLES_BY_NAME: &'static str = "sqlite_master WHERE type = 'table' AND name";
     const ONE_WRITER: bool = true;
     // SQLite reports a lock held by another connection only in words.
@@ -293,6 +296,34 @@ impl Store for Sqlite {
             use diesel::RunQueryDsl;
             let inserted = tick_inbox_statement!(message_id, handler, now_us).execute(c)?;
             Ok(inserted == 1)
+        })
+        .await
+    }
+
+    async fn next_sequence(
+        conn: &mut Self::Connection,
+        topic: &str,
+        key: &str,
+        at_us: i64,
+    ) -> QueryResult<(i64, Option<i64>)> {
+        let (topic, key) = (topic.to_owned(), key.to_owned());
+        conn.spawn_blocking(move |c| {
+            use diesel::RunQueryDsl;
+            next_sequence_statement!(topic, key, at_us).get_result(c)
+        })
+        .await
+    }
+
+    async fn advance_key(
+        conn: &mut Self::Connection,
+        scope: KeyScope<'_>,
+        sequence: i64,
+    ) -> QueryResult<bool> {
+        let owned = OwnedScope::from(scope);
+        conn.spawn_blocking(move |c| {
+            use diesel::RunQueryDsl;
+            let scope = owned.scope();
+            Ok(advance_key_statement!(scope, sequence).execute(c)? == 1)
         })
         .await
     }

@@ -109,11 +109,24 @@ async fn catalog_and_copy<B: TestBackend>(
     } else {
         HandlerOptions::default()
     };
-    let copy = B::module(db, "copy")
-        .handler_with(HANDLER, handler.clone(), options)
+    let copy = copy_module::<B>(db, "copy", HANDLER, handler, options).await;
+    (catalog, copy)
+}
+
+/// A module `name` with an [`Apply`] handler `handler_name` and its `seen`
+/// table.
+async fn copy_module<B: TestBackend>(
+    db: &TestDb,
+    name: &str,
+    handler_name: &str,
+    handler: &Apply,
+    options: HandlerOptions,
+) -> ModuleHandle<B> {
+    let copy = B::module(db, name)
+        .handler_with(handler_name, handler.clone(), options)
         .start()
         .await
-        .expect("copy starts");
+        .expect("the copy starts");
     copy.transaction(async move |tx| {
         tx.conn()
             .batch_execute(
@@ -125,7 +138,7 @@ async fn catalog_and_copy<B: TestBackend>(
     })
     .await
     .expect("create seen");
-    (catalog, copy)
+    copy
 }
 
 async fn start_bus<B: TestBackend>(
@@ -530,5 +543,45 @@ pub async fn concurrent_publishers_of_one_key_are_numbered_in_commit_order<B: Te
             .collect();
         assert_eq!(mine, (0..10).map(|i| p * 100 + i).collect::<Vec<_>>());
     }
+    bus.stop().await;
+}
+
+pub async fn a_handler_that_joins_later_starts_each_key_where_it_joins<B: TestBackend>(db: TestDb) {
+    let handler = Apply::new(Disturb::default());
+    let (catalog, copy) = catalog_and_copy::<B>(&db, &handler, false).await;
+    let bus = start_bus(&db, &[&catalog, &copy], 0.0).await;
+    publish_changes(&catalog, &["k"], 3).await;
+    wait_for_all(&copy, 3).await;
+    bus.stop().await;
+
+    // A new handler joins: the key's next message starts the key for it
+    // (its three earlier ones were published before it first started), and
+    // it then follows the key in order.
+    let late = copy_module::<B>(
+        &db,
+        "late",
+        "late.apply",
+        &Apply::new(Disturb {
+            fail_every: Some(2),
+            ..Disturb::default()
+        }),
+        HandlerOptions::default(),
+    )
+    .await;
+    let bus = start_bus(&db, &[&catalog, &copy, &late], 0.0).await;
+    for n in 3..8 {
+        catalog
+            .transaction(async move |tx| tx.publish_keyed("k", &Change { key: "k".into(), n }))
+            .await
+            .expect("publish commits");
+    }
+    wait_for_all(&late, 5).await;
+    wait_for_all(&copy, 8).await;
+    assert!(bus.wait_idle(WAIT).await.expect("wait_idle"));
+    assert_eq!(
+        seen(&late).await["k"],
+        [(4, 3), (5, 4), (6, 5), (7, 6), (8, 7)],
+        "the late handler starts at the key's fourth message and keeps its order"
+    );
     bus.stop().await;
 }

@@ -1,5 +1,7 @@
 DELETE FROM tickbox_schema_version WHERE version = '20261205000000';
+DROP TABLE tickbox_handlers;
 DROP INDEX tickbox_dead_letters_keys;
+ALTER TABLE tickbox_dead_letters DROP COLUMN key_previous_at_us;
 ALTER TABLE tickbox_dead_letters DROP COLUMN parked_behind;
 ALTER TABLE tickbox_dead_letters DROP COLUMN key_publisher;
 ALTER TABLE tickbox_dead_letters DROP COLUMN key_seq;
@@ -7,6 +9,7 @@ ALTER TABLE tickbox_dead_letters DROP COLUMN ordering_key;
 DROP TABLE tickbox_key_progress;
 DROP TABLE tickbox_key_sequences;
 DROP INDEX tickbox_outbox_pending_keys;
+ALTER TABLE tickbox_outbox DROP COLUMN key_previous_at_us;
 ALTER TABLE tickbox_outbox DROP COLUMN key_publisher;
 ALTER TABLE tickbox_outbox DROP COLUMN key_seq;
 ALTER TABLE tickbox_outbox DROP COLUMN ordering_key;

@@ -5,14 +5,19 @@
 ALTER TABLE tickbox_outbox ADD COLUMN ordering_key text;
 ALTER TABLE tickbox_outbox ADD COLUMN key_seq bigint;
 ALTER TABLE tickbox_outbox ADD COLUMN key_publisher text;
+-- When the key's previous message was published (NULL for its first).
+ALTER TABLE tickbox_outbox ADD COLUMN key_previous_at_us bigint;
 CREATE INDEX tickbox_outbox_pending_keys ON tickbox_outbox (topic, ordering_key, key_seq)
     WHERE delivered_at_us IS NULL AND ordering_key IS NOT NULL;
 
--- The last sequence number this module gave each key of a topic.
+-- The last sequence number this module gave each key of a topic, when that
+-- message was published, and when the one before it was.
 CREATE TABLE tickbox_key_sequences (
-    topic        text NOT NULL,
-    ordering_key text NOT NULL,
-    last_seq     bigint NOT NULL,
+    topic          text NOT NULL,
+    ordering_key   text NOT NULL,
+    last_seq       bigint NOT NULL,
+    last_at_us     bigint NOT NULL,
+    previous_at_us bigint,
     PRIMARY KEY (topic, ordering_key)
 );
 
@@ -34,8 +39,17 @@ CREATE TABLE tickbox_key_progress (
 ALTER TABLE tickbox_dead_letters ADD COLUMN ordering_key text;
 ALTER TABLE tickbox_dead_letters ADD COLUMN key_seq bigint;
 ALTER TABLE tickbox_dead_letters ADD COLUMN key_publisher text;
+ALTER TABLE tickbox_dead_letters ADD COLUMN key_previous_at_us bigint;
 ALTER TABLE tickbox_dead_letters ADD COLUMN parked_behind uuid;
 CREATE INDEX tickbox_dead_letters_keys ON tickbox_dead_letters (handler, key_publisher, topic, ordering_key, key_seq)
     WHERE ordering_key IS NOT NULL;
+
+-- When each handler of this module first started: a key's message whose
+-- predecessor was published before then may start the key for the handler
+-- (that predecessor was never owed to it); otherwise a key starts at 1.
+CREATE TABLE tickbox_handlers (
+    handler             text PRIMARY KEY NOT NULL,
+    first_started_at_us bigint NOT NULL
+);
 
 INSERT INTO tickbox_schema_version (version) VALUES ('20261205000000');

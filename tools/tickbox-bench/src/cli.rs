@@ -91,6 +91,12 @@ pub(crate) struct Args {
     #[arg(long, value_name = "B", default_value = "1", value_parser = at_least_one_usize)]
     pub(crate) batch: usize,
 
+    /// tickbox's producers publish with an ordering key, message n taking key
+    /// n mod K (Tx::publish_keyed): each handler then takes a key's messages
+    /// one at a time, in order. Without it, messages have no key
+    #[arg(long, value_name = "K", value_parser = at_least_one_usize)]
+    pub(crate) keys: Option<usize>,
+
     /// The producer module deletes outbox rows as they are delivered (an
     /// outbox retention of zero) instead of marking them
     #[arg(long)]

@@ -207,6 +207,7 @@ pub(crate) async fn run_tickbox_on<B: BenchBackend>(
 
     let timeline = args.timeline.then(|| timeline(pair, &clock, &bus, before));
     let shop = pair.shop.clone();
+    let keys = args.keys;
     let produced = produce(
         args,
         &clock,
@@ -217,7 +218,12 @@ pub(crate) async fn run_tickbox_on<B: BenchBackend>(
             async move {
                 shop.transaction(async move |tx| {
                     B::insert_order(tx.conn(), n as i64, &note(n)).await?;
-                    tx.publish(&Work { n })?;
+                    match keys {
+                        Some(keys) => {
+                            tx.publish_keyed(&(n % keys as u64).to_string(), &Work { n })?
+                        }
+                        None => tx.publish(&Work { n })?,
+                    };
                     Ok::<_, tickbox::Error>(())
                 })
                 .await?;

@@ -69,6 +69,7 @@ pub(crate) fn base_json(args: &Args) -> Json {
     j.insert("transport".into(), args.transport.name().into());
     j.insert("concurrency".into(), args.concurrency.into());
     j.insert("batch".into(), args.batch.into());
+    j.insert("keys".into(), args.keys.into());
     j.insert("messages".into(), args.messages.into());
     j.insert("rate".into(), serde_json::json!(args.rate));
     j.insert("trace_layer".into(), args.trace().into());

@@ -63,13 +63,15 @@ pub(crate) async fn run<B: BenchBackend>(place: &Place, args: &Args) -> Res<Json
         })
         .collect();
     println!(
-        "\n{} · {} · concurrency {} · {} messages per run{}",
+        "\n{} · {} · concurrency {} · {} messages per run{}{}",
         args.backend.name(),
         args.transport.name(),
         args.concurrency,
         args.messages,
         args.rate
-            .map_or(String::new(), |r| format!(" · rate {r:.0}/s"))
+            .map_or(String::new(), |r| format!(" · rate {r:.0}/s")),
+        args.keys
+            .map_or(String::new(), |k| format!(" · tickbox keyed, {k} keys"))
     );
     print_runs(&runs);
     // Each round's ratio is to the lower of its baselines (over amqp: the
