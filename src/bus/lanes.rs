@@ -168,6 +168,7 @@ mod tests {
             key: key.into(),
             sequence,
             publisher: "p".into(),
+            previous_at_us: None,
         });
         envelope
     }
