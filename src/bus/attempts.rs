@@ -41,14 +41,18 @@ pub(crate) async fn deliver_to_route<B: Backend>(
     envelope: &Arc<Envelope>,
 ) -> RouteEnd {
     let policy = route.retry(&bus.config);
+    // A keyed message waits for the earlier ones of its key on this route,
+    // and holds its key while it retries; one without a key takes no turn.
     let lane = match envelope.keyed {
         Some(_) => route.lane(),
         None => String::new(),
     };
-    // A keyed message waits for the earlier ones of its key on this route,
-    // and holds its key while it retries.
-    let Some(mut turn) = until_stopped(bus, bus.lanes.turn(&lane, envelope)).await else {
-        return RouteEnd::Stopped;
+    let mut turn = match envelope.keyed {
+        Some(_) => match until_stopped(bus, bus.lanes.turn(&lane, envelope)).await {
+            Some(turn) => turn,
+            None => return RouteEnd::Stopped,
+        },
+        None => None,
     };
     let mut attempt = 0;
     let mut failures = 0;
