@@ -119,6 +119,15 @@ pub trait Store: Sized + Send + Sync + 'static {
         sequence: i64,
     ) -> impl Future<Output = QueryResult<bool>> + Send;
 
+    /// Inside a delivery's transaction: starts the handler's progress in the
+    /// key at `sequence` unless it has progress there already; true when it
+    /// did.
+    fn start_key(
+        conn: &mut Self::Connection,
+        scope: KeyScope<'_>,
+        sequence: i64,
+    ) -> impl Future<Output = QueryResult<bool>> + Send;
+
     /// How the dialect spells what tickbox's [`Statement`]s need.
     const DIALECT: Dialect;
 
@@ -234,3 +243,21 @@ macro_rules! advance_key_statement {
     }};
 }
 pub(crate) use advance_key_statement;
+
+/// A handler's progress in a key starts at `sequence`, unless it has one.
+macro_rules! start_key_statement {
+    ($scope:expr, $sequence:expr) => {{
+        use diesel::ExpressionMethods;
+        use $crate::store::schema::tickbox_key_progress::dsl as progress;
+        diesel::insert_into(progress::tickbox_key_progress)
+            .values((
+                progress::handler.eq($scope.handler),
+                progress::publisher.eq($scope.publisher),
+                progress::topic.eq($scope.topic),
+                progress::ordering_key.eq($scope.key),
+                progress::last_seq.eq($sequence),
+            ))
+            .on_conflict_do_nothing()
+    }};
+}
+pub(crate) use start_key_statement;

@@ -129,12 +129,6 @@ pub trait Ordering: Store {
              WHERE handler = {{handler}} AND key_publisher = {{publisher}} AND topic = {{topic}} \
              AND ordering_key = {{key}} AND key_seq < {{seq}} ORDER BY key_seq LIMIT 1"
         ));
-        let first = statement(
-            "INSERT INTO tickbox_key_progress (handler, publisher, topic, ordering_key, last_seq) \
-             VALUES ({handler}, {publisher}, {topic}, {key}, {seq}) \
-             ON CONFLICT (handler, publisher, topic, ordering_key) DO NOTHING"
-                .to_string(),
-        );
         let progress = statement(
             "SELECT last_seq FROM tickbox_key_progress \
              WHERE handler = {handler} AND publisher = {publisher} AND topic = {topic} \
@@ -147,32 +141,33 @@ pub trait Ordering: Store {
                 .to_string(),
         );
         async move {
-            if Self::advance_key(conn, scope, sequence).await? {
+            // The key's first message: nothing can come before it.
+            if sequence == 1 && Self::start_key(conn, scope, sequence).await? {
                 return Ok(Turn::Next);
+            }
+            if sequence > 1 && Self::advance_key(conn, scope, sequence).await? {
+                return Ok(Turn::Next);
+            }
+            let rows: Vec<Seq> = Self::load(conn, progress).await?;
+            let last = rows.into_iter().next().map(|row| row.last_seq);
+            if let Some(last) = last.filter(|last| sequence <= *last) {
+                return Ok(Turn::Stale(last));
             }
             let parked: Vec<DeadLetterRow> = Self::load(conn, parked).await?;
             if let Some(dead) = parked.into_iter().next() {
                 return Ok(Turn::Parked(dead.message_id.0));
             }
-            let rows: Vec<Seq> = Self::load(conn, progress).await?;
-            if let Some(last) = rows.into_iter().next().map(|row| row.last_seq) {
-                return Ok(if sequence <= last {
-                    Turn::Stale(last)
-                } else {
-                    Turn::Early(last)
-                });
+            if let Some(last) = last {
+                return Ok(Turn::Early(last));
             }
-            let starts = sequence == 1 || {
-                let rows: Vec<Seq> = Self::load(conn, since).await?;
-                // A handler with no recorded start (a database opened by a
-                // tool) takes any message as the start.
-                match (rows.into_iter().next(), previous_at_us) {
-                    (None, _) => true,
-                    (Some(since), Some(previous)) => previous < since.last_seq,
-                    (Some(_), None) => true,
-                }
+            let rows: Vec<Seq> = Self::load(conn, since).await?;
+            // A handler with no recorded start (a database opened by a
+            // tool) takes any message as the start.
+            let starts = match (rows.into_iter().next(), previous_at_us) {
+                (Some(since), Some(previous)) => previous < since.last_seq,
+                _ => true,
             };
-            if starts && Self::execute(conn, first).await? == 1 {
+            if starts && Self::start_key(conn, scope, sequence).await? {
                 return Ok(Turn::Next);
             }
             Ok(Turn::Early(0))

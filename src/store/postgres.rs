@@ -9,7 +9,8 @@
 use crate::error::{redact_url, Error};
 use crate::store::backend::Backend;
 use crate::store::contract::{
-    advance_key_statement, next_sequence_statement, tick_inbox_statement, Store,
+    advance_key_statement, next_sequence_statement, start_key_statement, tick_inbox_statement,
+    Store,
 };
 use crate::store::migrations::{refuse_clashing_versions, refuse_newer_migrations};
 use crate::store::ordering::KeyScope;
@@ -415,6 +416,15 @@ impl Store for Postgres {
             .execute(conn)
             .await?
             == 1)
+    }
+
+    async fn start_key(
+        conn: &mut Self::Connection,
+        scope: KeyScope<'_>,
+        sequence: i64,
+    ) -> QueryResult<bool> {
+        use diesel_async::RunQueryDsl;
+        Ok(start_key_statement!(scope, sequence).execute(conn).await? == 1)
     }
 
     async fn tick_inbox(

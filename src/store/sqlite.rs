@@ -7,7 +7,8 @@
 use crate::error::Error;
 use crate::store::backend::Backend;
 use crate::store::contract::{
-    advance_key_statement, next_sequence_statement, tick_inbox_statement, Store,
+    advance_key_statement, next_sequence_statement, start_key_statement, tick_inbox_statement,
+    Store,
 };
 use crate::store::migrations::{refuse_clashing_versions, refuse_newer_migrations};
 use crate::store::ordering::{KeyScope, OwnedScope};
@@ -324,6 +325,20 @@ impl Store for Sqlite {
             use diesel::RunQueryDsl;
             let scope = owned.scope();
             Ok(advance_key_statement!(scope, sequence).execute(c)? == 1)
+        })
+        .await
+    }
+
+    async fn start_key(
+        conn: &mut Self::Connection,
+        scope: KeyScope<'_>,
+        sequence: i64,
+    ) -> QueryResult<bool> {
+        let owned = OwnedScope::from(scope);
+        conn.spawn_blocking(move |c| {
+            use diesel::RunQueryDsl;
+            let scope = owned.scope();
+            Ok(start_key_statement!(scope, sequence).execute(c)? == 1)
         })
         .await
     }
