@@ -182,10 +182,6 @@ impl<B: Backend> Tx<B> {
         for envelope in &mut published {
             envelope.created_at_us = committing_us;
         }
-        if let Err(e) = self.number_keyed(&mut published).await {
-            self.rollback().await;
-            return Err(e.into());
-        }
         let claim = self
             .outbox
             .claimant()
@@ -198,9 +194,20 @@ impl<B: Backend> Tx<B> {
                 ..OutboxRow::from(envelope)
             })
             .collect();
-        if let Err(e) = B::insert_outbox(&mut self.conn, rows).await {
-            self.rollback().await;
-            return Err(e.into());
+        // Keyed messages are numbered in their key's order as they are
+        // written (see `Keyed`).
+        let rows = match B::insert_outbox(&mut self.conn, rows).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                self.rollback().await;
+                return Err(e.into());
+            }
+        };
+        for (envelope, row) in published.iter_mut().zip(rows) {
+            if let (Some(keyed), Some(sequence)) = (envelope.keyed.as_mut(), row.key_seq) {
+                keyed.sequence = sequence;
+                keyed.previous_at_us = row.key_previous_at_us;
+            }
         }
         let unclaimed = claim.is_none() && !published.is_empty();
         if let Some(wakeup) = self
@@ -216,28 +223,6 @@ impl<B: Backend> Tx<B> {
         }
         B::commit(&mut self.conn).await?;
         self.outbox.announce(published);
-        Ok(())
-    }
-
-    /// Gives each keyed message the next number of its key, taking the keys
-    /// in one order (topic, then key) so that two transactions publishing
-    /// for the same keys never wait for each other's counters crosswise.
-    async fn number_keyed(&mut self, published: &mut [Envelope]) -> diesel::QueryResult<()> {
-        let mut keyed: Vec<&mut Envelope> =
-            published.iter_mut().filter(|e| e.keyed.is_some()).collect();
-        // Stable: one key's messages keep the order they were published in.
-        keyed.sort_by(|a, b| {
-            let key = |e: &Envelope| (e.topic.clone(), e.keyed.as_ref().map(|k| k.key.clone()));
-            key(a).cmp(&key(b))
-        });
-        for envelope in keyed {
-            let topic = envelope.topic.clone();
-            let at = envelope.created_at_us;
-            if let Some(keyed) = envelope.keyed.as_mut() {
-                (keyed.sequence, keyed.previous_at_us) =
-                    B::next_sequence(&mut self.conn, &topic, &keyed.key, at).await?;
-            }
-        }
         Ok(())
     }
 

@@ -128,19 +128,21 @@ pub(crate) async fn handle_in<B: Backend>(
         attempt: attempt.attempt,
     };
     tx.set_cause(attempt.envelope.clone());
-    let ticked = B::tick_inbox(tx.conn(), attempt.envelope.id, &entry.name, now_us())
+    let keyed = attempt.envelope.keyed.as_ref();
+    let scope = keyed.map(|keyed| KeyScope {
+        handler: &entry.name,
+        publisher: &keyed.publisher,
+        topic: &attempt.envelope.topic,
+        key: &keyed.key,
+    });
+    let key = scope.zip(keyed.map(|k| k.sequence));
+    let tick = B::tick_inbox(tx.conn(), attempt.envelope.id, &entry.name, now_us(), key)
         .await
         .map_err(|e| DeliveryError::database(e.into()))?;
-    if !ticked {
+    if !tick.inserted {
         return Ok(Outcome::Duplicate);
     }
-    if let Some(keyed) = &attempt.envelope.keyed {
-        let scope = KeyScope {
-            handler: &entry.name,
-            publisher: &keyed.publisher,
-            topic: &attempt.envelope.topic,
-            key: &keyed.key,
-        };
+    if let (Some(keyed), Some(scope), false) = (keyed, scope, tick.key_turn) {
         let turn = B::take_turn(tx.conn(), scope, keyed.sequence, keyed.previous_at_us)
             .await
             .map_err(|e| DeliveryError::database(e.into()))?;

@@ -83,32 +83,24 @@ pub trait Store: Sized + Send + Sync + 'static {
         wake: impl Fn() + Send + Sync + 'static,
     ) -> Option<impl Future<Output = ()> + Send + 'static>;
 
-    /// Inserts published messages into the outbox.
+    /// Inserts published messages into the outbox, numbering each keyed
+    /// one first (in [`numbering_order`]); returns the rows with their
+    /// numbers.
     fn insert_outbox(
         conn: &mut Self::Connection,
         rows: Vec<OutboxRow>,
-    ) -> impl Future<Output = QueryResult<()>> + Send;
+    ) -> impl Future<Output = QueryResult<Vec<OutboxRow>>> + Send;
 
-    /// Records `(message_id, handler)` in the inbox unless it is there;
-    /// true when this call inserted it.
+    /// Records `(message_id, handler)` in the inbox unless it is there and,
+    /// for a new keyed message (`key`: its scope and number), moves the
+    /// handler's progress in the key to it if it is the key's next.
     fn tick_inbox(
         conn: &mut Self::Connection,
         message_id: Uuid,
         handler: &str,
         now_us: i64,
-    ) -> impl Future<Output = QueryResult<bool>> + Send;
-
-    /// Numbers the next message of `key` in `topic` (1 for its first),
-    /// published at `at_us`, inside the publishing transaction: the counter
-    /// row stays locked until it ends, so transactions publishing for one
-    /// key commit in the order of their numbers. Also returns when the
-    /// key's previous message was published (`None` for the first).
-    fn next_sequence(
-        conn: &mut Self::Connection,
-        topic: &str,
-        key: &str,
-        at_us: i64,
-    ) -> impl Future<Output = QueryResult<(i64, Option<i64>)>> + Send;
+        key: Option<(KeyScope<'_>, i64)>,
+    ) -> impl Future<Output = QueryResult<Tick>> + Send;
 
     /// Inside a delivery's transaction: moves the handler's progress in the
     /// key to `sequence` if that is the key's next message; false otherwise
@@ -199,12 +191,35 @@ macro_rules! tick_inbox_statement {
 }
 pub(crate) use tick_inbox_statement;
 
-/// The next number of a key, inside the publishing transaction: the upsert
-/// locks the key's counter row until the transaction ends. Fixed shape, like
-/// [`tick_inbox_statement`].
-macro_rules! next_sequence_statement {
+/// A key's counter moves to its next number, published at `$at_us`:
+/// `(number, when the previous one was published)`, or no row for a key that
+/// has none yet. Inside the publishing transaction, the row stays locked
+/// until it ends. Fixed shape, like [`tick_inbox_statement`] (an upsert's
+/// `DO UPDATE` is never kept prepared by diesel; these two are).
+macro_rules! bump_sequence_statement {
     ($topic:expr, $key:expr, $at_us:expr) => {{
-        use diesel::{ExpressionMethods, NullableExpressionMethods};
+        use diesel::{ExpressionMethods, NullableExpressionMethods, QueryDsl};
+        use $crate::store::schema::tickbox_key_sequences::dsl as seq;
+        diesel::update(
+            seq::tickbox_key_sequences
+                .filter(seq::topic.eq($topic))
+                .filter(seq::ordering_key.eq($key)),
+        )
+        .set((
+            seq::last_seq.eq(seq::last_seq + 1_i64),
+            seq::previous_at_us.eq(seq::last_at_us.nullable()),
+            seq::last_at_us.eq($at_us),
+        ))
+        .returning((seq::last_seq, seq::previous_at_us))
+    }};
+}
+pub(crate) use bump_sequence_statement;
+
+/// A key's counter starts at 1, unless another transaction started it
+/// first (PostgreSQL: this one then waits for that one's end).
+macro_rules! first_sequence_statement {
+    ($topic:expr, $key:expr, $at_us:expr) => {{
+        use diesel::ExpressionMethods;
         use $crate::store::schema::tickbox_key_sequences::dsl as seq;
         diesel::insert_into(seq::tickbox_key_sequences)
             .values((
@@ -213,17 +228,34 @@ macro_rules! next_sequence_statement {
                 seq::last_seq.eq(1_i64),
                 seq::last_at_us.eq($at_us),
             ))
-            .on_conflict((seq::topic, seq::ordering_key))
-            .do_update()
-            .set((
-                seq::last_seq.eq(seq::last_seq + 1_i64),
-                seq::previous_at_us.eq(seq::last_at_us.nullable()),
-                seq::last_at_us.eq($at_us),
-            ))
-            .returning((seq::last_seq, seq::previous_at_us))
+            .on_conflict_do_nothing()
     }};
 }
-pub(crate) use next_sequence_statement;
+pub(crate) use first_sequence_statement;
+
+/// The order in which a transaction's keyed rows take their numbers: by
+/// topic, then key, then as published, so that transactions publishing for
+/// the same keys lock their counters in one order and never wait for each
+/// other crosswise.
+pub(crate) fn numbering_order(rows: &[OutboxRow]) -> Vec<usize> {
+    let mut keyed: Vec<usize> = (0..rows.len())
+        .filter(|&i| rows[i].ordering_key.is_some())
+        .collect();
+    keyed.sort_by(|&a, &b| {
+        (&rows[a].topic, &rows[a].ordering_key).cmp(&(&rows[b].topic, &rows[b].ordering_key))
+    });
+    keyed
+}
+
+/// How the inbox guard's first statement went.
+#[derive(Debug, Clone, Copy)]
+pub struct Tick {
+    /// The inbox row was inserted: the message is new to the handler.
+    pub(crate) inserted: bool,
+    /// A keyed message was its key's next for the handler, and the
+    /// handler's progress in the key now counts it.
+    pub(crate) key_turn: bool,
+}
 
 /// A handler's progress in a key moves to `sequence` if it stands just
 /// before it: one row changed means the message is the key's next.

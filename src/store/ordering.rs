@@ -88,10 +88,10 @@ struct Seq {
 
 /// The ordering statements, the same on every backend.
 pub trait Ordering: Store {
-    /// Inside a delivery's transaction: whether message `sequence` of the
-    /// key may run now, and if so, records it as the handler's progress.
-    /// One statement when it is the key's next message, as it nearly always
-    /// is.
+    /// Inside a delivery's transaction, once the inbox guard's first
+    /// statement found that message `sequence` is not simply the key's next
+    /// ([`Store::tick_inbox`]): whether it may run now, and if so, records
+    /// it as the handler's progress.
     ///
     /// A key the handler has no progress in starts with its message 1, or
     /// with a message whose predecessor (published at `previous_at_us`) was
@@ -141,13 +141,6 @@ pub trait Ordering: Store {
                 .to_string(),
         );
         async move {
-            // The key's first message: nothing can come before it.
-            if sequence == 1 && Self::start_key(conn, scope, sequence).await? {
-                return Ok(Turn::Next);
-            }
-            if sequence > 1 && Self::advance_key(conn, scope, sequence).await? {
-                return Ok(Turn::Next);
-            }
             let rows: Vec<Seq> = Self::load(conn, progress).await?;
             let last = rows.into_iter().next().map(|row| row.last_seq);
             if let Some(last) = last.filter(|last| sequence <= *last) {

@@ -9,8 +9,8 @@
 use crate::error::{redact_url, Error};
 use crate::store::backend::Backend;
 use crate::store::contract::{
-    advance_key_statement, next_sequence_statement, start_key_statement, tick_inbox_statement,
-    Store,
+    advance_key_statement, bump_sequence_statement, first_sequence_statement, numbering_order,
+    start_key_statement, tick_inbox_statement, Store, Tick,
 };
 use crate::store::migrations::{refuse_clashing_versions, refuse_newer_migrations};
 use crate::store::ordering::KeyScope;
@@ -394,18 +394,6 @@ impl Store for Postgres {
         Some(listen_forever(wakeup, module, wake))
     }
 
-    async fn next_sequence(
-        conn: &mut Self::Connection,
-        topic: &str,
-        key: &str,
-        at_us: i64,
-    ) -> QueryResult<(i64, Option<i64>)> {
-        use diesel_async::RunQueryDsl;
-        next_sequence_statement!(topic, key, at_us)
-            .get_result(conn)
-            .await
-    }
-
     async fn advance_key(
         conn: &mut Self::Connection,
         scope: KeyScope<'_>,
@@ -432,34 +420,72 @@ impl Store for Postgres {
         message_id: Uuid,
         handler: &str,
         now_us: i64,
-    ) -> QueryResult<bool> {
+        key: Option<(KeyScope<'_>, i64)>,
+    ) -> QueryResult<Tick> {
         use diesel_async::RunQueryDsl;
         let inserted = tick_inbox_statement!(message_id, handler, now_us)
             .execute(conn)
-            .await?;
-        Ok(inserted == 1)
+            .await?
+            == 1;
+        let key_turn = match key {
+            Some((scope, sequence)) if inserted => {
+                let changed = if sequence == 1 {
+                    start_key_statement!(scope, sequence).execute(conn).await?
+                } else {
+                    advance_key_statement!(scope, sequence)
+                        .execute(conn)
+                        .await?
+                };
+                changed == 1
+            }
+            _ => false,
+        };
+        Ok(Tick { inserted, key_turn })
     }
 
-    async fn insert_outbox(conn: &mut Self::Connection, rows: Vec<OutboxRow>) -> QueryResult<()> {
+    async fn insert_outbox(
+        conn: &mut Self::Connection,
+        mut rows: Vec<OutboxRow>,
+    ) -> QueryResult<Vec<OutboxRow>> {
+        use diesel::OptionalExtension;
         use diesel_async::RunQueryDsl;
+        for i in numbering_order(&rows) {
+            let row = &rows[i];
+            let (topic, key, at) = (
+                &row.topic,
+                row.ordering_key.as_deref().unwrap_or_default(),
+                row.created_at_us,
+            );
+            let numbered = loop {
+                let bumped = bump_sequence_statement!(topic, key, at)
+                    .get_result::<(i64, Option<i64>)>(conn)
+                    .await
+                    .optional()?;
+                if let Some(numbered) = bumped {
+                    break numbered;
+                }
+                // A new key: start it, unless another transaction did
+                // first (this insert then waits for that one's end, and the
+                // counter is bumped again).
+                if first_sequence_statement!(topic, key, at)
+                    .execute(conn)
+                    .await?
+                    == 1
+                {
+                    break (1, None);
+                }
+            };
+            (rows[i].key_seq, rows[i].key_previous_at_us) = (Some(numbered.0), numbered.1);
+        }
         // One row (the common case) is a statement of a fixed shape, prepared
         // once per connection without building its SQL again.
-        match <[OutboxRow; 1]>::try_from(rows) {
-            Ok([row]) => {
-                diesel::insert_into(tickbox_outbox::table)
-                    .values(row)
-                    .execute(conn)
-                    .await
-            }
-            Err(rows) if rows.is_empty() => Ok(0),
-            Err(rows) => {
-                diesel::insert_into(tickbox_outbox::table)
-                    .values(rows)
-                    .execute(conn)
-                    .await
-            }
-        }
-        .map(drop)
+        let insert = diesel::insert_into(tickbox_outbox::table);
+        match rows.as_slice() {
+            [] => 0,
+            [row] => insert.values(row).execute(conn).await?,
+            many => insert.values(many).execute(conn).await?,
+        };
+        Ok(rows)
     }
 
     async fn load<R: Row>(

@@ -7,8 +7,8 @@
 use crate::error::Error;
 use crate::store::backend::Backend;
 use crate::store::contract::{
-    advance_key_statement, next_sequence_statement, start_key_statement, tick_inbox_statement,
-    Store,
+    advance_key_statement, bump_sequence_statement, first_sequence_statement, numbering_order,
+    start_key_statement, tick_inbox_statement, Store, Tick,
 };
 use crate::store::migrations::{refuse_clashing_versions, refuse_newer_migrations};
 use crate::store::ordering::{KeyScope, OwnedScope};
@@ -266,22 +266,45 @@ impl Store for Sqlite {
         None::<std::future::Ready<()>>
     }
 
-    async fn insert_outbox(conn: &mut Self::Connection, rows: Vec<OutboxRow>) -> QueryResult<()> {
+    async fn insert_outbox(
+        conn: &mut Self::Connection,
+        mut rows: Vec<OutboxRow>,
+    ) -> QueryResult<Vec<OutboxRow>> {
         if rows.is_empty() {
-            return Ok(());
+            return Ok(rows);
         }
-        // On its blocking thread, the synchronous connection prepares a
-        // statement of fixed shape once and never builds its SQL again (the
-        // async wrapper would render it for every call), and batches
-        // multi-row inserts.
+        // On its blocking thread, the synchronous connection prepares
+        // statements of fixed shape once and never builds their SQL again
+        // (the async wrapper would render them for every call), and batches
+        // multi-row inserts: the keys' numbers and the rows in one visit.
         conn.spawn_blocking(move |c| {
-            use diesel::RunQueryDsl;
-            let insert = diesel::insert_into(tickbox_outbox::table);
-            match <[OutboxRow; 1]>::try_from(rows) {
-                Ok([row]) => insert.values(row).execute(c),
-                Err(rows) => insert.values(rows).execute(c),
+            use diesel::{OptionalExtension, RunQueryDsl};
+            for i in numbering_order(&rows) {
+                let row = &rows[i];
+                let (topic, key, at) = (
+                    &row.topic,
+                    row.ordering_key.as_deref().unwrap_or_default(),
+                    row.created_at_us,
+                );
+                let numbered = match bump_sequence_statement!(topic, key, at)
+                    .get_result::<(i64, Option<i64>)>(c)
+                    .optional()?
+                {
+                    Some(numbered) => numbered,
+                    None => {
+                        // One writer at a time: nobody started it meanwhile.
+                        first_sequence_statement!(topic, key, at).execute(c)?;
+                        (1, None)
+                    }
+                };
+                (rows[i].key_seq, rows[i].key_previous_at_us) = (Some(numbered.0), numbered.1);
             }
-            .map(drop)
+            let insert = diesel::insert_into(tickbox_outbox::table);
+            match rows.as_slice() {
+                [row] => insert.values(row).execute(c)?,
+                rows => insert.values(rows).execute(c)?,
+            };
+            Ok(rows)
         })
         .await
     }
@@ -291,26 +314,26 @@ impl Store for Sqlite {
         message_id: Uuid,
         handler: &str,
         now_us: i64,
-    ) -> QueryResult<bool> {
+        key: Option<(KeyScope<'_>, i64)>,
+    ) -> QueryResult<Tick> {
         let handler = handler.to_owned();
+        let key = key.map(|(scope, sequence)| (OwnedScope::from(scope), sequence));
         conn.spawn_blocking(move |c| {
             use diesel::RunQueryDsl;
-            let inserted = tick_inbox_statement!(message_id, handler, now_us).execute(c)?;
-            Ok(inserted == 1)
-        })
-        .await
-    }
-
-    async fn next_sequence(
-        conn: &mut Self::Connection,
-        topic: &str,
-        key: &str,
-        at_us: i64,
-    ) -> QueryResult<(i64, Option<i64>)> {
-        let (topic, key) = (topic.to_owned(), key.to_owned());
-        conn.spawn_blocking(move |c| {
-            use diesel::RunQueryDsl;
-            next_sequence_statement!(topic, key, at_us).get_result(c)
+            let inserted = tick_inbox_statement!(message_id, handler, now_us).execute(c)? == 1;
+            let key_turn = match &key {
+                Some((scope, sequence)) if inserted => {
+                    let (scope, sequence) = (scope.scope(), *sequence);
+                    let changed = if sequence == 1 {
+                        start_key_statement!(scope, sequence).execute(c)?
+                    } else {
+                        advance_key_statement!(scope, sequence).execute(c)?
+                    };
+                    changed == 1
+                }
+                _ => false,
+            };
+            Ok(Tick { inserted, key_turn })
         })
         .await
     }
