@@ -19,7 +19,7 @@ CREATE TABLE tickbox_key_sequences (
     last_at_us     BIGINT NOT NULL,
     previous_at_us BIGINT,
     PRIMARY KEY (topic, ordering_key)
-);
+) WITHOUT ROWID;
 
 -- How far each handler of this module has got in each key's order: the
 -- sequence number of the last message of the key it handled (or that an
@@ -31,7 +31,7 @@ CREATE TABLE tickbox_key_progress (
     ordering_key TEXT NOT NULL,
     last_seq     BIGINT NOT NULL,
     PRIMARY KEY (handler, publisher, topic, ordering_key)
-);
+) WITHOUT ROWID;
 
 -- A keyed dead letter parks its key for its handler: the key's later
 -- messages are recorded here too, parked_behind naming the message they
