@@ -2,7 +2,6 @@
 //! for what truly differs between them. What reads the same on every backend
 //! is written once, in [`Queries`](crate::store::queries::Queries).
 
-use crate::store::ordering::KeyScope;
 use crate::store::schema::OutboxRow;
 use crate::store::settings::{StoreSettings, WakeupChannel};
 use crate::store::statement::{Dialect, Row, Statement};
@@ -11,6 +10,51 @@ use diesel_async::AsyncConnection;
 use std::future::Future;
 use std::ops::DerefMut;
 use uuid::Uuid;
+
+/// A key of one topic, from one publisher, as one handler sees it: the
+/// scope of a sequence and of a handler's progress.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyScope<'a> {
+    /// The handler (its name).
+    pub(crate) handler: &'a str,
+    /// The module that numbered the key.
+    pub(crate) publisher: &'a str,
+    /// The topic.
+    pub(crate) topic: &'a str,
+    /// The ordering key.
+    pub(crate) key: &'a str,
+}
+
+/// A [`KeyScope`] that owns its texts, to move to a blocking thread.
+pub(crate) struct OwnedScope {
+    handler: String,
+    publisher: String,
+    topic: String,
+    key: String,
+}
+
+impl From<KeyScope<'_>> for OwnedScope {
+    fn from(scope: KeyScope<'_>) -> Self {
+        OwnedScope {
+            handler: scope.handler.to_owned(),
+            publisher: scope.publisher.to_owned(),
+            topic: scope.topic.to_owned(),
+            key: scope.key.to_owned(),
+        }
+    }
+}
+
+impl OwnedScope {
+    /// Borrowed again.
+    pub(crate) fn scope(&self) -> KeyScope<'_> {
+        KeyScope {
+            handler: &self.handler,
+            publisher: &self.publisher,
+            topic: &self.topic,
+            key: &self.key,
+        }
+    }
+}
 
 /// What tickbox needs from a database, implemented once per backend in
 /// `sqlite.rs` and `postgres.rs`. It lives in a private module, so no other

@@ -5,7 +5,7 @@
 //! delivery's own transaction, so the order holds whatever the transport,
 //! the number of processes and the crashes in between.
 
-use crate::store::contract::Store;
+use crate::store::contract::{KeyScope, Store};
 use crate::store::queries::DEAD_LETTER_COLUMNS;
 use crate::store::schema::DeadLetterRow;
 use crate::store::statement::StatementBuilder;
@@ -13,51 +13,6 @@ use diesel::sql_types::BigInt;
 use diesel::QueryResult;
 use std::future::Future;
 use uuid::Uuid;
-
-/// A key of one topic, from one publisher, as one handler sees it: the
-/// scope of a sequence and of a handler's progress.
-#[derive(Debug, Clone, Copy)]
-pub struct KeyScope<'a> {
-    /// The handler (its name).
-    pub(crate) handler: &'a str,
-    /// The module that numbered the key.
-    pub(crate) publisher: &'a str,
-    /// The topic.
-    pub(crate) topic: &'a str,
-    /// The ordering key.
-    pub(crate) key: &'a str,
-}
-
-/// A [`KeyScope`] that owns its texts, to move to a blocking thread.
-pub(crate) struct OwnedScope {
-    handler: String,
-    publisher: String,
-    topic: String,
-    key: String,
-}
-
-impl From<KeyScope<'_>> for OwnedScope {
-    fn from(scope: KeyScope<'_>) -> Self {
-        OwnedScope {
-            handler: scope.handler.to_owned(),
-            publisher: scope.publisher.to_owned(),
-            topic: scope.topic.to_owned(),
-            key: scope.key.to_owned(),
-        }
-    }
-}
-
-impl OwnedScope {
-    /// Borrowed again.
-    pub(crate) fn scope(&self) -> KeyScope<'_> {
-        KeyScope {
-            handler: &self.handler,
-            publisher: &self.publisher,
-            topic: &self.topic,
-            key: &self.key,
-        }
-    }
-}
 
 /// Whether a keyed message may run now, by its handler's progress in its
 /// key.

@@ -8,10 +8,9 @@ use crate::error::Error;
 use crate::store::backend::Backend;
 use crate::store::contract::{
     advance_key_statement, bump_sequence_statement, first_sequence_statement, numbering_order,
-    start_key_statement, tick_inbox_statement, Store, Tick,
+    start_key_statement, tick_inbox_statement, KeyScope, OwnedScope, Store, Tick,
 };
 use crate::store::migrations::{refuse_clashing_versions, refuse_newer_migrations};
-use crate::store::ordering::{KeyScope, OwnedScope};
 use crate::store::pool::{build_pool, checkout};
 use crate::store::schema::{tickbox_outbox, OutboxRow};
 use crate::store::settings::{StoreSettings, WakeupChannel};
