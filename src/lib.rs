@@ -236,6 +236,11 @@
 //!   a slower delivery goes alone after 20 ms. An undecodable message, or
 //!   one of another topic routed to the queue by hand, becomes a dead
 //!   letter, never a crash.
+//! - **Ordering keys**: the relay publishes a key's messages one at a time,
+//!   in order, to each handler's queue, which keeps them in order; each
+//!   consumer runs a key's messages one at a time. Replicas consuming one
+//!   queue may each take a message of the same key: the handler's progress
+//!   in the key makes the later one wait its turn (see "Ordering keys").
 //! - **Faults**: a broker restart, closed connections or a killed process
 //!   pause delivery, which resumes by itself: the relay and each consumer
 //!   connect again with backoff (lapin's own recovery is not relied on);
