@@ -1,0 +1,381 @@
+//! The modules' own tables, and every query the example runs on them.
+//!
+//! tickbox keeps its own tables (`tickbox_outbox`, `tickbox_inbox`, …) in
+//! each module's database; these are the application's, beside them,
+//! created by the migrations under `migrations/MODULE/`. Each query is
+//! written once and runs on either backend ([`on_either!`]).
+
+use crate::cli::NewPlan;
+use crate::db::{on_either, AnyConn};
+use crate::plan::{product_id, Plan};
+use crate::ProductPriceChanged;
+use tickbox::diesel::upsert::excluded;
+use tickbox::diesel::{self, ExpressionMethods, OptionalExtension, QueryDsl, QueryResult};
+use tickbox::diesel_async::RunQueryDsl;
+use tickbox::diesel_migrations::{self, embed_migrations, EmbeddedMigrations};
+
+/// Each module's own migrations, which tickbox runs when the module starts
+/// (after its own tables, under the same lock). The SQL runs unchanged on
+/// SQLite and PostgreSQL.
+pub const CATALOG_MIGRATIONS: EmbeddedMigrations =
+    embed_migrations!("examples/catalog/migrations/catalog");
+/// The storefront's migrations.
+pub const STOREFRONT_MIGRATIONS: EmbeddedMigrations =
+    embed_migrations!("examples/catalog/migrations/storefront");
+/// The journeys' migrations.
+pub const JOURNEYS_MIGRATIONS: EmbeddedMigrations =
+    embed_migrations!("examples/catalog/migrations/journeys");
+
+/// The price of a product no change has touched yet, in cents.
+const FIRST_PRICE: i64 = 1000;
+
+/// The tables, as the migrations create them.
+mod schema {
+    tickbox::diesel::table! {
+        products (id) {
+            id -> Text,
+            price -> BigInt,
+            version -> BigInt,
+        }
+    }
+
+    tickbox::diesel::table! {
+        price_changes (message_id) {
+            message_id -> Text,
+            product_id -> Text,
+            version -> BigInt,
+            price -> BigInt,
+        }
+    }
+
+    tickbox::diesel::table! {
+        change_plans (id) {
+            id -> BigInt,
+            seed -> BigInt,
+            products -> BigInt,
+            changes -> BigInt,
+            published -> BigInt,
+            keyed -> Bool,
+        }
+    }
+
+    tickbox::diesel::table! {
+        product_copies (product_id) {
+            product_id -> Text,
+            price -> BigInt,
+            version -> BigInt,
+            applied -> BigInt,
+        }
+    }
+
+    tickbox::diesel::table! {
+        stale_changes (message_id) {
+            message_id -> Text,
+            product_id -> Text,
+            version -> BigInt,
+            held_version -> BigInt,
+        }
+    }
+
+    tickbox::diesel::table! {
+        journeys (event_id) {
+            event_id -> Text,
+            product_id -> Text,
+            version -> BigInt,
+            price -> BigInt,
+            message_id -> Text,
+            sequence -> Nullable<BigInt>,
+        }
+    }
+
+    tickbox::diesel::table! {
+        repeated_events (message_id) {
+            message_id -> Text,
+            event_id -> Text,
+        }
+    }
+}
+
+use schema::{
+    change_plans, journeys, price_changes, product_copies, products, repeated_events, stale_changes,
+};
+
+// ---------------------------------------------------------------------------
+// catalog
+
+/// A product as the catalog holds it.
+#[derive(Debug, Clone, diesel::Insertable, diesel::Queryable)]
+#[diesel(table_name = products)]
+pub struct Product {
+    pub id: String,
+    /// In cents.
+    pub price: i64,
+    pub version: i64,
+}
+
+/// One row of the catalog's log of price changes.
+#[derive(Debug, Clone, diesel::Insertable, diesel::Queryable)]
+#[diesel(table_name = price_changes)]
+pub struct LoggedChange {
+    /// The id of the message that announced the change.
+    pub message_id: String,
+    pub product_id: String,
+    pub version: i64,
+    pub price: i64,
+}
+
+/// Records a new plan, after creating the products it changes that do not
+/// exist yet; returns it.
+pub async fn create_plan(conn: &mut AnyConn, new: NewPlan) -> QueryResult<Plan> {
+    for index in 0..new.products {
+        let product = Product {
+            id: product_id(index),
+            price: FIRST_PRICE,
+            version: 0,
+        };
+        on_either!(conn, |c| diesel::insert_into(products::table)
+            .values(&product)
+            .on_conflict_do_nothing()
+            .execute(c)
+            .await)?;
+    }
+    let last: Option<i64> = on_either!(conn, |c| change_plans::table
+        .select(diesel::dsl::max(change_plans::id))
+        .get_result(c)
+        .await)?;
+    let plan = Plan {
+        id: last.unwrap_or(0) + 1,
+        seed: new.seed as i64,
+        products: new.products as i64,
+        changes: new.changes as i64,
+        published: 0,
+        keyed: new.keyed,
+    };
+    let row = (
+        change_plans::id.eq(plan.id),
+        change_plans::seed.eq(plan.seed),
+        change_plans::products.eq(plan.products),
+        change_plans::changes.eq(plan.changes),
+        change_plans::published.eq(plan.published),
+        change_plans::keyed.eq(plan.keyed),
+    );
+    on_either!(conn, |c| diesel::insert_into(change_plans::table)
+        .values(row)
+        .execute(c)
+        .await)?;
+    Ok(plan)
+}
+
+/// Every plan, oldest first.
+pub async fn load_plans(conn: &mut AnyConn) -> QueryResult<Vec<Plan>> {
+    let rows: Vec<(i64, i64, i64, i64, i64, bool)> = on_either!(conn, |c| change_plans::table
+        .order(change_plans::id)
+        .load(c)
+        .await)?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, seed, products, changes, published, keyed)| Plan {
+            id,
+            seed,
+            products,
+            changes,
+            published,
+            keyed,
+        })
+        .collect())
+}
+
+/// Takes the number of the plan's next change, counting it as published
+/// (the caller's transaction publishes it); `None` when every change of
+/// the plan is. One statement, so the count can never skip or repeat a
+/// change, whoever else runs the plan.
+pub async fn take_next_change(conn: &mut AnyConn, plan: i64) -> QueryResult<Option<i64>> {
+    let plan = change_plans::table
+        .find(plan)
+        .filter(change_plans::published.lt(change_plans::changes));
+    on_either!(conn, |c| diesel::update(plan)
+        .set(change_plans::published.eq(change_plans::published + 1))
+        .returning(change_plans::published)
+        .get_result(c)
+        .await
+        .optional())
+}
+
+/// Sets a product's price and bumps its version; the new version.
+pub async fn change_price(conn: &mut AnyConn, product_id: &str, price: i64) -> QueryResult<i64> {
+    let product = products::table.find(product_id);
+    on_either!(conn, |c| diesel::update(product)
+        .set((
+            products::price.eq(price),
+            products::version.eq(products::version + 1),
+        ))
+        .returning(products::version)
+        .get_result(c)
+        .await)
+}
+
+/// Adds a change to the catalog's log.
+pub async fn log_change(conn: &mut AnyConn, change: &LoggedChange) -> QueryResult<()> {
+    on_either!(conn, |c| diesel::insert_into(price_changes::table)
+        .values(change)
+        .execute(c)
+        .await)
+    .map(drop)
+}
+
+/// Every product.
+pub async fn load_products(conn: &mut AnyConn) -> QueryResult<Vec<Product>> {
+    on_either!(conn, |c| products::table.load(c).await)
+}
+
+/// The whole log of price changes, in the order they were made.
+pub async fn load_price_changes(conn: &mut AnyConn) -> QueryResult<Vec<LoggedChange>> {
+    on_either!(conn, |c| price_changes::table
+        .order((price_changes::product_id, price_changes::version))
+        .load(c)
+        .await)
+}
+
+// ---------------------------------------------------------------------------
+// storefront
+
+/// The storefront's copy of a product.
+#[derive(Debug, Clone, diesel::Insertable, diesel::Queryable)]
+#[diesel(table_name = product_copies)]
+pub struct ProductCopy {
+    pub product_id: String,
+    pub price: i64,
+    pub version: i64,
+    /// Changes applied to this copy.
+    pub applied: i64,
+}
+
+/// A change the storefront ignored because its copy was newer.
+#[derive(Debug, Clone, diesel::Insertable, diesel::Queryable)]
+#[diesel(table_name = stale_changes)]
+pub struct StaleChange {
+    pub message_id: String,
+    pub product_id: String,
+    pub version: i64,
+    /// The copy's version when the change arrived.
+    pub held_version: i64,
+}
+
+/// Applies a change to the storefront's copy if it is newer than the copy
+/// (or the copy does not exist yet); whether it did. One statement, an
+/// upsert whose update only happens for a newer version: two changes of
+/// one product applied at the same moment (PostgreSQL) cannot both pass
+/// the check.
+pub async fn apply_if_newer(conn: &mut AnyConn, change: &ProductPriceChanged) -> QueryResult<bool> {
+    // An upsert's WHERE, which `QueryDsl` does not cover.
+    use tickbox::diesel::query_dsl::methods::FilterDsl;
+    let copy = ProductCopy {
+        product_id: change.product_id.clone(),
+        price: change.price,
+        version: change.version,
+        applied: 1,
+    };
+    let changed = on_either!(conn, |c| diesel::insert_into(product_copies::table)
+        .values(&copy)
+        .on_conflict(product_copies::product_id)
+        .do_update()
+        .set((
+            product_copies::price.eq(excluded(product_copies::price)),
+            product_copies::version.eq(excluded(product_copies::version)),
+            product_copies::applied.eq(product_copies::applied + 1),
+        ))
+        .filter(product_copies::version.lt(excluded(product_copies::version)))
+        .execute(c)
+        .await)?;
+    Ok(changed == 1)
+}
+
+/// The version of the storefront's copy of a product (0 if it has none).
+pub async fn held_version(conn: &mut AnyConn, product_id: &str) -> QueryResult<i64> {
+    let version = product_copies::table
+        .find(product_id)
+        .select(product_copies::version);
+    let held = on_either!(conn, |c| version.get_result(c).await.optional())?;
+    Ok(held.unwrap_or(0))
+}
+
+/// Records a change the storefront ignored.
+pub async fn record_stale(conn: &mut AnyConn, stale: &StaleChange) -> QueryResult<()> {
+    on_either!(conn, |c| diesel::insert_into(stale_changes::table)
+        .values(stale)
+        .execute(c)
+        .await)
+    .map(drop)
+}
+
+/// Every copy.
+pub async fn load_copies(conn: &mut AnyConn) -> QueryResult<Vec<ProductCopy>> {
+    on_either!(conn, |c| product_copies::table.load(c).await)
+}
+
+/// Every change the storefront ignored.
+pub async fn load_stale(conn: &mut AnyConn) -> QueryResult<Vec<StaleChange>> {
+    on_either!(conn, |c| stale_changes::table.load(c).await)
+}
+
+// ---------------------------------------------------------------------------
+// journeys
+
+/// One audit row: a price change as the journeys recorded it.
+#[derive(Debug, Clone, diesel::Insertable, diesel::Queryable)]
+#[diesel(table_name = journeys)]
+pub struct Journey {
+    /// The change's identity, whatever message carried it.
+    pub event_id: String,
+    pub product_id: String,
+    pub version: i64,
+    pub price: i64,
+    /// The message that carried it first.
+    pub message_id: String,
+    /// Its number in its ordering key, when it had one.
+    pub sequence: Option<i64>,
+}
+
+/// A message that carried an event already recorded.
+#[derive(Debug, Clone, diesel::Insertable, diesel::Queryable)]
+#[diesel(table_name = repeated_events)]
+pub struct RepeatedEvent {
+    pub message_id: String,
+    pub event_id: String,
+}
+
+/// The identity of a price change: its product and its version. Any
+/// message announcing that change carries the same event.
+pub fn event_id(product_id: &str, version: i64) -> String {
+    format!("{product_id}@{version}")
+}
+
+/// Records a journey unless its event is already recorded (`ON CONFLICT DO
+/// NOTHING` on the primary key); whether it was new.
+pub async fn record_journey(conn: &mut AnyConn, journey: &Journey) -> QueryResult<bool> {
+    let inserted = on_either!(conn, |c| diesel::insert_into(journeys::table)
+        .values(journey)
+        .on_conflict_do_nothing()
+        .execute(c)
+        .await)?;
+    Ok(inserted == 1)
+}
+
+/// Records a message that carried an event already recorded.
+pub async fn record_repeat(conn: &mut AnyConn, repeat: &RepeatedEvent) -> QueryResult<()> {
+    on_either!(conn, |c| diesel::insert_into(repeated_events::table)
+        .values(repeat)
+        .execute(c)
+        .await)
+    .map(drop)
+}
+
+/// Every journey.
+pub async fn load_journeys(conn: &mut AnyConn) -> QueryResult<Vec<Journey>> {
+    on_either!(conn, |c| journeys::table.load(c).await)
+}
+
+/// Every repeated event.
+pub async fn load_repeats(conn: &mut AnyConn) -> QueryResult<Vec<RepeatedEvent>> {
+    on_either!(conn, |c| repeated_events::table.load(c).await)
+}
