@@ -69,6 +69,7 @@ use faults::{retrying, FailAfterWork};
 use plan::{Change, Plan};
 use report::{Ending, Report};
 use serde::{Deserialize, Serialize};
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use tickbox::{
@@ -448,6 +449,7 @@ async fn main() -> ExitCode {
                 .unwrap_or_else(|_| "error,catalog=info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     // From here on Ctrl-C asks the run to stop; a second one quits.
     let stop = interrupt::on_ctrl_c();
