@@ -19,19 +19,23 @@ use tickbox::Backend;
 /// Everything the check reads.
 #[derive(Debug)]
 pub struct Found {
-    /// The catalog's products, its log of changes, its plans.
+    /// The catalog's products.
     products: Vec<Product>,
+    /// The catalog's log of price changes.
     log: Vec<LoggedChange>,
+    /// The catalog's plans.
     plans: Vec<Plan>,
-    /// The storefront's copies, and the changes it ignored.
+    /// The storefront's copies.
     copies: Vec<ProductCopy>,
+    /// The changes the storefront ignored.
     stale: Vec<StaleChange>,
-    /// The journeys' audit rows, and the repeats they ignored.
+    /// The journeys' audit rows.
     journeys: Vec<Journey>,
+    /// The repeated events the journeys ignored.
     repeats: Vec<RepeatedEvent>,
-    /// Outbox messages not yet delivered, and dead letters, over the three
-    /// modules.
+    /// Outbox messages not yet delivered, over the three modules.
     pending: i64,
+    /// Dead letters, over the three modules.
     dead_letters: i64,
 }
 
@@ -41,20 +45,25 @@ pub struct Figures {
     /// Whether every planned change was published with its product as
     /// ordering key.
     pub keyed: bool,
+    /// Products in the catalog.
     pub products: usize,
-    /// Changes planned by every run, and published (in the catalog's log).
+    /// Changes planned by every run so far.
     pub planned: i64,
+    /// Changes published: the rows of the catalog's log.
     pub changes: usize,
     /// Changes the storefront applied to its copies.
     pub applied: i64,
-    /// Published changes the storefront ignored because its copy was newer.
+    /// Published changes the storefront ignored because its copy was as
+    /// new or newer.
     pub stale_ignored: usize,
     /// Products whose storefront copy differs from the catalog's.
     pub mismatches: usize,
-    /// The journeys' audit rows; event ids among them recorded more than
-    /// once; changes without their journey, or with a different one.
+    /// The journeys' audit rows.
     pub journeys: usize,
+    /// Event ids recorded more than once among them.
     pub duplicate_journeys: usize,
+    /// Changes without a journey of the same product, version and price,
+    /// and journeys of no change.
     pub journey_mismatches: usize,
     /// When every change was keyed: journeys whose sequence (the change's
     /// number in its product's order) is not the product's version, which
@@ -62,20 +71,27 @@ pub struct Figures {
     pub sequence_mismatches: usize,
     /// Published changes that reached the journeys twice past the inbox.
     pub repeats_ignored: usize,
-    /// Messages not from the catalog (`--disturb`, this run or earlier) that
-    /// each safeguard ignored.
+    /// Older changes not from the catalog (`--disturb`, in this run or an
+    /// earlier one) that the storefront ignored.
     pub injected_stale_ignored: usize,
+    /// Repeated events not from the catalog that the journeys ignored.
     pub injected_repeats_ignored: usize,
+    /// Outbox messages not yet delivered, over the three modules.
     pub pending: i64,
+    /// Deliveries given up on, over the three modules.
     pub dead_letters: i64,
 }
 
 /// What became of this run's disturbing messages.
 #[derive(Debug, Serialize)]
 pub struct Disturbance {
+    /// Older changes sent to the storefront.
     pub stale_sent: usize,
+    /// Of them, those it ignored and counted.
     pub stale_ignored: usize,
+    /// Recorded changes sent again to the journeys.
     pub repeats_sent: usize,
+    /// Of them, those they ignored and counted.
     pub repeats_ignored: usize,
 }
 

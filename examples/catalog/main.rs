@@ -193,8 +193,11 @@ impl<B: Backend> Handler<B> for RecordJourney {
 
 /// The three modules, started.
 pub struct Modules<B: Backend> {
+    /// Publishes the price changes.
     pub catalog: ModuleHandle<B>,
+    /// Keeps a copy of every product.
     pub storefront: ModuleHandle<B>,
+    /// Keeps the audit of every change.
     pub journeys: ModuleHandle<B>,
 }
 
@@ -389,6 +392,8 @@ async fn wait_for_deliveries<B: Backend>(
 // ---------------------------------------------------------------------------
 // 6. The run: start, publish, wait, stop the bus, disturb, check.
 
+/// One run on the backend whose module builders `module` makes: the report,
+/// or why there is none.
 async fn run<B: Backend>(
     args: &Args,
     module: impl Fn(&str) -> ModuleBuilder<B>,
@@ -437,6 +442,8 @@ async fn run<B: Backend>(
     ))
 }
 
+/// Runs the example on the databases the arguments name, prints the
+/// report, and exits 0 only if the check found all well.
 #[actix::main]
 async fn main() -> ExitCode {
     let args = Args::parse();

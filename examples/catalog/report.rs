@@ -28,12 +28,14 @@ pub enum Ending {
 pub struct ThisRun {
     /// Changes it published.
     pub published: u64,
-    /// Deliveries the bus made twice on purpose (`--duplicate-rate`), and
-    /// deliveries the inboxes skipped as duplicates.
+    /// Deliveries the bus made twice on purpose (`--duplicate-rate`).
     pub duplicates_injected: u64,
+    /// Deliveries the inboxes skipped as duplicates.
     pub duplicates_skipped: u64,
-    /// Handler attempts that failed (`--fail-rate`) and were retried.
+    /// Handler attempts that failed and were retried (`--fail-rate`, and a
+    /// keyed message that came before its predecessor was done).
     pub failed_attempts: u64,
+    /// How long the run took.
     pub seconds: f64,
 }
 
@@ -55,12 +57,16 @@ impl ThisRun {
 pub struct Report {
     /// All is well: every message delivered and no problem found.
     pub ok: bool,
+    /// `sqlite` or `postgres`.
     pub backend: &'static str,
+    /// How the waiting for the deliveries ended.
     pub ending: Ending,
+    /// What the databases hold.
     #[serde(flatten)]
     pub figures: Figures,
     /// With `--disturb`: what the safeguards did with the messages sent.
     pub disturbance: Option<Disturbance>,
+    /// What this process did.
     pub this_run: ThisRun,
     /// What is wrong, in words.
     pub problems: Vec<String>,

@@ -107,9 +107,11 @@ use schema::{
 #[derive(Debug, Clone, diesel::Insertable, diesel::Queryable)]
 #[diesel(table_name = products)]
 pub struct Product {
+    /// `p00000`, `p00001`, …
     pub id: String,
-    /// In cents.
+    /// Its price, in cents.
     pub price: i64,
+    /// Its changes so far.
     pub version: i64,
 }
 
@@ -119,8 +121,11 @@ pub struct Product {
 pub struct LoggedChange {
     /// The id of the message that announced the change.
     pub message_id: String,
+    /// The product changed.
     pub product_id: String,
+    /// Its version after the change.
     pub version: i64,
+    /// Its new price, in cents.
     pub price: i64,
 }
 
@@ -243,8 +248,11 @@ pub async fn load_price_changes(conn: &mut AnyConn) -> QueryResult<Vec<LoggedCha
 #[derive(Debug, Clone, diesel::Insertable, diesel::Queryable)]
 #[diesel(table_name = product_copies)]
 pub struct ProductCopy {
+    /// The product copied.
     pub product_id: String,
+    /// Its price, in cents, as of `version`.
     pub price: i64,
+    /// The product's version this copy holds.
     pub version: i64,
     /// Changes applied to this copy.
     pub applied: i64,
@@ -254,8 +262,11 @@ pub struct ProductCopy {
 #[derive(Debug, Clone, diesel::Insertable, diesel::Queryable)]
 #[diesel(table_name = stale_changes)]
 pub struct StaleChange {
+    /// The message that carried the change.
     pub message_id: String,
+    /// The product it changed.
     pub product_id: String,
+    /// The product's version after the change.
     pub version: i64,
     /// The copy's version when the change arrived.
     pub held_version: i64,
@@ -327,8 +338,11 @@ pub async fn load_stale(conn: &mut AnyConn) -> QueryResult<Vec<StaleChange>> {
 pub struct Journey {
     /// The change's identity, whatever message carried it.
     pub event_id: String,
+    /// The product changed.
     pub product_id: String,
+    /// Its version after the change.
     pub version: i64,
+    /// Its new price, in cents.
     pub price: i64,
     /// The message that carried it first.
     pub message_id: String,
@@ -340,7 +354,9 @@ pub struct Journey {
 #[derive(Debug, Clone, diesel::Insertable, diesel::Queryable)]
 #[diesel(table_name = repeated_events)]
 pub struct RepeatedEvent {
+    /// The message that carried it again.
     pub message_id: String,
+    /// The event, already recorded.
     pub event_id: String,
 }
 
