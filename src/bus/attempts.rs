@@ -80,19 +80,39 @@ pub(crate) async fn deliver_to_route<B: Backend>(
             Err(error) => error,
         };
         if error.kind == FailureKind::Early {
-            // An earlier message of the key is not done with yet, by this
-            // handler: give the turn up (that message may be the one to
-            // come next in the lane) and try again shortly.
+            // An earlier message of the key is not done with yet by this
+            // handler: it is on its way (claimed by another process, or
+            // still in the broker's queue) or retrying elsewhere. Keep the
+            // key (the later ones would only fail the same way) and try
+            // again when that message joins this lane — then it goes first
+            // — or after a while, in case it is handled elsewhere. Not an
+            // attempt: the handler did not run.
             early += 1;
-            drop(turn);
+            attempt -= 1;
             let delay = policy.delay(early).min(EARLY_AGAIN_WITHIN);
-            if until_stopped(bus, sleep(delay)).await.is_none() {
-                return RouteEnd::Stopped;
-            }
-            let Some(again) = until_stopped(bus, bus.lanes.turn(&lane, envelope)).await else {
+            let earlier_came = async {
+                match &turn {
+                    Some(turn) => turn.earlier_came().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let Some(came) = until_stopped(bus, async {
+                tokio::select! {
+                    () = sleep(delay) => false,
+                    () = earlier_came => true,
+                }
+            })
+            .await
+            else {
                 return RouteEnd::Stopped;
             };
-            turn = again;
+            if came {
+                drop(turn);
+                let Some(again) = until_stopped(bus, bus.lanes.turn(&lane, envelope)).await else {
+                    return RouteEnd::Stopped;
+                };
+                turn = again;
+            }
             continue;
         }
         if error.counts_as_attempt() {

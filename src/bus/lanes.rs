@@ -32,10 +32,13 @@ struct LaneId {
 struct Lane {
     /// Waiting for their turn, by sequence number (then id).
     waiting: BTreeSet<(i64, Uuid)>,
-    /// A message has the turn.
-    busy: bool,
+    /// The message that has the turn, if one has.
+    holder: Option<(i64, Uuid)>,
     /// Wakes the waiting when the turn passes.
     passed: Arc<Notify>,
+    /// Tells the holder that an earlier message of the key came in behind
+    /// it (the holder may be waiting for exactly that one).
+    earlier_came: Arc<Notify>,
 }
 
 /// Every lane of a bus.
@@ -49,6 +52,8 @@ pub(crate) struct Lanes {
 pub(crate) struct Turn<'a> {
     lanes: &'a Lanes,
     id: LaneId,
+    /// Notified when an earlier message of the key joins the lane.
+    earlier_came: Arc<Notify>,
 }
 
 /// A message waiting in its lane: dropped before its turn came (the bus
@@ -82,6 +87,9 @@ impl Lanes {
             let mut lanes = self.lock();
             let lane = lanes.entry(id.clone()).or_default();
             lane.waiting.insert(place);
+            if lane.holder.is_some_and(|holder| place < holder) {
+                lane.earlier_came.notify_one();
+            }
             lane.passed.clone()
         };
         loop {
@@ -93,11 +101,18 @@ impl Lanes {
                 let lane = lanes
                     .get_mut(&id)
                     .expect("a waiting message keeps its lane");
-                if !lane.busy && lane.waiting.first() == Some(&place) {
+                if lane.holder.is_none() && lane.waiting.first() == Some(&place) {
                     lane.waiting.remove(&place);
-                    lane.busy = true;
+                    lane.holder = Some(place);
+                    // A wake-up meant for an earlier holder is stale.
+                    lane.earlier_came = Arc::new(Notify::new());
                     waiting.granted = true;
-                    return Some(Turn { lanes: self, id });
+                    let earlier_came = lane.earlier_came.clone();
+                    return Some(Turn {
+                        lanes: self,
+                        id,
+                        earlier_came,
+                    });
                 }
             }
             notified.await;
@@ -124,13 +139,21 @@ impl Lanes {
             Some(place) => {
                 lane.waiting.remove(&place);
             }
-            None => lane.busy = false,
+            None => lane.holder = None,
         }
-        if !lane.busy && lane.waiting.is_empty() {
+        if lane.holder.is_none() && lane.waiting.is_empty() {
             lanes.remove(id);
         } else {
             lane.passed.notify_waiters();
         }
+    }
+}
+
+impl Turn<'_> {
+    /// Resolves when a message of the key with a lower sequence number than
+    /// this one's joins the lane: the one it may be waiting for.
+    pub(crate) async fn earlier_came(&self) {
+        self.earlier_came.notified().await;
     }
 }
 
@@ -214,5 +237,29 @@ mod tests {
         }
         drop(holder);
         assert_eq!(lanes.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_holder_learns_when_an_earlier_message_comes_in() {
+        let lanes = Lanes::default();
+        let (first, second, third) = (keyed("a", 1), keyed("a", 2), keyed("a", 3));
+        let holder = lanes.turn("r", &second).await.expect("keyed");
+        let later = lanes.turn("r", &third);
+        tokio::pin!(later);
+        let earlier = lanes.turn("r", &first);
+        tokio::pin!(earlier);
+        {
+            let told = holder.earlier_came();
+            tokio::pin!(told);
+            assert!(pending(later.as_mut()));
+            assert!(pending(told.as_mut()), "a later message is no news");
+            assert!(pending(earlier.as_mut()));
+            assert!(!pending(told.as_mut()), "an earlier one is");
+        }
+        drop(holder);
+        let turn = earlier.await.expect("keyed");
+        assert!(pending(later.as_mut()), "1 goes before 3");
+        drop(turn);
+        drop(later.await);
     }
 }

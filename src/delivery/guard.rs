@@ -72,6 +72,9 @@ pub(crate) fn observe<B: Backend>(
             counters.handled(started.elapsed(), Duration::from_micros(end_to_end));
         }
         Ok(Outcome::Duplicate) => counters.duplicate(),
+        // Not a failure of the handler, which did not run: the message waits
+        // for an earlier one of its key.
+        Err(error) if error.kind == FailureKind::Early => {}
         Err(_) => counters.failed(),
     }
     let _entered = span.enter();
@@ -79,6 +82,10 @@ pub(crate) fn observe<B: Backend>(
         Ok(outcome) => {
             span.record("outcome", tracing::field::debug(outcome));
             tracing::debug!("delivery finished");
+        }
+        Err(error) if error.kind == FailureKind::Early => {
+            span.record("outcome", tracing::field::debug(error.kind));
+            tracing::debug!(reason = %error.reason, "waiting for an earlier message of the key");
         }
         Err(error) => {
             span.record("outcome", tracing::field::debug(error.kind));

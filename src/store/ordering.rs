@@ -113,7 +113,10 @@ pub trait Ordering: Store {
             // tool) takes any message as the start.
             let starts = match (rows.into_iter().next(), previous_at_us) {
                 (Some(since), Some(previous)) => previous < since.last_seq,
-                _ => true,
+                // A number above 1 without its predecessor's time was not
+                // numbered by a publisher: never a start.
+                (Some(_), None) => false,
+                (None, _) => true,
             };
             if starts && Self::start_key(conn, scope, sequence).await? {
                 return Ok(Turn::Next);
