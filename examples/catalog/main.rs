@@ -49,7 +49,7 @@
 //! modules and the bus, publishing a change, waiting for the deliveries,
 //! the run. Beside it: `cli.rs` (the arguments), `plan.rs` (which changes
 //! a run makes), `tables.rs` (the modules' tables and queries), `db.rs`
-//! (one query for both backends), `faults.rs` (injected failures),
+//! (one query for both backends), minishop's `faults.rs` (injected failures),
 //! `disturb.rs` (messages that test the safeguards), `check.rs` (the final
 //! check), `report.rs` (what it prints), `interrupt.rs` (Ctrl-C).
 
@@ -57,6 +57,8 @@ mod check;
 mod cli;
 mod db;
 mod disturb;
+/// Injected failures and retried statements: minishop's, shared.
+#[path = "../minishop/faults.rs"]
 mod faults;
 mod interrupt;
 mod plan;
@@ -65,7 +67,7 @@ mod tables;
 
 use clap::Parser;
 use cli::{Args, NewPlan, Store};
-use faults::{retrying, FailAfterWork};
+use faults::{flaky, retrying};
 use plan::{Change, Plan};
 use report::{Ending, Report};
 use serde::{Deserialize, Serialize};
@@ -219,24 +221,12 @@ async fn start_modules<B: Backend>(
         .await?;
     let storefront = module("storefront")
         .migrations(&tables::STOREFRONT_MIGRATIONS)
-        .handler(
-            APPLY_PRICE_CHANGE,
-            FailAfterWork {
-                inner: ApplyPriceChange,
-                fail_rate,
-            },
-        )
+        .handler(APPLY_PRICE_CHANGE, flaky(ApplyPriceChange, fail_rate))
         .start()
         .await?;
     let journeys = module("journeys")
         .migrations(&tables::JOURNEYS_MIGRATIONS)
-        .handler(
-            RECORD_JOURNEY,
-            FailAfterWork {
-                inner: RecordJourney,
-                fail_rate,
-            },
-        )
+        .handler(RECORD_JOURNEY, flaky(RecordJourney, fail_rate))
         .start()
         .await?;
     Ok(Modules {
