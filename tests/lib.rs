@@ -16,6 +16,7 @@ mod exposition;
 #[cfg(feature = "postgres")]
 mod postgres_wakeup;
 mod processes;
+mod safeguards;
 mod suite;
 mod support;
 

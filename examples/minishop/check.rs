@@ -4,6 +4,7 @@
 
 use crate::db::Db;
 use crate::faults::retrying;
+use crate::tables::OrderStatus;
 use crate::{tables, Shop};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use tickbox::Backend;
@@ -20,8 +21,14 @@ pub struct Snapshot {
     pub reservations: Option<Vec<(String, String, i32)>>,
     /// (sku, seeded, available)
     pub stock: Option<Vec<(String, i64, i64)>>,
+    /// The order id of every order the warehouse found short.
+    pub shortages: Option<Vec<String>>,
     /// The order id of every e-mail sent.
     pub emails: Option<Vec<String>>,
+    /// Messages the orders saga ignored, per reason.
+    pub saga_ignored: Option<Vec<(String, i64)>>,
+    /// Messages the warehouse ignored, per reason.
+    pub warehouse_ignored: Option<Vec<(String, i64)>>,
 }
 
 impl Snapshot {
@@ -29,26 +36,35 @@ impl Snapshot {
     pub async fn read<B: Backend>(shop: &Shop<B>) -> tickbox::Result<Snapshot> {
         let mut snapshot = Snapshot::default();
         if let Some(orders) = &shop.orders {
-            let loaded = retrying("reading orders", || {
+            let (loaded, ignored) = retrying("reading orders", || {
                 orders.read(async |tx| {
-                    Ok::<_, tickbox::Error>(tables::load_orders(&mut Db::of(tx.conn())).await?)
+                    let mut db = Db::of(tx.conn());
+                    let orders = tables::load_orders(&mut db).await?;
+                    let ignored = tables::ignored_per_reason(&mut db).await?;
+                    Ok::<_, tickbox::Error>((orders, ignored))
                 })
             })
             .await?;
             snapshot.orders = Some(loaded);
+            snapshot.saga_ignored = Some(ignored);
         }
         if let Some(warehouse) = &shop.warehouse {
-            let (reservations, stock) = retrying("reading reservations", || {
-                warehouse.read(async |tx| {
-                    let mut db = Db::of(tx.conn());
-                    let reservations = tables::load_reservations(&mut db).await?;
-                    let stock = tables::load_stock(&mut db).await?;
-                    Ok::<_, tickbox::Error>((reservations, stock))
+            let (reservations, stock, shortages, ignored) =
+                retrying("reading reservations", || {
+                    warehouse.read(async |tx| {
+                        let mut db = Db::of(tx.conn());
+                        let reservations = tables::load_reservations(&mut db).await?;
+                        let stock = tables::load_stock(&mut db).await?;
+                        let shortages = tables::load_shortages(&mut db).await?;
+                        let ignored = tables::ignored_per_reason(&mut db).await?;
+                        Ok::<_, tickbox::Error>((reservations, stock, shortages, ignored))
+                    })
                 })
-            })
-            .await?;
+                .await?;
             snapshot.reservations = Some(reservations);
             snapshot.stock = Some(stock);
+            snapshot.shortages = Some(shortages);
+            snapshot.warehouse_ignored = Some(ignored);
         }
         if let Some(notifications) = &shop.notifications {
             let emails = retrying("reading e-mails", || {
@@ -69,6 +85,13 @@ impl Snapshot {
         let orders = self.orders.as_ref()?;
         Some(orders.iter().map(|(_, _, c)| i64::from(*c)).sum())
     }
+
+    /// Orders rejected for want of stock.
+    pub fn rejected(&self) -> Option<usize> {
+        let orders = self.orders.as_ref()?;
+        let rejected = OrderStatus::Rejected.as_str();
+        Some(orders.iter().filter(|(_, s, _)| s == rejected).count())
+    }
 }
 
 /// One kind of problem the check found.
@@ -83,16 +106,18 @@ pub struct Problem {
 /// Work left to do, which `--resume` finishes.
 const UNFINISHED: [&str; 3] = [
     "orders without a reservation",
-    "orders never confirmed",
+    "orders never settled (confirmed or rejected)",
     "orders without a confirmation e-mail",
 ];
 
-/// Checks the snapshot: every order has exactly one reservation, was
-/// confirmed exactly once and has exactly one e-mail; nothing exists without
-/// its order; the stock taken matches the reservations. Only what the
-/// databases seen here can tell: without the orders database, that no order
-/// has two reservations or two e-mails and that the stock matches. One
-/// entry per kind of problem, with a few examples.
+/// Checks the snapshot: every confirmed order has exactly one reservation,
+/// was confirmed exactly once and has exactly one e-mail; every rejected
+/// order was found short by the warehouse and has no reservation, no
+/// confirmation and no e-mail; nothing exists without its order; the stock
+/// taken matches the reservations. Only what the databases seen here can
+/// tell: without the orders database, that no order has two reservations
+/// or two e-mails, none is both reserved and found short, and that the
+/// stock matches. One entry per kind of problem, with a few examples.
 pub fn verify(snapshot: &Snapshot) -> Vec<Problem> {
     let mut problems: BTreeMap<&'static str, Vec<&str>> = BTreeMap::new();
     let mut problem = |what, id| problems.entry(what).or_default().push(id);
@@ -103,6 +128,12 @@ pub fn verify(snapshot: &Snapshot) -> Vec<Problem> {
         *reservations.entry(order_id).or_default() += 1;
         *reserved_per_sku.entry(sku).or_default() += i64::from(*quantity);
     }
+    let shortages: HashSet<&str> = snapshot
+        .shortages
+        .iter()
+        .flatten()
+        .map(String::as_str)
+        .collect();
     let mut emails: HashMap<&str, usize> = HashMap::new();
     for order_id in snapshot.emails.iter().flatten() {
         *emails.entry(order_id).or_default() += 1;
@@ -111,28 +142,52 @@ pub fn verify(snapshot: &Snapshot) -> Vec<Problem> {
     for (order_id, _) in reservations.iter().filter(|(_, n)| **n > 1) {
         problem("orders with more than one reservation", order_id);
     }
+    for order_id in reservations.keys().filter(|id| shortages.contains(*id)) {
+        problem("orders both reserved and found short", order_id);
+    }
     for (order_id, _) in emails.iter().filter(|(_, n)| **n > 1) {
         problem("orders with more than one e-mail", order_id);
     }
     if let Some(orders) = &snapshot.orders {
+        let (confirmed, rejected) = (
+            OrderStatus::Confirmed.as_str(),
+            OrderStatus::Rejected.as_str(),
+        );
         let mut known = HashSet::new();
         for (id, status, confirmations) in orders {
             known.insert(id.as_str());
-            if snapshot.reservations.is_some() && !reservations.contains_key(id.as_str()) {
-                problem("orders without a reservation", id);
-            }
+            let id = id.as_str();
+            let is_rejected = status == rejected;
             match (*confirmations, status.as_str()) {
-                (1, "confirmed") => {}
-                (0, _) => problem("orders never confirmed", id),
+                (1, s) if s == confirmed => {}
+                (0, s) if s == rejected => {}
+                (0, _) => problem("orders never settled (confirmed or rejected)", id),
                 (1, _) => problem("orders counted confirmed but not in status confirmed", id),
                 _ => problem("orders confirmed more than once", id),
             }
-            if snapshot.emails.is_some() && !emails.contains_key(id.as_str()) {
-                problem("orders without a confirmation e-mail", id);
+            let reserved = reservations.contains_key(id);
+            if snapshot.reservations.is_some() {
+                if is_rejected && reserved {
+                    problem("rejected orders with a reservation", id);
+                } else if is_rejected && !shortages.contains(id) {
+                    problem("rejected orders the warehouse never found short", id);
+                } else if !is_rejected && !reserved {
+                    problem("orders without a reservation", id);
+                }
+            }
+            if snapshot.emails.is_some() {
+                match (is_rejected, emails.contains_key(id)) {
+                    (true, true) => problem("rejected orders with a confirmation e-mail", id),
+                    (false, false) => problem("orders without a confirmation e-mail", id),
+                    _ => {}
+                }
             }
         }
         for order_id in reservations.keys().filter(|id| !known.contains(*id)) {
             problem("reservations for unknown orders", order_id);
+        }
+        for order_id in shortages.iter().filter(|id| !known.contains(*id)) {
+            problem("shortages for unknown orders", order_id);
         }
         for order_id in emails.keys().filter(|id| !known.contains(*id)) {
             problem("e-mails for unknown orders", order_id);

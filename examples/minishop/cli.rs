@@ -34,8 +34,9 @@ was confirmed exactly once. With the check flags naming the other two modules' d
 every process waits for and checks the whole flow. A broker out of reach at start is tried
 again (until --timeout, or for a minute); one refusing the credentials ends the run, exit 1.
 
-Exit code: 0 when every order has exactly one reservation, one confirmation and one e-mail,
-no message is pending and there are no dead letters; 1 otherwise; 2 for bad arguments (or
+Exit code: 0 when every order has exactly one reservation, one confirmation and one e-mail
+(or, rejected for want of stock, none of them), no message is pending, there are no dead
+letters and, with --disturb, every disturbing message was ignored; 1 otherwise; 2 for bad arguments (or
 --metrics-addr without the `prometheus` feature); 130 when interrupted."
 )]
 pub struct Args {
@@ -77,6 +78,18 @@ pub struct Args {
     /// Make each handler call fail before COMMIT with probability P (0..=1)
     #[arg(long, value_name = "P", default_value_t = 0.0, value_parser = probability)]
     pub fail_rate: f64,
+
+    /// Put the handlers' own safeguards to the test: place one more order
+    /// the warehouse can fill and one it cannot (rejected); once they are
+    /// settled, deliver messages that do not fit them (a second
+    /// StockReserved for the confirmed order, one for the rejected order,
+    /// one for an order nobody placed, a StockShort for the confirmed
+    /// order, an OrderPlaced again for each), each as a new message the
+    /// inbox has not seen. The handlers must ignore and record every one
+    /// (saga_ignored, warehouse_ignored); the check fails if one is applied.
+    /// Needs all three modules in this process
+    #[arg(long, conflicts_with = "resume")]
+    pub disturb: bool,
 
     /// Serve the metrics for Prometheus at http://HOST:PORT/metrics while
     /// the run lasts (needs the `prometheus` feature)
@@ -191,6 +204,15 @@ impl Args {
                 .error(
                     clap::error::ErrorKind::ArgumentConflict,
                     "--orders needs the orders module, which places them: add orders to --modules",
+                )
+                .exit();
+        }
+        if args.disturb && !args.runs_all() {
+            Args::command()
+                .error(
+                    clap::error::ErrorKind::ArgumentConflict,
+                    "--disturb delivers messages to the handlers of all three modules: run them \
+                     all in this process (no --modules)",
                 )
                 .exit();
         }

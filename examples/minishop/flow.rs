@@ -18,7 +18,7 @@
 use crate::db::Db;
 use crate::faults::retrying;
 use crate::tables::{self, PlacingRun};
-use crate::{Shop, CONFIRM_ORDER, RESERVE_STOCK, SEND_CONFIRMATION};
+use crate::{Shop, CONFIRM_ORDER, REJECT_ORDER, RESERVE_STOCK, SEND_CONFIRMATION};
 use std::time::{Duration, Instant};
 use tickbox::{Backend, BusHandle, ModuleHandle, StoreStats, Subscription};
 use tokio_util::sync::CancellationToken;
@@ -36,9 +36,10 @@ pub enum Drain {
 
 /// The handlers of the whole flow, each with the outbox it receives from:
 /// (outbox, module, handler).
-const FLOW: [(&str, &str, &str); 3] = [
+const FLOW: [(&str, &str, &str); 4] = [
     ("orders", "warehouse", RESERVE_STOCK),
     ("warehouse", "orders", CONFIRM_ORDER),
+    ("warehouse", "orders", REJECT_ORDER),
     ("orders", "notifications", SEND_CONFIRMATION),
 ];
 
@@ -186,6 +187,8 @@ pub fn placing_done(runs: &[PlacingRun], runs_all: bool) -> bool {
 pub struct Counts {
     pub orders: Option<i64>,
     pub confirmed: Option<i64>,
+    /// Orders rejected for want of stock.
+    pub rejected: Option<i64>,
     pub reservations: Option<i64>,
     pub emails: Option<i64>,
     /// Messages of the outboxes seen here not yet delivered to every
@@ -197,13 +200,15 @@ impl Counts {
     pub async fn read<B: Backend>(shop: &Shop<B>) -> tickbox::Result<Counts> {
         let mut counts = Counts::default();
         if let Some(orders) = &shop.orders {
-            let (placed, confirmed) = retrying("reading progress", || {
+            let order_counts = retrying("reading progress", || {
                 orders.read(async |tx| {
                     Ok::<_, tickbox::Error>(tables::order_counts(&mut Db::of(tx.conn())).await?)
                 })
             })
             .await?;
-            (counts.orders, counts.confirmed) = (Some(placed), Some(confirmed));
+            counts.orders = Some(order_counts.all);
+            counts.confirmed = Some(order_counts.confirmed);
+            counts.rejected = Some(order_counts.rejected);
         }
         if let Some(warehouse) = &shop.warehouse {
             let reservations = retrying("reading progress", || {
@@ -233,12 +238,14 @@ impl Counts {
         Ok(counts)
     }
 
-    /// Every order confirmed, and e-mailed if the notifications database is
-    /// seen here; false without the orders database.
+    /// Every order settled: confirmed (and e-mailed, if the notifications
+    /// database is seen here) or rejected; false without the orders
+    /// database.
     pub fn complete(&self) -> bool {
-        match (self.orders, self.confirmed) {
-            (Some(orders), Some(confirmed)) => {
-                confirmed == orders && self.emails.is_none_or(|emails| emails >= orders)
+        match (self.orders, self.confirmed, self.rejected) {
+            (Some(orders), Some(confirmed), Some(rejected)) => {
+                confirmed + rejected == orders
+                    && self.emails.is_none_or(|emails| emails >= confirmed)
             }
             _ => false,
         }
@@ -332,13 +339,16 @@ pub async fn unfinished<B: Backend>(
     let Counts {
         orders,
         confirmed,
+        rejected,
         reservations,
         emails,
         pending,
     } = counts;
     let mut parts = vec![match (orders, confirmed) {
         (Some(orders), Some(confirmed)) => format!(
-            "{confirmed}/{orders} orders confirmed, {} e-mails, {pending} messages pending",
+            "{confirmed}/{orders} orders confirmed, {} rejected, {} e-mails, {pending} messages \
+             pending",
+            shown(rejected),
             shown(emails)
         ),
         _ => format!(

@@ -2,10 +2,12 @@
 //! database, talking only through tickbox messages.
 //!
 //! - **orders** places orders, each in a transaction that also publishes
-//!   `OrderPlaced`; on `StockReserved` it confirms the order and publishes
-//!   `OrderConfirmed`.
+//!   `OrderPlaced`; each order is a small state machine (a saga): on
+//!   `StockReserved` a placed order is confirmed, and `OrderConfirmed`
+//!   published; on `StockShort` it is rejected.
 //! - **warehouse**, on `OrderPlaced`, takes the stock, records a reservation
-//!   and publishes `StockReserved`.
+//!   and publishes `StockReserved` — or, short of stock, records the
+//!   shortage and publishes `StockShort`.
 //! - **notifications**, on `OrderConfirmed`, "sends" the confirmation
 //!   e-mail: a row in its `sent_emails` table.
 //!
@@ -16,12 +18,22 @@
 //! their work but before COMMIT. Kill it at any moment (even `kill -9`) and
 //! run it again with `--resume`: it finishes the pending work. At the end it
 //! checks the databases: every order has exactly one reservation, was
-//! confirmed exactly once and has exactly one e-mail, no message is pending
-//! and no delivery was given up on (dead-lettered).
+//! confirmed exactly once and has exactly one e-mail (a rejected order:
+//! none of them), no message is pending and no delivery was given up on
+//! (dead-lettered).
+//!
+//! Beyond the inbox, two handlers are idempotent in their own right: the
+//! saga applies the warehouse's answer only to a placed order, and the
+//! warehouse answers each order once. A message that does not fit (a second
+//! `StockReserved` under a new id, one for a rejected or unknown order) is
+//! ignored and recorded with why; the report counts them (`saga_ignored`,
+//! `warehouse_ignored`). `--disturb` delivers such messages on purpose and
+//! checks that each is ignored (see `disturb.rs`).
 //!
 //! ```text
 //! cargo run --release --example minishop
 //! cargo run --release --example minishop -- --orders 2000 --duplicate-rate 0.3 --fail-rate 0.1
+//! cargo run --release --example minishop -- --disturb
 //! cargo run --release --features postgres --example minishop -- --database-url postgres://…
 //! cargo run --release --example minishop -- --help
 //! ```
@@ -52,7 +64,8 @@
 //! A process knows, and checks, only what the databases it sees tell: with
 //! the orders database (its own, or found with `--check-data-dir` /
 //! `--check-database-url`) it runs until every order is confirmed (and
-//! e-mailed, if it sees the notifications database) and nothing is pending;
+//! e-mailed, if it sees the notifications database) or rejected and nothing
+//! is pending;
 //! without it (the warehouse or the notifications alone) it runs until its
 //! database holds work and its handlers have been idle for `--settle`
 //! seconds. Its report says which databases it checked and what it could
@@ -74,12 +87,14 @@
 //! arguments), `tables.rs` (the modules' own tables and queries), `db.rs`
 //! (one query for both backends), `flow.rs` (the flow across processes),
 //! `elsewhere.rs` (finding the other processes' databases over amqp),
-//! `check.rs` (the final check), `faults.rs` (injected failures),
-//! `shutdown.rs` (Ctrl-C), `progress.rs` and `report.rs` (what it shows).
+//! `check.rs` (the final check), `disturb.rs` (`--disturb`), `faults.rs`
+//! (injected failures), `shutdown.rs` (Ctrl-C), `progress.rs` and
+//! `report.rs` (what it shows).
 
 mod check;
 mod cli;
 mod db;
+mod disturb;
 mod elsewhere;
 mod faults;
 mod flow;
@@ -95,6 +110,7 @@ use progress::Progress;
 use serde::{Deserialize, Serialize};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
+use tables::{IgnoredMessage, OrderStatus};
 use tickbox::diesel::result::{DatabaseErrorKind, Error::DatabaseError};
 use tickbox::{
     Backend, Bus, BusHandle, Delivery, Handler, HandlerError, HandlerOptions, Message,
@@ -127,6 +143,17 @@ impl Message for StockReserved {
     const TOPIC: &'static str = "warehouse.stock_reserved";
 }
 
+/// Published by the warehouse when it has too little stock for an order.
+#[derive(Debug, Serialize, Deserialize)]
+struct StockShort {
+    order_id: String,
+    sku: String,
+    quantity: i32,
+}
+impl Message for StockShort {
+    const TOPIC: &'static str = "warehouse.stock_short";
+}
+
 /// Published by orders when an order is confirmed.
 #[derive(Debug, Serialize, Deserialize)]
 struct OrderConfirmed {
@@ -151,8 +178,46 @@ impl Message for OrderConfirmed {
 
 /// Handler names: part of each inbox row's key, so stable across releases.
 const CONFIRM_ORDER: &str = "orders.confirm_order";
+const REJECT_ORDER: &str = "orders.reject_order";
 const RESERVE_STOCK: &str = "warehouse.reserve_stock";
 const SEND_CONFIRMATION: &str = "notifications.send_confirmation";
+
+// The orders module runs a saga: each order is a small state machine that
+// the warehouse's answer moves on, once.
+//
+//     placed ──StockReserved──▶ confirmed   (publishes OrderConfirmed: an e-mail)
+//        └─────StockShort─────▶ rejected    (nothing more: no e-mail)
+//
+// The inbox skips a message delivered again under the same id. The saga is
+// a second safeguard, for what the inbox cannot see: an answer that does
+// not fit the order's state (a second StockReserved for an order already
+// confirmed, one for an order rejected, one for an order nobody placed)
+// arrives as a message of its own. It is not applied, nor does it fail (a
+// retry would not make it fit): it is recorded in the orders database's
+// `ignored_messages`, with why, and the report counts it (`saga_ignored`).
+
+/// orders: moves order `order_id` from placed to `to` when the order is
+/// placed; otherwise records the message of `delivery` as ignored. Whether
+/// it moved the order.
+async fn settle_order<B: Backend>(
+    tx: &mut Tx<B>,
+    order_id: &str,
+    to: OrderStatus,
+    delivery: &Delivery,
+) -> Result<bool, HandlerError> {
+    let mut db = Db::of(tx.conn());
+    if tables::settle_order(&mut db, order_id, to).await? {
+        return Ok(true);
+    }
+    let reason = match tables::order_status(&mut db, order_id).await? {
+        Some(status) => format!("the order is {status} already"),
+        None => "no such order".to_string(),
+    };
+    tracing::warn!(order_id, handler = %delivery.handler, %reason,
+        "ignored a message that does not fit its order");
+    tables::record_ignored(&mut db, IgnoredMessage::new(delivery, order_id, reason)).await?;
+    Ok(false)
+}
 
 /// orders: `StockReserved` → confirm the order, publish `OrderConfirmed`.
 struct ConfirmOrder;
@@ -164,19 +229,36 @@ impl<B: Backend> Handler<B> for ConfirmOrder {
         &self,
         tx: &mut Tx<B>,
         reserved: StockReserved,
-        _delivery: &Delivery,
+        delivery: &Delivery,
     ) -> Result<(), HandlerError> {
         let order_id = reserved.order_id;
-        let Some(customer) = tables::confirm_order(&mut Db::of(tx.conn()), &order_id).await? else {
-            // Cannot happen: an order commits before its OrderPlaced exists.
-            return Err(HandlerError::msg(format!("no order {order_id}")));
-        };
-        tx.publish(&OrderConfirmed { order_id, customer })?;
+        if settle_order(tx, &order_id, OrderStatus::Confirmed, delivery).await? {
+            let customer = tables::order_customer(&mut Db::of(tx.conn()), &order_id).await?;
+            tx.publish(&OrderConfirmed { order_id, customer })?;
+        }
         Ok(())
     }
 }
 
-/// warehouse: `OrderPlaced` → reserve stock, publish `StockReserved`.
+/// orders: `StockShort` → reject the order.
+struct RejectOrder;
+
+impl<B: Backend> Handler<B> for RejectOrder {
+    type Message = StockShort;
+
+    async fn handle(
+        &self,
+        tx: &mut Tx<B>,
+        short: StockShort,
+        delivery: &Delivery,
+    ) -> Result<(), HandlerError> {
+        settle_order(tx, &short.order_id, OrderStatus::Rejected, delivery).await?;
+        Ok(())
+    }
+}
+
+/// warehouse: `OrderPlaced` → reserve stock and publish `StockReserved`, or,
+/// with too little stock, record the shortage and publish `StockShort`.
 ///
 /// It runs batched (see [`start_modules`]): up to 32 orders in one
 /// transaction, each taking the stock of its own item. Two transactions
@@ -194,14 +276,18 @@ impl<B: Backend> Handler<B> for ReserveStock {
         &self,
         tx: &mut Tx<B>,
         order: OrderPlaced,
-        _delivery: &Delivery,
+        delivery: &Delivery,
     ) -> Result<(), HandlerError> {
         let mut db = Db::of(tx.conn());
         tables::lock_stock(&mut db).await?;
         // Idempotent in its own right, beyond the inbox: an order is
-        // reserved once, whatever message asks for it.
-        if tables::reservation_exists(&mut db, &order.order_id).await? {
-            tracing::warn!(order_id = %order.order_id, "stock already reserved for this order");
+        // answered once, whatever message asks for it; a message asking
+        // again is recorded as ignored (`warehouse_ignored` in the report).
+        if let Some(answer) = tables::answer_given(&mut db, &order.order_id).await? {
+            let reason = format!("the order was {answer} already");
+            tracing::warn!(order_id = %order.order_id, %reason, "ignored an order placed again");
+            let ignored = IgnoredMessage::new(delivery, &order.order_id, reason);
+            tables::record_ignored(&mut db, ignored).await?;
             return Ok(());
         }
         let reservation = tables::NewReservation {
@@ -210,10 +296,22 @@ impl<B: Backend> Handler<B> for ReserveStock {
             quantity: order.quantity,
             reserved_at_us: tables::now_us(),
         };
-        if !tables::reserve(&mut db, reservation).await? {
-            return Err(HandlerError::msg(format!("out of stock: {}", order.sku)));
+        if tables::reserve(&mut db, reservation).await? {
+            tx.publish(&StockReserved {
+                order_id: order.order_id,
+                sku: order.sku,
+                quantity: order.quantity,
+            })?;
+            return Ok(());
         }
-        tx.publish(&StockReserved {
+        let shortage = tables::NewShortage {
+            order_id: order.order_id.clone(),
+            sku: order.sku.clone(),
+            quantity: order.quantity,
+            short_at_us: tables::now_us(),
+        };
+        tables::record_shortage(&mut db, shortage).await?;
+        tx.publish(&StockShort {
             order_id: order.order_id,
             sku: order.sku,
             quantity: order.quantity,
@@ -307,7 +405,9 @@ fn configure<B: Backend>(
                 .publishes::<OrderPlaced>()
                 .publishes::<OrderConfirmed>();
             if runs {
-                orders.handler(CONFIRM_ORDER, flaky(ConfirmOrder, fail))
+                orders
+                    .handler(CONFIRM_ORDER, flaky(ConfirmOrder, fail))
+                    .handler(REJECT_ORDER, flaky(RejectOrder, fail))
             } else {
                 orders
             }
@@ -315,7 +415,8 @@ fn configure<B: Backend>(
         ModuleName::Warehouse => {
             let warehouse = builder
                 .migrations(&tables::WAREHOUSE_MIGRATIONS)
-                .publishes::<StockReserved>();
+                .publishes::<StockReserved>()
+                .publishes::<StockShort>();
             if runs {
                 // Up to 32 waiting orders per transaction, one COMMIT for
                 // all; when one fails, the batch rolls back and runs one
@@ -474,8 +575,22 @@ async fn start_bus<B: Backend>(
 // 5. Publishing in a transaction: the order row and its `OrderPlaced`
 //    commit together, or neither does.
 
-async fn place_order<B: Backend>(orders: &ModuleHandle<B>) -> tickbox::Result<()> {
-    let order = tables::NewOrder::random();
+impl OrderPlaced {
+    /// The message announcing `order`.
+    fn of(order: &tables::NewOrder) -> Self {
+        OrderPlaced {
+            order_id: order.id.clone(),
+            sku: order.sku.clone(),
+            quantity: order.quantity,
+        }
+    }
+}
+
+/// Places `order`: its row and its `OrderPlaced` in one transaction.
+async fn place_order<B: Backend>(
+    orders: &ModuleHandle<B>,
+    order: tables::NewOrder,
+) -> tickbox::Result<()> {
     // A connection lost during COMMIT leaves it unknown whether the order
     // committed: it keeps its id across tries, so a try that finds it
     // already there knows the earlier one did.
@@ -484,11 +599,7 @@ async fn place_order<B: Backend>(orders: &ModuleHandle<B>) -> tickbox::Result<()
         let order = order.clone();
         let retry = std::mem::replace(&mut tried, true);
         orders.transaction(async move |tx| {
-            let placed = OrderPlaced {
-                order_id: order.id.clone(),
-                sku: order.sku.clone(),
-                quantity: order.quantity,
-            };
+            let placed = OrderPlaced::of(&order);
             match tables::insert_order(&mut Db::of(tx.conn()), order).await {
                 Err(DatabaseError(DatabaseErrorKind::UniqueViolation, _)) if retry => return Ok(()),
                 inserted => inserted?,
@@ -515,7 +626,7 @@ async fn place_orders<B: Backend>(
     let mut placed = 0;
     let placing = async {
         while placed < n && !stop.is_cancelled() {
-            place_order(orders).await?;
+            place_order(orders, tables::NewOrder::random()).await?;
             placed += 1;
             run.keep_alive().await?;
             if progress.due() {
@@ -550,7 +661,7 @@ async fn place_orders<B: Backend>(
 /// transport): the bus is idle (`BusHandle::wait_idle`: nothing in memory,
 /// pending in its outboxes or, over amqp, in its handlers' queues), nothing
 /// is pending in any outbox seen, every order is confirmed (and e-mailed, if
-/// the notifications database is seen), and no run is still placing
+/// the notifications database is seen) or rejected, and no run is still placing
 /// orders. Without the orders database (over amqp, the warehouse or the
 /// notifications alone): the bus has been idle for `--settle` on end since
 /// its database holds work (`flow::Settle`).
@@ -654,24 +765,25 @@ async fn run_shop<B: Backend>(
     let mut progress = Progress::new();
     let to_place = args.orders();
     let (mut placed, mut place_seconds) = (0, 0.0);
+    let mut disturbed = None;
     let waited = Instant::now();
     // Stop the bus whatever happens in here.
     let drain = async {
         if args.resume {
             tracing::info!("resuming: placing no orders, finishing pending work");
         }
-        if to_place > 0 {
-            // A message committed before its handlers subscribed would reach
-            // none of them: wait for every process's handlers first. Over
-            // amqp there is nothing to wait for: a message no queue is bound
-            // for yet stays in the outbox, published again until the
-            // handler's service has declared its queue.
-            if !args.over_amqp() {
-                let subscribed = flow::await_subscriptions(shop, deadline, stop).await?;
-                if subscribed != Drain::Finished {
-                    return Ok(subscribed);
-                }
+        // A message committed before its handlers subscribed would reach
+        // none of them: wait for every process's handlers first. Over amqp
+        // there is nothing to wait for: a message no queue is bound for yet
+        // stays in the outbox, published again until the handler's service
+        // has declared its queue.
+        if (to_place > 0 || args.disturb) && !args.over_amqp() {
+            let subscribed = flow::await_subscriptions(shop, deadline, stop).await?;
+            if subscribed != Drain::Finished {
+                return Ok(subscribed);
             }
+        }
+        if to_place > 0 {
             let placing = Instant::now();
             placed = place_orders(shop, &bus, to_place, stop, &mut progress).await?;
             place_seconds = placing.elapsed().as_secs_f64();
@@ -679,6 +791,19 @@ async fn run_shop<B: Backend>(
                 return Ok(Drain::Interrupted);
             }
         }
+        let orders = shop.orders.as_ref();
+        let targets = match orders.filter(|_| args.disturb) {
+            Some(orders) => Some(disturb::Targets::place(orders).await?),
+            None => None,
+        };
+        let drain = wait_until_done(shop, &bus, args, deadline, stop, &mut progress).await?;
+        let Some(targets) = targets.filter(|_| drain == Drain::Finished) else {
+            return Ok(drain);
+        };
+        // The flow is done and the targets settled: disturb them, then wait
+        // for whatever the disturbing messages set off (nothing, when the
+        // handlers ignore them).
+        disturbed = Some(disturb::deliver(shop, &targets).await?);
         wait_until_done(shop, &bus, args, deadline, stop, &mut progress).await
     }
     .await;
@@ -719,11 +844,20 @@ async fn run_shop<B: Backend>(
             orders: snapshot.orders.as_ref().map(Vec::len),
             reservations: snapshot.reservations.as_ref().map(Vec::len),
             confirmations: snapshot.confirmations(),
+            rejected: snapshot.rejected(),
             emails: snapshot.emails.as_ref().map(Vec::len),
             pending: stores.iter().map(|(_, s)| s.outbox_pending).sum(),
             dead_letters: stores.iter().map(|(_, s)| s.dead_letters).sum(),
         },
-        problems: check::verify(&snapshot),
+        problems: check::verify(&snapshot)
+            .into_iter()
+            .chain(disturbed.as_deref().and_then(disturb::applied))
+            .collect(),
+        ignored: report::Ignored {
+            saga: snapshot.saga_ignored,
+            warehouse: snapshot.warehouse_ignored,
+        },
+        disturbed,
         drain,
     })
 }

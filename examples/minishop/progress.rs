@@ -133,6 +133,7 @@ impl Progress {
         let Counts {
             orders,
             confirmed,
+            rejected,
             reservations,
             emails,
             pending,
@@ -147,14 +148,22 @@ impl Progress {
             let done = reservations.unwrap_or(0) + emails.unwrap_or(0);
             return self.show("draining", done.max(0) as u64, 0, &text);
         };
-        let mut done = confirmed.min(orders);
+        // Each order is settled once (confirmed or rejected); each confirmed
+        // one is e-mailed once.
+        let rejected = rejected.unwrap_or(0);
+        let mut done = (confirmed + rejected).min(orders);
         let mut total = orders;
         if let Some(emails) = emails {
-            done += emails.min(orders);
-            total += orders;
+            done += emails.min(confirmed);
+            total += orders - rejected;
         }
+        let rejections = if rejected > 0 {
+            format!("  rejected {rejected}")
+        } else {
+            String::new()
+        };
         let text = format!(
-            "{confirmed}/{orders} confirmed  e-mails {}  pending {pending}",
+            "{confirmed}/{orders} confirmed{rejections}  e-mails {}  pending {pending}",
             shown(emails)
         );
         self.show("draining", done.max(0) as u64, total.max(0) as u64, &text);

@@ -8,6 +8,7 @@
 //! named as not checked in the text, never counted as fine.
 
 use crate::check::Problem;
+use crate::disturb::Disturbance;
 use crate::flow::Drain;
 use comfy_table::{CellAlignment, LineStyle, Table, TableStyle};
 use std::process::ExitCode;
@@ -29,6 +30,11 @@ pub struct Report {
     pub run: ThisRun,
     pub databases: Databases,
     pub problems: Vec<Problem>,
+    /// Messages the handlers' own checks ignored, beyond the inbox.
+    pub ignored: Ignored,
+    /// With `--disturb`, the disturbing messages delivered and what became
+    /// of each.
+    pub disturbed: Option<Vec<Disturbance>>,
     pub drain: Drain,
 }
 
@@ -53,11 +59,59 @@ pub struct Databases {
     pub orders: Option<usize>,
     pub reservations: Option<usize>,
     pub confirmations: Option<i64>,
+    /// Orders rejected for want of stock.
+    pub rejected: Option<usize>,
     pub emails: Option<usize>,
     /// Outbox messages not yet delivered to every subscriber (over amqp:
     /// not yet confirmed by the broker), in the outboxes seen.
     pub pending: i64,
     pub dead_letters: i64,
+}
+
+/// Messages a handler did not apply because they did not fit what its
+/// database holds, recorded in the database's `ignored_messages`, per
+/// reason: `None` for a database not seen.
+#[derive(Debug)]
+pub struct Ignored {
+    /// By the orders saga: answers for an order settled already, or for
+    /// no such order.
+    pub saga: Option<Vec<(String, i64)>>,
+    /// By the warehouse: an order placed again after it was answered.
+    pub warehouse: Option<Vec<(String, i64)>>,
+}
+
+impl Ignored {
+    /// How many messages one module ignored.
+    fn total(per_reason: &Option<Vec<(String, i64)>>) -> Option<i64> {
+        Some(per_reason.as_ref()?.iter().map(|(_, n)| n).sum())
+    }
+
+    /// Reason → count, as a JSON object.
+    fn json(per_reason: &Option<Vec<(String, i64)>>) -> serde_json::Value {
+        match per_reason {
+            Some(reasons) => reasons
+                .iter()
+                .map(|(reason, n)| (reason.clone(), serde_json::Value::from(*n)))
+                .collect::<serde_json::Map<_, _>>()
+                .into(),
+            None => serde_json::Value::Null,
+        }
+    }
+
+    /// One module's count, with its reasons, as text.
+    fn text(per_reason: &Option<Vec<(String, i64)>>) -> String {
+        match (Ignored::total(per_reason), per_reason) {
+            (Some(0), _) => "0".into(),
+            (Some(total), Some(reasons)) => {
+                let reasons: Vec<String> = reasons
+                    .iter()
+                    .map(|(reason, n)| format!("{reason}: {n}"))
+                    .collect();
+                format!("{total} ({})", reasons.join(", "))
+            }
+            _ => "(not seen)".into(),
+        }
+    }
 }
 
 /// The broker a run over amqp used.
@@ -147,7 +201,7 @@ impl Report {
         let seen = |name| self.seen.contains(&name);
         let mut verified = Vec::new();
         if seen("orders") {
-            verified.push("every order was confirmed exactly once");
+            verified.push("every order was confirmed exactly once, or rejected");
         }
         if seen("warehouse") {
             verified.push(if seen("orders") {
@@ -188,9 +242,12 @@ impl Report {
     }
 
     /// The result as one JSON object. `ok`, `placed` and the databases'
-    /// totals (`orders`, `reservations`, `confirmations`, `emails`,
-    /// `pending`, `dead_letters`; `null` for a database not seen here) are
-    /// at the top, where scripts read them; `checked` names the databases
+    /// totals (`orders`, `reservations`, `confirmations`, `rejected`,
+    /// `emails`, `pending`, `dead_letters`, and the messages the handlers'
+    /// own checks ignored, `saga_ignored` and `warehouse_ignored`; `null`
+    /// for a database not seen here) are at the top, where scripts read
+    /// them; `ignored` gives those per module and reason, `disturbed`
+    /// (with `--disturb`, else `null`) each disturbing message delivered; `checked` names the databases
     /// read and `whole_flow` whether that is all three; `this_run` holds
     /// this run's counters, `metrics` the bus's final metrics snapshot
     /// (`BusMetrics`) and, over amqp, `amqp` the broker (its URL without
@@ -209,9 +266,17 @@ impl Report {
             "orders": db.orders,
             "reservations": db.reservations,
             "confirmations": db.confirmations,
+            "rejected": db.rejected,
             "emails": db.emails,
             "pending": db.pending,
             "dead_letters": db.dead_letters,
+            "saga_ignored": Ignored::total(&self.ignored.saga),
+            "warehouse_ignored": Ignored::total(&self.ignored.warehouse),
+            "ignored": {
+                "orders": Ignored::json(&self.ignored.saga),
+                "warehouse": Ignored::json(&self.ignored.warehouse),
+            },
+            "disturbed": self.disturbed,
             "drained": self.drain == Drain::Finished,
             "interrupted": self.interrupted(),
             "unfinished": match &self.drain {
@@ -299,15 +364,26 @@ impl Report {
             );
         }
         println!(
-            "  {} orders, {} reservations, {} confirmations, {} e-mails, {} messages pending, \
-             {} dead letters",
+            "  {} orders, {} reservations, {} confirmations, {} rejected (for want of stock), {} \
+             e-mails, {} messages pending, {} dead letters",
             shown(db.orders.map(|n| n.to_string())),
             shown(db.reservations.map(|n| n.to_string())),
             shown(db.confirmations.map(|n| n.to_string())),
+            shown(db.rejected.map(|n| n.to_string())),
             shown(db.emails.map(|n| n.to_string())),
             db.pending,
             db.dead_letters
         );
+        println!(
+            "  messages ignored as not fitting their order: {} by the orders saga, {} by the \
+             warehouse",
+            Ignored::text(&self.ignored.saga),
+            Ignored::text(&self.ignored.warehouse)
+        );
+        if let Some(disturbed) = &self.disturbed {
+            println!();
+            println!("{}", disturbed_table(disturbed));
+        }
         println!();
         println!("{}", outbox_table(m));
         if let Some(broker) = &self.broker {
@@ -324,7 +400,13 @@ impl Report {
         if self.ok() && self.whole_flow() {
             println!(
                 "Check: OK — every order has exactly one reservation, one confirmation and one \
-                 e-mail; no message pending"
+                 e-mail{}; no message pending",
+                match db.rejected {
+                    Some(rejected) if rejected > 0 => {
+                        format!(" ({rejected} rejected for want of stock: none of them)")
+                    }
+                    _ => String::new(),
+                }
             );
             return;
         }
@@ -415,6 +497,24 @@ fn handler_table(metrics: &BusMetrics) -> Table {
             h.dead_lettered.to_string(),
             h.batches.to_string(),
             h.batch_fallbacks.to_string(),
+        ]);
+    }
+    table
+}
+
+/// With `--disturb`: each disturbing message, and whether its handler
+/// ignored it.
+fn disturbed_table(disturbed: &[Disturbance]) -> Table {
+    let mut table = table(&["disturbing message", "to", "delivery", "ignored because"]);
+    for column in table.column_iter_mut() {
+        column.set_cell_alignment(CellAlignment::Left);
+    }
+    for d in disturbed {
+        table.add_row(vec![
+            d.what.to_string(),
+            d.handler.to_string(),
+            d.outcome.clone(),
+            d.ignored.clone().unwrap_or_else(|| "NOT IGNORED".into()),
         ]);
     }
     table

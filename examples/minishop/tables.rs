@@ -67,6 +67,25 @@ mod schema {
     }
 
     tickbox::diesel::table! {
+        shortages (order_id) {
+            order_id -> Text,
+            sku -> Text,
+            quantity -> Integer,
+            short_at_us -> BigInt,
+        }
+    }
+
+    tickbox::diesel::table! {
+        ignored_messages (message_id, handler) {
+            message_id -> Text,
+            handler -> Text,
+            order_id -> Text,
+            reason -> Text,
+            ignored_at_us -> BigInt,
+        }
+    }
+
+    tickbox::diesel::table! {
         sent_emails (id) {
             id -> Text,
             order_id -> Text,
@@ -78,7 +97,29 @@ mod schema {
     }
 }
 
-use schema::{orders, placing_runs, reservations, sent_emails, stock};
+use schema::{ignored_messages, orders, placing_runs, reservations, sent_emails, shortages, stock};
+
+/// Where an order stands in the orders module's saga (its `status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrderStatus {
+    /// Placed, waiting for the warehouse's answer.
+    Placed,
+    /// The warehouse reserved the stock: confirmed (and e-mailed).
+    Confirmed,
+    /// The warehouse was short of stock: no confirmation, no e-mail.
+    Rejected,
+}
+
+impl OrderStatus {
+    /// The status as the `orders` table stores it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrderStatus::Placed => "placed",
+            OrderStatus::Confirmed => "confirmed",
+            OrderStatus::Rejected => "rejected",
+        }
+    }
+}
 
 #[derive(Debug, Clone, diesel::Insertable)]
 #[diesel(table_name = orders)]
@@ -99,8 +140,18 @@ impl NewOrder {
             customer: format!("customer{}@example.com", fastrand::u32(1..=500)),
             sku: SKUS[fastrand::usize(..SKUS.len())].to_string(),
             quantity: fastrand::i32(1..=5),
-            status: "placed",
+            status: OrderStatus::Placed.as_str(),
             placed_at_us: now_us(),
+        }
+    }
+
+    /// An order for more of an item than the warehouse ever stocks (its
+    /// migration seeds 10⁹ of each): the warehouse finds it short and the
+    /// order is rejected.
+    pub fn beyond_stock() -> Self {
+        NewOrder {
+            quantity: i32::MAX,
+            ..NewOrder::random()
         }
     }
 }
@@ -112,6 +163,42 @@ pub struct NewReservation {
     pub sku: String,
     pub quantity: i32,
     pub reserved_at_us: i64,
+}
+
+#[derive(Debug, diesel::Insertable)]
+#[diesel(table_name = shortages)]
+pub struct NewShortage {
+    pub order_id: String,
+    pub sku: String,
+    pub quantity: i32,
+    pub short_at_us: i64,
+}
+
+/// A message a handler did not apply because it did not fit what its
+/// module's database holds, and why (`ignored_messages`, a table of both
+/// the orders and the warehouse databases).
+#[derive(Debug, diesel::Insertable)]
+#[diesel(table_name = ignored_messages)]
+pub struct IgnoredMessage {
+    pub message_id: String,
+    pub handler: String,
+    pub order_id: String,
+    pub reason: String,
+    pub ignored_at_us: i64,
+}
+
+impl IgnoredMessage {
+    /// The message of `delivery`, about order `order_id`, ignored because
+    /// of `reason`.
+    pub fn new(delivery: &tickbox::Delivery, order_id: &str, reason: String) -> Self {
+        IgnoredMessage {
+            message_id: delivery.envelope.id.to_string(),
+            handler: delivery.handler.to_string(),
+            order_id: order_id.to_owned(),
+            reason,
+            ignored_at_us: now_us(),
+        }
+    }
 }
 
 #[derive(Debug, diesel::Insertable)]
@@ -140,29 +227,60 @@ pub async fn insert_order(db: &mut Db<'_>, order: NewOrder) -> QueryResult<()> {
         .map(drop)
 }
 
-/// Confirms an order; its customer, or `None` if there is no such order.
-/// The counter is incremented unconditionally, so that confirming an order
-/// twice would show; the inbox is what prevents it.
-pub async fn confirm_order(db: &mut Db<'_>, order_id: &str) -> QueryResult<Option<String>> {
-    let order = orders::table.find(order_id.to_owned());
-    let confirm = diesel::update(order.clone()).set((
-        orders::status.eq("confirmed"),
-        orders::confirmations.eq(orders::confirmations + 1),
-        orders::confirmed_at_us.eq(now_us()),
+/// Settles order `order_id`, moving it from placed to `to` (confirmed or
+/// rejected) and counting a confirmation; false when the order is not
+/// placed (settled already, or no such order), which it leaves as it is.
+/// The condition is in the `UPDATE` itself: two transactions settling one
+/// order at once cannot both find it placed.
+pub async fn settle_order(db: &mut Db<'_>, order_id: &str, to: OrderStatus) -> QueryResult<bool> {
+    let placed = orders::table
+        .filter(orders::id.eq(order_id.to_owned()))
+        .filter(orders::status.eq(OrderStatus::Placed.as_str()));
+    let confirmed = to == OrderStatus::Confirmed;
+    let settle = diesel::update(placed).set((
+        orders::status.eq(to.as_str()),
+        orders::confirmations.eq(orders::confirmations + i32::from(confirmed)),
+        orders::confirmed_at_us.eq(confirmed.then(now_us)),
     ));
-    if db.execute(confirm).await? == 0 {
-        return Ok(None);
-    }
-    db.get_result(order.select(orders::customer))
-        .await
-        .optional()
+    Ok(db.execute(settle).await? == 1)
 }
 
-/// (orders, confirmed orders)
-pub async fn order_counts(db: &mut Db<'_>) -> QueryResult<(i64, i64)> {
+/// An order's status, or `None` if there is no such order.
+pub async fn order_status(db: &mut Db<'_>, order_id: &str) -> QueryResult<Option<String>> {
+    let query = orders::table
+        .find(order_id.to_owned())
+        .select(orders::status);
+    db.get_result(query).await.optional()
+}
+
+/// An order's customer.
+pub async fn order_customer(db: &mut Db<'_>, order_id: &str) -> QueryResult<String> {
+    let query = orders::table
+        .find(order_id.to_owned())
+        .select(orders::customer);
+    db.get_result(query).await
+}
+
+/// How many orders there are, and how many of them are confirmed and
+/// rejected.
+#[derive(Debug, Clone, Copy)]
+pub struct OrderCounts {
+    pub all: i64,
+    pub confirmed: i64,
+    pub rejected: i64,
+}
+
+pub async fn order_counts(db: &mut Db<'_>) -> QueryResult<OrderCounts> {
     let all = db.get_result(orders::table.count()).await?;
-    let confirmed = orders::table.filter(orders::status.eq("confirmed"));
-    Ok((all, db.get_result(confirmed.count()).await?))
+    let mut with_status = async |status: OrderStatus| {
+        let query = orders::table.filter(orders::status.eq(status.as_str()));
+        db.get_result(query.count()).await
+    };
+    Ok(OrderCounts {
+        all,
+        confirmed: with_status(OrderStatus::Confirmed).await?,
+        rejected: with_status(OrderStatus::Rejected).await?,
+    })
 }
 
 /// Every order: (id, status, confirmations).
@@ -235,9 +353,18 @@ pub async fn load_runs(db: &mut Db<'_>) -> QueryResult<Vec<PlacingRun>> {
 // ---------------------------------------------------------------------------
 // warehouse
 
-pub async fn reservation_exists(db: &mut Db<'_>, order_id: &str) -> QueryResult<bool> {
-    let query = reservations::table.filter(reservations::order_id.eq(order_id.to_owned()));
-    Ok(db.get_result::<i64>(query.count()).await? > 0)
+/// What the warehouse answered order `order_id`: `Some("reserved")` or
+/// `Some("found short")`, `None` if it has not answered it yet.
+pub async fn answer_given(db: &mut Db<'_>, order_id: &str) -> QueryResult<Option<&'static str>> {
+    let reserved = reservations::table.filter(reservations::order_id.eq(order_id.to_owned()));
+    if db.get_result::<i64>(reserved.count()).await? > 0 {
+        return Ok(Some("reserved"));
+    }
+    let short = shortages::table.filter(shortages::order_id.eq(order_id.to_owned()));
+    if db.get_result::<i64>(short.count()).await? > 0 {
+        return Ok(Some("found short"));
+    }
+    Ok(None)
 }
 
 /// Locks every stock row, in sku order, until the transaction ends (see
@@ -290,6 +417,17 @@ pub async fn load_reservations(db: &mut Db<'_>) -> QueryResult<Vec<(String, Stri
     db.load(query).await
 }
 
+/// Records that the warehouse was short of stock for an order.
+pub async fn record_shortage(db: &mut Db<'_>, shortage: NewShortage) -> QueryResult<()> {
+    let insert = diesel::insert_into(shortages::table).values(shortage);
+    db.execute(insert).await.map(drop)
+}
+
+/// The order id of every shortage.
+pub async fn load_shortages(db: &mut Db<'_>) -> QueryResult<Vec<String>> {
+    db.load(shortages::table.select(shortages::order_id)).await
+}
+
 pub async fn reservation_count(db: &mut Db<'_>) -> QueryResult<i64> {
     db.get_result(reservations::table.count()).await
 }
@@ -297,6 +435,37 @@ pub async fn reservation_count(db: &mut Db<'_>) -> QueryResult<i64> {
 /// Every item: (sku, seeded, available).
 pub async fn load_stock(db: &mut Db<'_>) -> QueryResult<Vec<(String, i64, i64)>> {
     let query = stock::table.select((stock::sku, stock::seeded, stock::available));
+    db.load(query).await
+}
+
+// ---------------------------------------------------------------------------
+// orders and warehouse: messages ignored
+
+/// Records a message a handler ignored.
+pub async fn record_ignored(db: &mut Db<'_>, ignored: IgnoredMessage) -> QueryResult<()> {
+    let insert = diesel::insert_into(ignored_messages::table).values(ignored);
+    db.execute(insert).await.map(drop)
+}
+
+/// Why handler `handler` ignored message `message_id`; `None` if it did
+/// not.
+pub async fn ignored_reason(
+    db: &mut Db<'_>,
+    message_id: &str,
+    handler: &str,
+) -> QueryResult<Option<String>> {
+    let query = ignored_messages::table
+        .find((message_id.to_owned(), handler.to_owned()))
+        .select(ignored_messages::reason);
+    db.get_result(query).await.optional()
+}
+
+/// How many messages were ignored, for each reason.
+pub async fn ignored_per_reason(db: &mut Db<'_>) -> QueryResult<Vec<(String, i64)>> {
+    let query = ignored_messages::table
+        .group_by(ignored_messages::reason)
+        .select((ignored_messages::reason, diesel::dsl::count_star()))
+        .order(ignored_messages::reason);
     db.load(query).await
 }
 

@@ -1,0 +1,2 @@
+DROP TABLE ignored_messages;
+DROP TABLE shortages;
