@@ -210,6 +210,13 @@ fn check_result(output: &Output, what: &str) -> serde_json::Value {
             "{what}: every order has exactly one of `{key}`: {result}"
         );
     }
+    // The saga ignores a message that does not fit its order: without
+    // `--disturb`, one would be a duplicate the inbox let through.
+    assert_eq!(
+        field("saga_ignored"),
+        0,
+        "{what}: the inbox let a message through to the saga: {result}"
+    );
     result
 }
 
