@@ -191,6 +191,19 @@ pub enum Error {
         handler: String,
     },
 
+    /// An effect in a module's journal cannot be read or settled as asked.
+    #[error("effect `{effect}` of handler `{handler}` for message {message_id}: {reason}")]
+    Effect {
+        /// The message whose delivery made the effect.
+        message_id: uuid::Uuid,
+        /// The handler.
+        handler: String,
+        /// The effect's name.
+        effect: String,
+        /// What is wrong.
+        reason: String,
+    },
+
     /// A replayed dead letter failed again; it stays a dead letter.
     #[error("replay failed: {0}")]
     ReplayFailed(crate::DeliveryError),

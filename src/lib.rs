@@ -337,6 +337,7 @@ mod amqp;
 mod bus;
 
 mod delivery;
+mod effects;
 mod error;
 mod message;
 mod metrics;
@@ -367,6 +368,10 @@ pub use bus::builder::BusBuilder;
 pub use bus::handle::BusHandle;
 pub use delivery::handler::{Delivery, Handler, HandlerError, HandlerOptions};
 pub use delivery::outcome::{DeliveryError, FailureKind, Outcome};
+pub use effects::counters::EffectMetrics;
+pub use effects::policy::EffectPolicy;
+pub use effects::record::{EffectRecord, Settlement};
+pub use effects::state::EffectState;
 pub use error::{redact_url, Error, Result};
 pub use message::{Envelope, Keyed, Message};
 pub use metrics::{BusMetrics, HandlerMetrics, LatencyMetrics, ModuleMetrics, OutboxMetrics};

@@ -5,6 +5,7 @@ use crate::delivery::attempt::Attempt;
 use crate::delivery::handler::{CallError, Delivery};
 use crate::delivery::handlers::Handlers;
 use crate::delivery::outcome::{DeliveryError, FailureKind, Outcome};
+use crate::effects::call::EffectScope;
 use crate::error::panic_message;
 use crate::message::now_us;
 use crate::store::backend::Backend;
@@ -134,6 +135,7 @@ pub(crate) async fn handle_in<B: Backend>(
         envelope: attempt.envelope.clone(),
         handler: entry.name.clone(),
         attempt: attempt.attempt,
+        effects: EffectScope::new(handlers.journal.clone()),
     };
     tx.set_cause(attempt.envelope.clone());
     let keyed = attempt.envelope.keyed.as_ref();

@@ -203,6 +203,9 @@ pub struct Delivery {
     pub handler: Arc<str>,
     /// 1 for the first delivery to this handler, then 2, 3… on retries.
     pub attempt: u32,
+    /// The module's effects journal, and the effect names this delivery
+    /// has used ([`Delivery::effect`]).
+    pub(crate) effects: Arc<crate::effects::call::EffectScope>,
 }
 
 impl Delivery {
@@ -212,6 +215,10 @@ impl Delivery {
     /// external call is not part of the database transaction, so a crash after
     /// the call and before COMMIT repeats it, and only such a key makes the
     /// repeat harmless.
+    ///
+    /// For an external call made through the effects journal, use the key
+    /// [`Delivery::effect`] gives its call instead: it is per effect, and
+    /// the journal keeps what the call returned.
     pub fn idempotency_key(&self) -> String {
         format!("{}:{}", self.envelope.id, self.handler)
     }

@@ -3,6 +3,7 @@
 
 use crate::delivery::batch_queue::BatchQueue;
 use crate::delivery::handler::ErasedHandler;
+use crate::effects::journal::Journal;
 use crate::error::Result;
 use crate::metrics::HandlerCounters;
 use crate::outbox::Outbox;
@@ -39,6 +40,8 @@ pub(crate) struct Handlers<B: Backend> {
     pub(crate) outbox: Arc<Outbox>,
     /// The handlers, in registration order (the bus names them by index).
     pub(crate) entries: Vec<HandlerEntry<B>>,
+    /// The module's effects journal, which each delivery's effects use.
+    pub(crate) journal: Arc<Journal<B>>,
 }
 
 impl<B: Backend> Handlers<B> {

@@ -14,7 +14,8 @@ use crate::outbox::Outbox;
 use crate::retention::Retention;
 use crate::store::backend::Backend;
 use crate::store::database::Database;
-use crate::store::settings::{AppMigrations, StoreSettings};
+use crate::effects::journal::Journal;
+use crate::store::settings::{MigrationSet, StoreSettings};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -98,7 +99,7 @@ impl<B: Backend> ModuleBuilder<B> {
         mut self,
         migrations: &'static diesel_migrations::EmbeddedMigrations,
     ) -> Self {
-        self.settings.app_migrations = Some(AppMigrations(migrations));
+        self.settings.app_migrations = Some(MigrationSet(migrations));
         self
     }
 
@@ -284,11 +285,18 @@ impl<B: Backend> ModuleBuilder<B> {
             self.max_payload_bytes,
             wakeup,
         ));
+        let journal = Arc::new(Journal::new(self.settings.clone()));
+        if self.settings.migrate && !handlers.is_empty() {
+            // Opened at start, so that a journal that cannot be opened
+            // stops the module here rather than failing its deliveries.
+            journal.open().await?;
+        }
         let handlers = Arc::new(Handlers {
             module: name.clone(),
             db: db.clone(),
             outbox: outbox.clone(),
             entries: handlers,
+            journal,
         });
         let core = Arc::new(ModuleCore {
             mailbox: Mailbox::new(&name),

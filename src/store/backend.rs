@@ -1,5 +1,6 @@
 //! The public face of storage: [`Backend`], sealed.
 
+use crate::store::journal::JournalQueries;
 use crate::store::ordering::Ordering;
 use crate::store::queries::Queries;
 
@@ -8,7 +9,7 @@ use crate::store::queries::Queries;
 ///
 /// Sealed: tickbox implements it for its backends, and what it needs from a
 /// database (the `Store` and `Queries` it extends) is private to tickbox.
-pub trait Backend: Queries + Ordering {
+pub trait Backend: Queries + Ordering + JournalQueries {
     /// A short name for logs and metrics: `sqlite` or `postgres`.
     const NAME: &'static str;
 

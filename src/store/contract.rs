@@ -86,6 +86,17 @@ pub trait Store: Sized + Send + Sync + 'static {
         settings: &StoreSettings,
     ) -> impl Future<Output = crate::Result<(Self::Pool, Option<WakeupChannel>)>> + Send;
 
+    /// Opens the pool of the module's effects journal (see
+    /// [`crate::effects`]), whose short transactions commit while a
+    /// delivery's transaction is open: on SQLite a companion file beside the
+    /// module's (an SQLite write transaction holds its whole file), on
+    /// PostgreSQL a few connections of its own to the module's schema.
+    /// `None` when the module's database is only attached
+    /// (`settings.migrate` false) and no journal was ever made.
+    fn open_journal(
+        settings: &StoreSettings,
+    ) -> impl Future<Output = crate::Result<Option<Self::Pool>>> + Send;
+
     /// Closes the pool: idle connections now, the others when returned.
     fn close(pool: &Self::Pool);
 

@@ -82,6 +82,34 @@ fn check_schema(settings: &StoreSettings) -> crate::Result<Option<String>> {
     }
 }
 
+/// Connections in a module's journal pool (see [`Store::open_journal`]).
+const JOURNAL_POOL_SIZE: usize = 2;
+
+/// A pool whose connections work in `schema` (the connection's default
+/// when `None`).
+fn schema_pool(
+    settings: &StoreSettings,
+    url: String,
+    schema: Option<String>,
+) -> crate::Result<Pool<AsyncPgConnection>> {
+    build_pool(
+        settings,
+        url,
+        Box::new(move |url| {
+            let schema = schema.clone();
+            Box::pin(async move {
+                let mut conn = connect(url).await?;
+                if let Some(schema) = schema {
+                    conn.batch_execute(&format!("SET search_path TO {schema}"))
+                        .await
+                        .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+                }
+                Ok(conn)
+            })
+        }),
+    )
+}
+
 /// Ids as a PostgreSQL array literal, `{…,…}`.
 fn uuid_array(ids: &[Uuid]) -> String {
     let ids: Vec<String> = ids.iter().map(Uuid::to_string).collect();
@@ -333,23 +361,22 @@ impl Store for Postgres {
             url: url.clone(),
             channel: wakeup_channel_name(&outbox_schema),
         };
-        let pool = build_pool(
-            settings,
-            url,
-            Box::new(move |url| {
-                let schema = schema.clone();
-                Box::pin(async move {
-                    let mut conn = connect(url).await?;
-                    if let Some(schema) = schema {
-                        conn.batch_execute(&format!("SET search_path TO {schema}"))
-                            .await
-                            .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
-                    }
-                    Ok(conn)
-                })
-            }),
-        )?;
+        let pool = schema_pool(settings, url, schema)?;
         Ok((pool, Some(wakeup)))
+    }
+
+    async fn open_journal(settings: &StoreSettings) -> crate::Result<Option<Self::Pool>> {
+        // The journal is a table of the module's schema, made by its
+        // migrations; its own few connections keep journal entries from
+        // waiting for the connections the deliveries hold.
+        check_url(settings)?;
+        let schema = check_schema(settings)?;
+        let settings = StoreSettings {
+            pool_size: JOURNAL_POOL_SIZE,
+            ..settings.clone()
+        };
+        let url = settings.url.trim().to_string();
+        schema_pool(&settings, url, schema).map(Some)
     }
 
     fn close(pool: &Self::Pool) {

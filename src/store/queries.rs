@@ -48,7 +48,7 @@ struct Published {
 }
 
 /// A statement without binds.
-fn plain(dialect: Dialect, sql: &str) -> Statement {
+pub(crate) fn plain(dialect: Dialect, sql: &str) -> Statement {
     StatementBuilder::new(dialect).finish(sql.to_string())
 }
 
@@ -58,7 +58,7 @@ fn optional_id(b: &mut StatementBuilder, id: Option<Id>) -> String {
 }
 
 /// Binds an optional text: its placeholder, or `NULL`.
-fn optional_text(b: &mut StatementBuilder, text: Option<&str>) -> String {
+pub(crate) fn optional_text(b: &mut StatementBuilder, text: Option<&str>) -> String {
     text.map_or_else(|| "NULL".to_string(), |text| b.text(text))
 }
 
@@ -372,13 +372,13 @@ pub trait Queries: Store {
 impl<S: Store> Queries for S {}
 
 /// A retention sweep of one table: rows done with before a cutoff.
-struct Sweep {
+pub(crate) struct Sweep {
     /// The table.
-    table: &'static str,
+    pub(crate) table: &'static str,
     /// Its message id column (a UUIDv7).
-    id: &'static str,
+    pub(crate) id: &'static str,
     /// When a row was done with (processed, delivered).
-    done_at: &'static str,
+    pub(crate) done_at: &'static str,
 }
 
 impl Sweep {
@@ -388,21 +388,32 @@ impl Sweep {
     /// id (a UUIDv7) below the cutoff: the primary key finds them, and no
     /// extra index has to be kept up on every insert.
     fn statement(&self, dialect: Dialect, before_us: i64, batch: i64) -> Statement {
+        self.statement_where(StatementBuilder::new(dialect), "TRUE", before_us, batch)
+    }
+
+    /// Likewise, of the rows that also meet `condition` (written with the
+    /// builder `b`, which holds its binds).
+    pub(crate) fn statement_where(
+        &self,
+        mut b: StatementBuilder,
+        condition: &str,
+        before_us: i64,
+        batch: i64,
+    ) -> Statement {
         let Sweep { table, id, done_at } = self;
-        let mut b = StatementBuilder::new(dialect);
         let earliest = b.bind(Bind::Id(Id::earliest_at(before_us)));
         let (before, batch) = (b.int(before_us), b.int(batch));
         b.finish(format!(
             "DELETE FROM {table} WHERE {id} IN \
              (SELECT {id} FROM {table} \
-              WHERE {id} < {earliest} AND {done_at} < {before} LIMIT {batch}) \
-             AND {done_at} < {before}"
+              WHERE {id} < {earliest} AND {done_at} < {before} AND {condition} LIMIT {batch}) \
+             AND {done_at} < {before} AND {condition}"
         ))
     }
 }
 
 /// Runs a statement selecting one count (`n`).
-async fn count<S: Store>(conn: &mut S::Connection, statement: Statement) -> QueryResult<i64> {
+pub(crate) async fn count<S: Store>(conn: &mut S::Connection, statement: Statement) -> QueryResult<i64> {
     let rows: Vec<Count> = S::load(conn, statement).await?;
     Ok(rows.into_iter().next().map_or(0, |row| row.n))
 }

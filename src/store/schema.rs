@@ -148,6 +148,52 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    use diesel::sql_types::*;
+    use super::DbUuid;
+
+    /// The effects journal: each external effect a handler made through
+    /// `Delivery::effect`, and how it ended.
+    tickbox_effects (message_id, handler, effect) {
+        message_id -> DbUuid,
+        handler -> Text,
+        effect -> Text,
+        effect_key -> Text,
+        policy -> Text,
+        state -> Text,
+        calls -> BigInt,
+        window_from_us -> BigInt,
+        updated_at_us -> BigInt,
+        result -> Nullable<Text>,
+        error -> Nullable<Text>,
+    }
+}
+
+/// One row of the effects journal.
+#[derive(Debug, Clone, diesel::QueryableByName)]
+#[diesel(table_name = tickbox_effects)]
+pub struct EffectRow {
+    pub(crate) message_id: Id,
+    pub(crate) handler: String,
+    pub(crate) effect: String,
+    /// The idempotency key given to the call.
+    pub(crate) effect_key: String,
+    /// The policy's name ([`EffectPolicy::name`](crate::EffectPolicy)).
+    pub(crate) policy: String,
+    /// The state's name ([`EffectState`](crate::EffectState)).
+    pub(crate) state: String,
+    /// How many times the effect was called.
+    pub(crate) calls: i64,
+    /// When the key's window began: the first call, or the first after a
+    /// person allowed a retry.
+    pub(crate) window_from_us: i64,
+    pub(crate) updated_at_us: i64,
+    /// A succeeded effect's result, as JSON.
+    pub(crate) result: Option<String>,
+    /// Why the effect failed, or why it is unknown.
+    pub(crate) error: Option<String>,
+}
+
 /// One subscription row.
 #[derive(Debug, Clone, diesel::QueryableByName)]
 #[diesel(table_name = tickbox_subscriptions)]

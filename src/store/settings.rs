@@ -21,21 +21,22 @@ pub struct StoreSettings {
     pub(crate) migrate: bool,
     /// The application's own migrations for this module's database, run
     /// after tickbox's.
-    pub(crate) app_migrations: Option<AppMigrations>,
+    pub(crate) app_migrations: Option<MigrationSet>,
 }
 
-/// The application's embedded migrations, as a migration source diesel's
-/// harness can take (it takes its source by value).
+/// A set of embedded migrations (tickbox's, or the application's), as a
+/// migration source diesel's harness can take (it takes its source by
+/// value, and embedded migrations are not `Copy`).
 #[derive(Clone, Copy)]
-pub(crate) struct AppMigrations(pub(crate) &'static diesel_migrations::EmbeddedMigrations);
+pub(crate) struct MigrationSet(pub(crate) &'static diesel_migrations::EmbeddedMigrations);
 
-impl std::fmt::Debug for AppMigrations {
+impl std::fmt::Debug for MigrationSet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("AppMigrations")
+        f.write_str("MigrationSet")
     }
 }
 
-impl<DB: diesel::backend::Backend> diesel::migration::MigrationSource<DB> for AppMigrations {
+impl<DB: diesel::backend::Backend> diesel::migration::MigrationSource<DB> for MigrationSet {
     fn migrations(
         &self,
     ) -> diesel::migration::Result<Vec<Box<dyn diesel::migration::Migration<DB>>>> {

@@ -13,7 +13,7 @@ use crate::store::contract::{
 use crate::store::migrations::{refuse_clashing_versions, refuse_newer_migrations};
 use crate::store::pool::{build_pool, checkout};
 use crate::store::schema::{tickbox_outbox, OutboxRow};
-use crate::store::settings::{StoreSettings, WakeupChannel};
+use crate::store::settings::{MigrationSet, StoreSettings, WakeupChannel};
 use crate::store::statement::{Dialect, Row, Statement};
 use diesel::connection::{
     AnsiTransactionManager, Connection, SimpleConnection, TransactionManager,
@@ -39,7 +39,18 @@ pub struct Sqlite;
 /// The connection SQLite handlers and transactions receive.
 pub type SqliteConnection = SyncConnectionWrapper<diesel::SqliteConnection>;
 
-const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
+static MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
+
+/// The migrations of a module's effects journal, in its companion file.
+static JOURNAL_MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite-effects");
+
+/// The companion file holding a module's effects journal is named after
+/// the module's file, with this added.
+const JOURNAL_SUFFIX: &str = "-effects";
+
+/// Connections in a journal's pool: its transactions are a few statements
+/// long, and SQLite takes one writer at a time anyway.
+const JOURNAL_POOL_SIZE: usize = 2;
 
 /// Set on every connection of a module's pool.
 const CONNECTION_PRAGMAS: &str =
@@ -49,12 +60,13 @@ const CONNECTION_PRAGMAS: &str =
 /// migrating the same file.
 const OPEN_BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Sets the file up for a pool (WAL) and, if `migrate`, runs the embedded
-/// migrations.
+/// Sets the file up for a pool (WAL) and, if `migrate`, runs `migrations`
+/// (tickbox's) and then the application's.
 fn prepare_file(
     path: &str,
+    migrations: MigrationSet,
     migrate: bool,
-    app_migrations: Option<crate::store::settings::AppMigrations>,
+    app_migrations: Option<MigrationSet>,
     module: &str,
 ) -> crate::Result<()> {
     let bad_url = |reason: String| Error::BadDatabaseUrl {
@@ -74,15 +86,15 @@ fn prepare_file(
     // process starting beside another waits for it (the busy timeout) and
     // then finds them applied.
     conn.immediate_transaction(|conn| {
-        conn.run_pending_migrations(MIGRATIONS)
+        conn.run_pending_migrations(migrations)
             .map(drop)
             .map_err(|e| Error::Migration {
                 module: module.to_string(),
                 reason: e.to_string(),
             })?;
-        refuse_newer_migrations(conn, &MIGRATIONS, module)?;
+        refuse_newer_migrations(conn, &migrations, module)?;
         if let Some(app) = app_migrations {
-            refuse_clashing_versions::<diesel::sqlite::Sqlite>(&MIGRATIONS, &app, module)?;
+            refuse_clashing_versions::<diesel::sqlite::Sqlite>(&migrations, &app, module)?;
             conn.run_pending_migrations(app)
                 .map(drop)
                 .map_err(|e| Error::Migration {
@@ -92,6 +104,51 @@ fn prepare_file(
         }
         Ok(())
     })
+}
+
+/// Prepares the file at `path` (see [`prepare_file`]) on a blocking thread,
+/// then opens a pool of connections to it.
+async fn open_file(
+    settings: &StoreSettings,
+    path: String,
+    migrations: MigrationSet,
+    app_migrations: Option<MigrationSet>,
+) -> crate::Result<Pool<SqliteConnection>> {
+    let migrate = settings.migrate;
+    let migrate_path = path.clone();
+    let module = settings.module.clone();
+    tokio::task::spawn_blocking(move || {
+        // Some lock waits return "database is locked" at once instead of
+        // waiting out the busy timeout (switching a new file to WAL while
+        // another process does the same): tried again for as long.
+        let deadline = std::time::Instant::now() + OPEN_BUSY_TIMEOUT;
+        loop {
+            match prepare_file(&migrate_path, migrations, migrate, app_migrations, &module) {
+                Err(e) if is_busy(&e) && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                done => return done,
+            }
+        }
+    })
+    .await
+    .map_err(|e| Error::Task {
+        what: format!("opening module `{}`", settings.module),
+        reason: e.to_string(),
+    })??;
+    build_pool(
+        settings,
+        path,
+        Box::new(|url| {
+            Box::pin(async move {
+                let mut conn = SqliteConnection::establish(url).await?;
+                conn.batch_execute(CONNECTION_PRAGMAS)
+                    .await
+                    .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
+                Ok(conn)
+            })
+        }),
+    )
 }
 
 /// Whether opening failed only because another connection held a lock.
@@ -182,46 +239,25 @@ impl Store for Sqlite {
                 reason: "no database file there".into(),
             });
         }
-        let migrate = settings.migrate;
-        let app_migrations = settings.app_migrations;
-        let migrate_path = path.clone();
-        let module = settings.module.clone();
-        tokio::task::spawn_blocking(move || {
-            // Some lock waits return "database is locked" at once instead of
-            // waiting out the busy timeout (switching a new file to WAL while
-            // another process does the same): tried again for as long.
-            let deadline = std::time::Instant::now() + OPEN_BUSY_TIMEOUT;
-            loop {
-                match prepare_file(&migrate_path, migrate, app_migrations, &module) {
-                    Err(e) if is_busy(&e) && std::time::Instant::now() < deadline => {
-                        std::thread::sleep(std::time::Duration::from_millis(50));
-                    }
-                    done => return done,
-                }
-            }
-        })
-        .await
-        .map_err(|e| Error::Task {
-            what: format!("opening module `{}`", settings.module),
-            reason: e.to_string(),
-        })??;
-
-        let pool = build_pool(
-            settings,
-            path,
-            Box::new(|url| {
-                Box::pin(async move {
-                    let mut conn = SqliteConnection::establish(url).await?;
-                    conn.batch_execute(CONNECTION_PRAGMAS)
-                        .await
-                        .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
-                    Ok(conn)
-                })
-            }),
-        )?;
+        let pool = open_file(settings, path, MigrationSet(&MIGRATIONS), settings.app_migrations).await?;
         // SQLite has no notifications: another process's commits are found
         // by the bus's periodic scan.
         Ok((pool, None))
+    }
+
+    async fn open_journal(settings: &StoreSettings) -> crate::Result<Option<Self::Pool>> {
+        let path = format!("{}{JOURNAL_SUFFIX}", database_path(settings)?);
+        if !settings.migrate && !std::path::Path::new(&path).exists() {
+            // Never made: no effect was ever recorded for this module.
+            return Ok(None);
+        }
+        let settings = StoreSettings {
+            pool_size: JOURNAL_POOL_SIZE,
+            ..settings.clone()
+        };
+        open_file(&settings, path, MigrationSet(&JOURNAL_MIGRATIONS), None)
+            .await
+            .map(Some)
     }
 
     fn close(pool: &Self::Pool) {

@@ -1,0 +1,2 @@
+DROP TABLE tickbox_effects;
+DROP TABLE tickbox_schema_version;

@@ -1,0 +1,433 @@
+//! A module's effects journal: the decision taken before each call, the
+//! outcome recorded after it, and what operators read and settle. Each of
+//! these is one short transaction of its own on the journal's connections,
+//! run in a task of its own (so that it is never dropped half way).
+
+use crate::delivery::handler::BoxFuture;
+use crate::effects::counters::{EffectCounters, EffectEvent};
+use crate::effects::policy::EffectPolicy;
+use crate::effects::record::{EffectRecord, Settlement};
+use crate::effects::state::EffectState;
+use crate::error::{Error, Result};
+use crate::message::now_us;
+use crate::store::backend::Backend;
+use crate::store::database::Database;
+use crate::store::journal::{EffectChange, EffectId};
+use crate::store::schema::{EffectRow, Id};
+use crate::store::settings::StoreSettings;
+use std::sync::Arc;
+use tokio::sync::OnceCell;
+use uuid::Uuid;
+
+/// What an effect may do on this attempt, as decided before the call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Begun {
+    /// Call it; this is its `calls`-th call.
+    Call {
+        /// The call's number, which the outcome is recorded against.
+        calls: i64,
+    },
+    /// Do not call: hand back this recorded result (JSON).
+    Reuse(String),
+    /// Do not call, and give the delivery up: nobody can say whether the
+    /// effect happened (it is now, or was already, unknown).
+    Refuse(String),
+}
+
+/// A decision about an existing journal entry: what to do, and how the
+/// entry changes (in the same transaction).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Decision {
+    pub(crate) begun: Begun,
+    pub(crate) change: Option<EffectChange>,
+}
+
+/// Decides what an effect found in the journal may do now, under `policy`.
+pub(crate) fn decide(found: &EffectRow, policy: EffectPolicy, now_us: i64) -> Result<Decision> {
+    let state: EffectState = found.state.parse().map_err(|reason| Error::Effect {
+        message_id: found.message_id.0,
+        handler: found.handler.clone(),
+        effect: found.effect.clone(),
+        reason,
+    })?;
+    let from_state = state.as_str();
+    let call_again = |window_from_us: i64| Decision {
+        begun: Begun::Call {
+            calls: found.calls + 1,
+        },
+        change: Some(EffectChange {
+            from_state,
+            from_calls: found.calls,
+            state: EffectState::Started.as_str(),
+            calls: found.calls + 1,
+            window_from_us,
+            updated_at_us: now_us,
+            result: None,
+            error: found.error.clone(),
+        }),
+    };
+    let unknown = |why: String| Decision {
+        begun: Begun::Refuse(format!(
+            "effect `{}` is unknown: {why}; a person must settle it (the operator's tool: \
+             `effects done` if it happened, `effects retry` to call it again), then replay the \
+             dead letter",
+            found.effect
+        )),
+        change: Some(EffectChange {
+            from_state,
+            from_calls: found.calls,
+            state: EffectState::Unknown.as_str(),
+            calls: found.calls,
+            window_from_us: found.window_from_us,
+            updated_at_us: now_us,
+            result: None,
+            error: Some(why),
+        }),
+    };
+    Ok(match (state, policy) {
+        (EffectState::Succeeded, _) => Decision {
+            begun: Begun::Reuse(found.result.clone().unwrap_or_else(|| "null".into())),
+            change: None,
+        },
+        (EffectState::Unknown, _) => Decision {
+            begun: Begun::Refuse(format!(
+                "effect `{}` is unknown ({}); a person must settle it (the operator's tool: \
+                 `effects done` or `effects retry`), then replay the dead letter",
+                found.effect,
+                found.error.as_deref().unwrap_or("no reason recorded")
+            )),
+            change: None,
+        },
+        (EffectState::Retry, _) => call_again(now_us),
+        (EffectState::Failed, EffectPolicy::AtMostOnce) => call_again(found.window_from_us),
+        (EffectState::Started, EffectPolicy::AtMostOnce) => unknown(format!(
+            "call {} was started but its outcome was never recorded (the process stopped \
+             during the call or before recording it), and it may not be called twice",
+            found.calls
+        )),
+        (EffectState::Started | EffectState::Failed, EffectPolicy::AtLeastOnceWithKey { window }) => {
+            let since = now_us.saturating_sub(found.window_from_us);
+            if since > window.as_micros().min(i64::MAX as u128) as i64 {
+                unknown(format!(
+                    "it is due again {:.1} s after its first call, later than its key's window of \
+                     {window:?}: the external system may no longer recognise the key, so it is not \
+                     sent blind",
+                    since as f64 / 1e6
+                ))
+            } else {
+                call_again(found.window_from_us)
+            }
+        }
+    })
+}
+
+/// The effects journal of one module.
+pub(crate) struct Journal<B: Backend> {
+    /// Where to open it.
+    settings: StoreSettings,
+    /// Its connections, once opened; `None` inside when the module's
+    /// database is only attached and has no journal (no effect was ever
+    /// recorded).
+    db: OnceCell<Option<Arc<Database<B>>>>,
+    /// What this process's effects did.
+    pub(crate) counters: EffectCounters,
+}
+
+impl<B: Backend> Journal<B> {
+    /// The journal of the module opened with `settings`, not opened yet.
+    pub(crate) fn new(settings: StoreSettings) -> Self {
+        Journal {
+            counters: EffectCounters::new(&settings.module),
+            settings,
+            db: OnceCell::new(),
+        }
+    }
+
+    /// Opens the journal unless it is open; `None` when there is none.
+    pub(crate) async fn open(&self) -> Result<Option<Arc<Database<B>>>> {
+        self.db
+            .get_or_try_init(|| async {
+                let pool = B::open_journal(&self.settings).await?;
+                let module: Arc<str> = Arc::from(self.settings.module.as_str());
+                Ok::<_, Error>(pool.map(|pool| Arc::new(Database::new(module, pool))))
+            })
+            .await
+            .cloned()
+    }
+
+    /// The journal's connections if it was opened, without opening it.
+    pub(crate) fn opened(&self) -> Option<Arc<Database<B>>> {
+        self.db.get().cloned().flatten()
+    }
+
+    /// The journal's connections, for recording.
+    async fn required(&self) -> Result<Arc<Database<B>>> {
+        self.open().await?.ok_or_else(|| {
+            Error::Config(format!(
+                "module `{}` was attached without migrations and has no effects journal: start \
+                 it with ModuleBuilder::start to record effects",
+                self.settings.module
+            ))
+        })
+    }
+
+    /// Before a call: records the effect as started, or decides from its
+    /// entry whether to call again, hand back its result, or refuse.
+    pub(crate) async fn begin(
+        &self,
+        id: EffectId,
+        key: String,
+        policy: EffectPolicy,
+    ) -> Result<Begun> {
+        let db = self.required().await?;
+        let (handler, effect) = (id.handler.clone(), id.effect.clone());
+        let begun = in_transaction(db, move |conn| {
+            Box::pin(async move {
+                let now = now_us();
+                let row = EffectRow {
+                    message_id: Id(id.message_id),
+                    handler: id.handler.clone(),
+                    effect: id.effect.clone(),
+                    effect_key: key,
+                    policy: policy.name().to_string(),
+                    state: EffectState::Started.as_str().to_string(),
+                    calls: 1,
+                    window_from_us: now,
+                    updated_at_us: now,
+                    result: None,
+                    error: None,
+                };
+                if B::insert_effect(conn, &row).await? == 1 {
+                    return Ok(Begun::Call { calls: 1 });
+                }
+                let found = B::effect(conn, &id).await?.ok_or_else(|| changed(&id))?;
+                let decision = decide(&found, policy, now)?;
+                if let Some(change) = decision.change {
+                    if B::update_effect(conn, &id, change).await? != 1 {
+                        return Err(changed(&id));
+                    }
+                }
+                Ok(decision.begun)
+            })
+        })
+        .await?;
+        let event = match &begun {
+            Begun::Call { .. } => EffectEvent::Started,
+            Begun::Reuse(_) => EffectEvent::Reused,
+            Begun::Refuse(_) => EffectEvent::Unknown,
+        };
+        self.counters.count(&handler, &effect, event);
+        Ok(begun)
+    }
+
+    /// After call number `calls`: records its outcome, `Ok` with the
+    /// result as JSON or `Err` with why it failed (or, with
+    /// [`EffectState::Unknown`], why nobody knows). False when the entry
+    /// had changed meanwhile (a person settled it) and was left as it is.
+    pub(crate) async fn finish(
+        &self,
+        id: EffectId,
+        calls: i64,
+        state: EffectState,
+        result: Option<String>,
+        error: Option<String>,
+    ) -> Result<bool> {
+        let db = self.required().await?;
+        let (handler, effect) = (id.handler.clone(), id.effect.clone());
+        let recorded = in_transaction(db, move |conn| {
+            Box::pin(async move {
+                let Some(found) = B::effect(conn, &id).await? else {
+                    return Ok(false);
+                };
+                let change = EffectChange {
+                    from_state: EffectState::Started.as_str(),
+                    from_calls: calls,
+                    state: state.as_str(),
+                    calls,
+                    window_from_us: found.window_from_us,
+                    updated_at_us: now_us(),
+                    result,
+                    error,
+                };
+                Ok(B::update_effect(conn, &id, change).await? == 1)
+            })
+        })
+        .await?;
+        let event = match state {
+            EffectState::Succeeded => EffectEvent::Succeeded,
+            EffectState::Failed => EffectEvent::Failed,
+            _ => EffectEvent::Unknown,
+        };
+        self.counters.count(&handler, &effect, event);
+        Ok(recorded)
+    }
+
+    /// Effects in one of `states` (all when empty), least recently changed
+    /// first, from `offset`.
+    pub(crate) async fn list(
+        &self,
+        states: &[EffectState],
+        offset: i64,
+        limit: i64,
+    ) -> Result<Vec<EffectRecord>> {
+        let Some(db) = self.open().await? else {
+            return Ok(Vec::new());
+        };
+        let states: Vec<&str> = states.iter().map(EffectState::as_str).collect();
+        let mut conn = db.connection().await?;
+        let rows = B::effects(&mut conn, &states, offset, limit).await?;
+        rows.into_iter().map(EffectRecord::try_from).collect()
+    }
+
+    /// Settles an effect nobody can vouch for; the entry as it now stands.
+    pub(crate) async fn settle(&self, id: EffectId, settlement: Settlement) -> Result<EffectRecord> {
+        let no_entry = || Error::Effect {
+            message_id: id.message_id,
+            handler: id.handler.clone(),
+            effect: id.effect.clone(),
+            reason: format!("module `{}` has no such effect", self.settings.module),
+        };
+        let Some(db) = self.open().await? else {
+            return Err(no_entry());
+        };
+        let result = match &settlement {
+            Settlement::Done { result } => Some(result.to_string()),
+            Settlement::Retry => None,
+        };
+        let settled = in_transaction(db, {
+            let id = id.clone();
+            move |conn| {
+                Box::pin(async move {
+                    let Some(found) = B::effect(conn, &id).await? else {
+                        return Ok(None);
+                    };
+                    let from: EffectState = found.state.parse().map_err(|reason| Error::Effect {
+                        message_id: id.message_id,
+                        handler: id.handler.clone(),
+                        effect: id.effect.clone(),
+                        reason,
+                    })?;
+                    if from == EffectState::Succeeded {
+                        return Err(Error::Effect {
+                            message_id: id.message_id,
+                            handler: id.handler.clone(),
+                            effect: id.effect.clone(),
+                            reason: "it succeeded and its result is recorded; there is nothing to \
+                                     settle"
+                                .into(),
+                        });
+                    }
+                    let state = if result.is_some() {
+                        EffectState::Succeeded
+                    } else {
+                        EffectState::Retry
+                    };
+                    let change = EffectChange {
+                        from_state: from.as_str(),
+                        from_calls: found.calls,
+                        state: state.as_str(),
+                        calls: found.calls,
+                        window_from_us: found.window_from_us,
+                        updated_at_us: now_us(),
+                        result,
+                        error: found.error.clone(),
+                    };
+                    if B::update_effect(conn, &id, change).await? != 1 {
+                        return Err(changed(&id));
+                    }
+                    B::effect(conn, &id).await.map_err(Error::from)
+                })
+            }
+        })
+        .await?;
+        settled.ok_or_else(no_entry)?.try_into()
+    }
+
+    /// How many effects are unknown, per handler, if the journal is open.
+    pub(crate) async fn unknown_per_handler(&self) -> Result<Vec<(String, i64)>> {
+        let Some(db) = self.opened() else {
+            return Ok(Vec::new());
+        };
+        let mut conn = db.connection().await?;
+        let counts = B::unsettled_effects(&mut conn).await?;
+        Ok(counts
+            .into_iter()
+            .filter(|c| c.state == EffectState::Unknown.as_str())
+            .map(|c| (c.handler, c.n))
+            .collect())
+    }
+
+    /// Deletes settled effects last changed before `before_us`, except those
+    /// of the messages in `keep`, in batches of `batch`; how many.
+    pub(crate) async fn sweep(&self, before_us: i64, keep: Arc<[Uuid]>, batch: i64) -> Result<u64> {
+        let Some(db) = self.open().await? else {
+            return Ok(0);
+        };
+        let mut total = 0;
+        loop {
+            let keep = keep.clone();
+            let deleted = in_transaction(db.clone(), move |conn| {
+                Box::pin(async move {
+                    Ok(B::sweep_effects(conn, before_us, &keep, batch).await?)
+                })
+            })
+            .await?;
+            total += deleted as u64;
+            if (deleted as i64) < batch {
+                return Ok(total);
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Closes the journal's connections, if it was opened.
+    pub(crate) fn close(&self) {
+        if let Some(db) = self.opened() {
+            db.close();
+        }
+    }
+}
+
+/// The error when an entry changed between reading and writing it (a
+/// person settled it meanwhile): the attempt fails and is retried.
+fn changed(id: &EffectId) -> Error {
+    Error::Effect {
+        message_id: id.message_id,
+        handler: id.handler.clone(),
+        effect: id.effect.clone(),
+        reason: "its journal entry changed while it was being read; try again".into(),
+    }
+}
+
+/// Runs `work` in one write transaction on the journal, in a task of its
+/// own; rolls back on error.
+async fn in_transaction<B, T, F>(db: Arc<Database<B>>, work: F) -> Result<T>
+where
+    B: Backend,
+    T: Send + 'static,
+    F: for<'c> FnOnce(&'c mut B::Connection) -> BoxFuture<'c, Result<T>> + Send + 'static,
+{
+    let module = db.module().to_string();
+    tokio::spawn(async move {
+        let mut conn = db.write_connection().await?;
+        B::begin(&mut conn).await?;
+        match work(&mut conn).await {
+            Ok(value) => {
+                B::commit(&mut conn).await?;
+                Ok(value)
+            }
+            Err(error) => {
+                if let Err(rollback) = B::rollback(&mut conn).await {
+                    let module = db.module();
+                    tracing::warn!(%module, error = %rollback, "rolling back a journal transaction failed");
+                }
+                Err(error)
+            }
+        }
+    })
+    .await
+    .map_err(|e| Error::Task {
+        what: format!("the effects journal of module `{module}`"),
+        reason: e.to_string(),
+    })?
+}
