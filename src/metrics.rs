@@ -17,6 +17,8 @@
 //! | `tickbox_inbox_batches_total` | counter | module, handler, topic |
 //! | `tickbox_inbox_batch_fallbacks_total` | counter | module, handler, topic |
 //! | `tickbox_parked_keys` | gauge | module, handler, topic |
+//! | `tickbox_unknown_effects` | gauge | module, handler, topic |
+//! | `tickbox_effects_total` | counter | module, handler, effect, event |
 //! | `tickbox_handler_duration_seconds` | histogram | module, handler, topic |
 //! | `tickbox_end_to_end_seconds` | histogram | module, handler, topic |
 //! | `tickbox_mailbox_queued` | gauge | module |
@@ -29,8 +31,12 @@
 //! | `tickbox_outbox_stalled` | gauge | module |
 //! | `tickbox_subscription_lag_seconds` | gauge | module, subscriber, handler |
 //!
-//! The outbox gauges, the dead-letter count and the parked keys are read from the database
-//! by the bus at an interval (indexed queries), never per message.
+//! The outbox gauges, the dead-letter count, the parked keys and the
+//! unknown effects are read from the database at an interval (indexed
+//! queries), never per message. `tickbox_effects_total` counts, per effect,
+//! each `event`: `started` (a call made), `succeeded`, `failed`, `unknown`
+//! (found unfinished and not to be called again) and `reused` (a recorded
+//! result handed back instead of calling).
 //!
 //! [`BusHandle::metrics`]: crate::BusHandle::metrics
 
@@ -129,6 +135,14 @@ pub(crate) fn describe_to_recorder() {
             "Ordering keys held back for the handler by a dead letter, until it is replayed or skipped."
         );
         describe_gauge!(
+            "tickbox_unknown_effects",
+            "Effects of the handler nobody can vouch for, waiting for a person to settle them."
+        );
+        describe_counter!(
+            "tickbox_effects_total",
+            "What the handler's external effects did, by event: started, succeeded, failed, unknown, reused."
+        );
+        describe_gauge!(
             "tickbox_outbox_stalled",
             "Outbox messages pending for longer than the bus's stall threshold."
         );
@@ -220,6 +234,8 @@ pub(crate) struct HandlerCounters {
     batch_fallbacks: AtomicU64,
     /// Keys parked by a dead letter, as last read from the database.
     parked_keys: AtomicI64,
+    /// Unknown effects, as last read from the effects journal.
+    unknown_effects: AtomicI64,
     latency: Latency,
     end_to_end: Latency,
     exported: HandlerExport,
@@ -235,6 +251,7 @@ struct HandlerExport {
     batches: metrics::Counter,
     batch_fallbacks: metrics::Counter,
     parked_keys: metrics::Gauge,
+    unknown_effects: metrics::Gauge,
     latency: metrics::Histogram,
     end_to_end: metrics::Histogram,
 }
@@ -256,6 +273,7 @@ impl HandlerCounters {
             batches: AtomicU64::new(0),
             batch_fallbacks: AtomicU64::new(0),
             parked_keys: AtomicI64::new(0),
+            unknown_effects: AtomicI64::new(0),
             latency: Latency::default(),
             end_to_end: Latency::default(),
             exported: HandlerExport {
@@ -267,6 +285,7 @@ impl HandlerCounters {
                 batches: metrics::counter!("tickbox_inbox_batches_total", &labels),
                 batch_fallbacks: metrics::counter!("tickbox_inbox_batch_fallbacks_total", &labels),
                 parked_keys: metrics::gauge!("tickbox_parked_keys", &labels),
+                unknown_effects: metrics::gauge!("tickbox_unknown_effects", &labels),
                 latency: metrics::histogram!("tickbox_handler_duration_seconds", &labels),
                 end_to_end: metrics::histogram!("tickbox_end_to_end_seconds", &labels),
             },
@@ -316,6 +335,12 @@ impl HandlerCounters {
         self.exported.parked_keys.set(keys as f64);
     }
 
+    /// The handler's unknown effects, as read now.
+    pub(crate) fn unknown_effects(&self, effects: i64) {
+        self.unknown_effects.store(effects, Relaxed);
+        self.exported.unknown_effects.set(effects as f64);
+    }
+
     /// A batch that rolled back and was handled one delivery at a time.
     pub(crate) fn batch_fell_back(&self) {
         self.batch_fallbacks.fetch_add(1, Relaxed);
@@ -335,6 +360,7 @@ impl HandlerCounters {
             batches: self.batches.load(Relaxed),
             batch_fallbacks: self.batch_fallbacks.load(Relaxed),
             parked_keys: self.parked_keys.load(Relaxed),
+            unknown_effects: self.unknown_effects.load(Relaxed),
             mean_latency_seconds: latency.mean_seconds(),
             latency,
             end_to_end: self.end_to_end.snapshot(),
@@ -550,6 +576,9 @@ pub struct HandlerMetrics {
     /// Ordering keys a dead letter holds back for this handler until it is
     /// replayed or skipped (read from the database at an interval).
     pub parked_keys: i64,
+    /// Effects of this handler nobody can vouch for, waiting for a person
+    /// to settle them (read from the effects journal at an interval).
+    pub unknown_effects: i64,
     /// Mean time of a committed delivery, from BEGIN to COMMIT.
     pub mean_latency_seconds: f64,
     /// Time of committed deliveries, BEGIN to COMMIT.
@@ -597,6 +626,9 @@ pub struct ModuleMetrics {
     pub outbox: OutboxMetrics,
     /// One entry per handler, in registration order.
     pub handlers: Vec<HandlerMetrics>,
+    /// What the handlers' effects did in this process, per handler and
+    /// effect name ([`Delivery::effect`](crate::Delivery::effect)).
+    pub effects: Vec<crate::EffectMetrics>,
 }
 
 impl ModuleMetrics {

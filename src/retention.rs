@@ -14,7 +14,9 @@ use std::time::Duration;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Retention {
     /// Inbox rows older than this are deleted; `None` keeps them forever.
-    /// This is the duplicate-detection window.
+    /// This is the duplicate-detection window. Settled entries of the
+    /// effects journal are kept as long, except those of dead-lettered
+    /// messages, which are kept until the dead letter is gone.
     pub inbox: Option<Duration>,
     /// Delivered outbox rows older than this are deleted; `None` keeps them.
     /// Zero deletes each row as soon as it is delivered, instead of marking
@@ -83,4 +85,7 @@ pub struct SweepReport {
     pub inbox_rows: u64,
     /// Delivered outbox rows deleted.
     pub outbox_rows: u64,
+    /// Settled effects deleted from the effects journal (with the inbox's
+    /// window; effects of dead-lettered messages are kept).
+    pub effect_rows: u64,
 }

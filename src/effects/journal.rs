@@ -197,13 +197,13 @@ impl<B: Backend> Journal<B> {
                     result: None,
                     error: None,
                 };
-                if B::insert_effect(conn, &row).await? == 1 {
+                if B::insert_journal_entry(conn, &row).await? == 1 {
                     return Ok(Begun::Call { calls: 1 });
                 }
-                let found = B::effect(conn, &id).await?.ok_or_else(|| changed(&id))?;
+                let found = B::journal_entry(conn, &id).await?.ok_or_else(|| changed(&id))?;
                 let decision = decide(&found, policy, now)?;
                 if let Some(change) = decision.change {
-                    if B::update_effect(conn, &id, change).await? != 1 {
+                    if B::update_journal_entry(conn, &id, change).await? != 1 {
                         return Err(changed(&id));
                     }
                 }
@@ -236,7 +236,7 @@ impl<B: Backend> Journal<B> {
         let (handler, effect) = (id.handler.clone(), id.effect.clone());
         let recorded = in_transaction(db, move |conn| {
             Box::pin(async move {
-                let Some(found) = B::effect(conn, &id).await? else {
+                let Some(found) = B::journal_entry(conn, &id).await? else {
                     return Ok(false);
                 };
                 let change = EffectChange {
@@ -249,7 +249,7 @@ impl<B: Backend> Journal<B> {
                     result,
                     error,
                 };
-                Ok(B::update_effect(conn, &id, change).await? == 1)
+                Ok(B::update_journal_entry(conn, &id, change).await? == 1)
             })
         })
         .await?;
@@ -275,7 +275,7 @@ impl<B: Backend> Journal<B> {
         };
         let states: Vec<&str> = states.iter().map(EffectState::as_str).collect();
         let mut conn = db.connection().await?;
-        let rows = B::effects(&mut conn, &states, offset, limit).await?;
+        let rows = B::journal_entries(&mut conn, &states, offset, limit).await?;
         rows.into_iter().map(EffectRecord::try_from).collect()
     }
 
@@ -298,7 +298,7 @@ impl<B: Backend> Journal<B> {
             let id = id.clone();
             move |conn| {
                 Box::pin(async move {
-                    let Some(found) = B::effect(conn, &id).await? else {
+                    let Some(found) = B::journal_entry(conn, &id).await? else {
                         return Ok(None);
                     };
                     let from: EffectState = found.state.parse().map_err(|reason| Error::Effect {
@@ -332,10 +332,10 @@ impl<B: Backend> Journal<B> {
                         result,
                         error: found.error.clone(),
                     };
-                    if B::update_effect(conn, &id, change).await? != 1 {
+                    if B::update_journal_entry(conn, &id, change).await? != 1 {
                         return Err(changed(&id));
                     }
-                    B::effect(conn, &id).await.map_err(Error::from)
+                    B::journal_entry(conn, &id).await.map_err(Error::from)
                 })
             }
         })

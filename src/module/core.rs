@@ -42,7 +42,7 @@ pub(crate) async fn sample_outbox_periodically<B: Backend>(
 }
 
 /// Reads the outbox backlog, the dead-letter count and each handler's
-/// parked keys into the module's gauges.
+/// parked keys and unknown effects into the module's gauges.
 async fn sample_outbox<B: Backend>(core: Arc<ModuleCore<B>>) {
     let sampled = async {
         let mut conn = core.db.connection().await?;
@@ -50,12 +50,18 @@ async fn sample_outbox<B: Backend>(core: Arc<ModuleCore<B>>) {
         let dead = B::count_dead_letters(&mut conn).await?;
         let parked = B::parked_keys(&mut conn).await?;
         drop(conn);
+        let unknown = core.handlers.journal.unknown_per_handler().await?;
         for entry in &core.handlers.entries {
             let keys = parked
                 .iter()
                 .find(|p| p.handler == *entry.name)
                 .map_or(0, |p| p.keys);
             entry.counters.parked_keys(keys);
+            let effects = unknown
+                .iter()
+                .find(|(handler, _)| *handler == *entry.name)
+                .map_or(0, |(_, n)| *n);
+            entry.counters.unknown_effects(effects);
         }
         let now = now_us();
         core.outbox.gauges.sampled(pending, oldest, dead, now);

@@ -29,6 +29,10 @@ pub struct StoreStats {
     /// Ordering keys held back by a dead letter, per handler: (handler,
     /// keys), handlers without any left out.
     pub parked_keys: Vec<(String, i64)>,
+    /// Effects nobody can vouch for, waiting for a person to settle them,
+    /// per handler: (handler, effects), handlers without any left out
+    /// (see [`ModuleHandle::settle_effect`]).
+    pub unknown_effects: Vec<(String, i64)>,
 }
 
 /// What application code holds of a started module: run transactions, read
@@ -192,6 +196,8 @@ impl<B: Backend> ModuleHandle<B> {
         let (outbox_pending, oldest_pending_us) = B::outbox_backlog(&mut conn).await?;
         let (inbox_rows, dead_letters) = B::table_sizes(&mut conn).await?;
         let parked_keys = B::parked_keys(&mut conn).await?;
+        drop(conn);
+        let unknown_effects = self.core.handlers.journal.unknown_per_handler().await?;
         Ok(StoreStats {
             outbox_pending,
             oldest_pending_us,
@@ -201,6 +207,7 @@ impl<B: Backend> ModuleHandle<B> {
                 .into_iter()
                 .map(|p| (p.handler, p.keys))
                 .collect(),
+            unknown_effects,
         })
     }
 
@@ -220,6 +227,7 @@ impl<B: Backend> ModuleHandle<B> {
     /// (and the bus) closes the pool too; this does it at a known moment.
     pub fn close(&self) {
         self.core.db.close();
+        self.core.handlers.journal.close();
     }
 
     /// A snapshot of the module's mailbox and handler counters.
@@ -237,6 +245,7 @@ impl<B: Backend> ModuleHandle<B> {
                 .iter()
                 .map(|h| h.counters.snapshot(&h.name, h.handler.topic()))
                 .collect(),
+            effects: self.core.handlers.journal.counters.snapshot(),
         }
     }
 

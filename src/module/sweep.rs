@@ -8,13 +8,16 @@ use crate::module::handle::ModuleHandle;
 use crate::outbox::subscription::clear_done;
 use crate::retention::SweepReport;
 use crate::store::backend::Backend;
+use std::sync::Arc;
+use uuid::Uuid;
 
 /// Rows deleted per statement: small, so a sweep never holds a lock long.
 const BATCH: i64 = 500;
 
 impl<B: Backend> ModuleHandle<B> {
-    /// Runs the retention sweep once: deletes inbox rows and delivered outbox
-    /// rows older than the module's retention, in small batches.
+    /// Runs the retention sweep once: deletes inbox rows, settled effects
+    /// and delivered outbox rows older than the module's retention, in small
+    /// batches.
     pub async fn sweep_retention(&self) -> Result<SweepReport> {
         let retention = &self.core.retention;
         let mut report = SweepReport::default();
@@ -22,6 +25,15 @@ impl<B: Backend> ModuleHandle<B> {
             let before = now_us().saturating_sub(window.as_micros().min(i64::MAX as u128) as i64);
             report.inbox_rows = self
                 .sweep_in_batches(|conn| Box::pin(B::sweep_inbox(conn, before, BATCH)))
+                .await?;
+            let mut conn = self.connection().await?;
+            let dead_lettered: Arc<[Uuid]> = B::dead_letter_ids(&mut conn).await?.into();
+            drop(conn);
+            report.effect_rows = self
+                .core
+                .handlers
+                .journal
+                .sweep(before, dead_lettered, BATCH)
                 .await?;
         }
         if let Some(window) = retention.outbox {
@@ -35,7 +47,7 @@ impl<B: Backend> ModuleHandle<B> {
         B::execute(&mut conn, clear_done(B::DIALECT)).await?;
         drop(conn);
         if report != SweepReport::default() {
-            tracing::info!(module = %self.name(), inbox_rows = report.inbox_rows, outbox_rows = report.outbox_rows, "retention sweep");
+            tracing::info!(module = %self.name(), inbox_rows = report.inbox_rows, outbox_rows = report.outbox_rows, effect_rows = report.effect_rows, "retention sweep");
         }
         Ok(report)
     }

@@ -6,7 +6,7 @@
 //! still open.
 
 use crate::store::contract::Store;
-use crate::store::queries::{count, optional_text, Sweep};
+use crate::store::queries::{optional_text, Sweep};
 use crate::store::schema::EffectRow;
 use crate::store::statement::StatementBuilder;
 use diesel::sql_types::{BigInt, Text};
@@ -70,7 +70,7 @@ pub struct UnsettledCount {
 pub trait JournalQueries: Store {
     /// Records an effect about to be called for the first time, unless a
     /// row for it exists; 1 if it was recorded.
-    fn insert_effect(
+    fn insert_journal_entry(
         conn: &mut Self::Connection,
         row: &EffectRow,
     ) -> impl Future<Output = QueryResult<usize>> + Send {
@@ -97,7 +97,7 @@ pub trait JournalQueries: Store {
     }
 
     /// One effect's row.
-    fn effect(
+    fn journal_entry(
         conn: &mut Self::Connection,
         id: &EffectId,
     ) -> impl Future<Output = QueryResult<Option<EffectRow>>> + Send {
@@ -116,7 +116,7 @@ pub trait JournalQueries: Store {
     }
 
     /// Changes an effect's row if it is as `change` expects; 1 if it was.
-    fn update_effect(
+    fn update_journal_entry(
         conn: &mut Self::Connection,
         id: &EffectId,
         change: EffectChange,
@@ -141,7 +141,7 @@ pub trait JournalQueries: Store {
 
     /// Effects, most recently changed last, from `offset`: all of them, or
     /// those in one of `states`.
-    fn effects(
+    fn journal_entries(
         conn: &mut Self::Connection,
         states: &[&str],
         offset: i64,
@@ -172,12 +172,6 @@ pub trait JournalQueries: Store {
              WHERE {UNSETTLED} GROUP BY handler, state ORDER BY handler, state"
         );
         Self::load(conn, StatementBuilder::new(Self::DIALECT).finish(sql))
-    }
-
-    /// Counts the journal's rows.
-    fn count_effects(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<i64>> + Send {
-        let sql = "SELECT count(*) AS n FROM tickbox_effects".to_string();
-        count::<Self>(conn, StatementBuilder::new(Self::DIALECT).finish(sql))
     }
 
     /// Deletes up to `batch` messages' settled effects (succeeded or

@@ -39,6 +39,13 @@ struct Count {
     n: i64,
 }
 
+/// A message id.
+#[derive(diesel::QueryableByName)]
+struct MessageIdRow {
+    #[diesel(sql_type = crate::store::schema::DbUuid)]
+    message_id: Id,
+}
+
 /// When a message was published.
 #[derive(diesel::QueryableByName)]
 struct Published {
@@ -212,6 +219,18 @@ pub trait Queries: Store {
         async move {
             let rows: Vec<DeadLetterRow> = Self::load(conn, statement).await?;
             Ok(rows.into_iter().next())
+        }
+    }
+
+    /// The ids of the messages that have a dead letter.
+    fn dead_letter_ids(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = QueryResult<Vec<Uuid>>> + Send {
+        let sql = "SELECT DISTINCT message_id FROM tickbox_dead_letters";
+        let statement = plain(Self::DIALECT, sql);
+        async move {
+            let rows: Vec<MessageIdRow> = Self::load(conn, statement).await?;
+            Ok(rows.into_iter().map(|row| row.message_id.0).collect())
         }
     }
 
@@ -413,7 +432,7 @@ impl Sweep {
 }
 
 /// Runs a statement selecting one count (`n`).
-pub(crate) async fn count<S: Store>(conn: &mut S::Connection, statement: Statement) -> QueryResult<i64> {
+async fn count<S: Store>(conn: &mut S::Connection, statement: Statement) -> QueryResult<i64> {
     let rows: Vec<Count> = S::load(conn, statement).await?;
     Ok(rows.into_iter().next().map_or(0, |row| row.n))
 }

@@ -1,0 +1,53 @@
+//! A module's effects journal, as operators read and settle it.
+
+use crate::effects::record::{EffectRecord, Settlement};
+use crate::effects::state::EffectState;
+use crate::error::Result;
+use crate::module::handle::ModuleHandle;
+use crate::store::backend::Backend;
+use crate::store::journal::EffectId;
+use uuid::Uuid;
+
+impl<B: Backend> ModuleHandle<B> {
+    /// The effects in the module's journal that are in one of `states`
+    /// (every effect when `states` is empty), least recently changed first,
+    /// from `offset`, at most `limit` of them. See
+    /// [`Delivery::effect`](crate::Delivery::effect).
+    pub async fn effects(
+        &self,
+        states: &[EffectState],
+        offset: i64,
+        limit: i64,
+    ) -> Result<Vec<EffectRecord>> {
+        self.core
+            .handlers
+            .journal
+            .list(states, offset, limit)
+            .await
+    }
+
+    /// Settles an effect nobody can vouch for (unknown, or left started or
+    /// failed): [`Settlement::Done`] when a person checked that it happened
+    /// (the next delivery gets the given result back without calling),
+    /// [`Settlement::Retry`] to let the next delivery call it once more with
+    /// the same key. A succeeded effect cannot be settled. Replay the
+    /// message's dead letter afterwards
+    /// ([`ModuleHandle::replay_dead_letter`]); returns the effect as it now
+    /// stands.
+    pub async fn settle_effect(
+        &self,
+        message_id: Uuid,
+        handler: &str,
+        effect: &str,
+        settlement: Settlement,
+    ) -> Result<EffectRecord> {
+        let id = EffectId {
+            message_id,
+            handler: handler.to_string(),
+            effect: effect.to_string(),
+        };
+        let settled = self.core.handlers.journal.settle(id, settlement).await?;
+        tracing::info!(module = %self.name(), %message_id, handler, effect, state = %settled.state, "effect settled");
+        Ok(settled)
+    }
+}
