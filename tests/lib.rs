@@ -59,6 +59,8 @@ macro_rules! amqp_suite {
         case!(ordering::order_holds_across_a_restart);
         case!(ordering::two_processes_sharing_the_outbox_keep_each_keys_order);
         case!(ordering::a_batched_handler_receives_each_key_in_order);
+        case!(effects::an_at_most_once_effect_cut_short_becomes_unknown_and_is_dead_lettered);
+        case!(effects::a_batch_that_falls_back_calls_no_effect_twice);
     };
 }
 
@@ -132,6 +134,15 @@ macro_rules! suite {
         case!(ordering::a_batched_handler_receives_each_key_in_order);
         case!(ordering::concurrent_publishers_of_one_key_are_numbered_in_commit_order);
         case!(ordering::a_handler_that_joins_later_starts_each_key_where_it_joins);
+
+        case!(effects::a_recorded_result_comes_back_on_redelivery_without_calling_again);
+        case!(effects::an_effect_name_used_twice_in_one_delivery_is_a_clear_permanent_error);
+        case!(effects::an_effect_cut_short_is_called_again_with_the_same_key_within_its_window);
+        case!(effects::a_call_due_after_its_keys_window_is_refused_until_a_person_allows_it);
+        case!(effects::an_at_most_once_effect_cut_short_becomes_unknown_and_is_dead_lettered);
+        case!(effects::a_failed_call_follows_the_retry_policy);
+        case!(effects::a_batch_that_falls_back_calls_no_effect_twice);
+        case!(effects::the_retention_sweep_removes_settled_effects_but_not_a_dead_letters);
 
         case!(observability::a_failed_delivery_is_logged_at_warn_level_with_what_identifies_it);
         case!(observability::counters_move_exactly_as_deliveries_happen);

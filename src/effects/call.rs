@@ -29,7 +29,12 @@ pub(crate) fn effect_key(message_id: Uuid, handler: &str, effect: &str) -> Strin
 /// The journal, with its backend erased, as a delivery reaches it.
 pub(crate) trait EffectJournal: Send + Sync {
     /// See [`Journal::begin`].
-    fn begin(&self, id: EffectId, key: String, policy: EffectPolicy) -> BoxFuture<'_, Result<Begun>>;
+    fn begin(
+        &self,
+        id: EffectId,
+        key: String,
+        policy: EffectPolicy,
+    ) -> BoxFuture<'_, Result<Begun>>;
 
     /// See [`Journal::finish`].
     fn finish(
@@ -43,7 +48,12 @@ pub(crate) trait EffectJournal: Send + Sync {
 }
 
 impl<B: Backend> EffectJournal for Journal<B> {
-    fn begin(&self, id: EffectId, key: String, policy: EffectPolicy) -> BoxFuture<'_, Result<Begun>> {
+    fn begin(
+        &self,
+        id: EffectId,
+        key: String,
+        policy: EffectPolicy,
+    ) -> BoxFuture<'_, Result<Begun>> {
         Box::pin(Journal::begin(self, id, key, policy))
     }
 
@@ -225,7 +235,9 @@ impl Delivery {
                     Err(e) => (
                         EffectState::Unknown,
                         None,
-                        Some(format!("it returned a result that does not encode as JSON: {e}")),
+                        Some(format!(
+                            "it returned a result that does not encode as JSON: {e}"
+                        )),
                     ),
                 };
                 let recorded = scope
@@ -246,10 +258,45 @@ impl Delivery {
                 let error: HandlerError = error.into();
                 scope
                     .journal
-                    .finish(id, calls, EffectState::Failed, None, Some(error.to_string()))
+                    .finish(
+                        id,
+                        calls,
+                        EffectState::Failed,
+                        None,
+                        Some(error.to_string()),
+                    )
                     .await?;
                 Err(error)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_effect_key_is_the_same_for_the_same_effect_and_differs_for_any_other() {
+        let id = Uuid::from_u128(7);
+        let key = effect_key(id, "notifications.send", "mail");
+        assert_eq!(key, effect_key(id, "notifications.send", "mail"));
+        assert_ne!(
+            key,
+            effect_key(Uuid::from_u128(8), "notifications.send", "mail")
+        );
+        assert_ne!(key, effect_key(id, "notifications.other", "mail"));
+        assert_ne!(key, effect_key(id, "notifications.send", "sms"));
+        // Fixed by its definition: a release that derived another key would
+        // send every unfinished effect again under a key nobody has seen.
+        assert_eq!(
+            key,
+            Uuid::new_v5(
+                &KEY_NAMESPACE,
+                format!("{id}:notifications.send:mail").as_bytes()
+            )
+            .to_string()
+        );
+        assert_eq!(Uuid::parse_str(&key).map(|k| k.get_version_num()), Ok(5));
     }
 }

@@ -105,7 +105,10 @@ pub(crate) fn decide(found: &EffectRow, policy: EffectPolicy, now_us: i64) -> Re
              during the call or before recording it), and it may not be called twice",
             found.calls
         )),
-        (EffectState::Started | EffectState::Failed, EffectPolicy::AtLeastOnceWithKey { window }) => {
+        (
+            EffectState::Started | EffectState::Failed,
+            EffectPolicy::AtLeastOnceWithKey { window },
+        ) => {
             let since = now_us.saturating_sub(found.window_from_us);
             if since > window.as_micros().min(i64::MAX as u128) as i64 {
                 unknown(format!(
@@ -200,7 +203,9 @@ impl<B: Backend> Journal<B> {
                 if B::insert_journal_entry(conn, &row).await? == 1 {
                     return Ok(Begun::Call { calls: 1 });
                 }
-                let found = B::journal_entry(conn, &id).await?.ok_or_else(|| changed(&id))?;
+                let found = B::journal_entry(conn, &id)
+                    .await?
+                    .ok_or_else(|| changed(&id))?;
                 let decision = decide(&found, policy, now)?;
                 if let Some(change) = decision.change {
                     if B::update_journal_entry(conn, &id, change).await? != 1 {
@@ -280,7 +285,11 @@ impl<B: Backend> Journal<B> {
     }
 
     /// Settles an effect nobody can vouch for; the entry as it now stands.
-    pub(crate) async fn settle(&self, id: EffectId, settlement: Settlement) -> Result<EffectRecord> {
+    pub(crate) async fn settle(
+        &self,
+        id: EffectId,
+        settlement: Settlement,
+    ) -> Result<EffectRecord> {
         let no_entry = || Error::Effect {
             message_id: id.message_id,
             handler: id.handler.clone(),
@@ -301,12 +310,13 @@ impl<B: Backend> Journal<B> {
                     let Some(found) = B::journal_entry(conn, &id).await? else {
                         return Ok(None);
                     };
-                    let from: EffectState = found.state.parse().map_err(|reason| Error::Effect {
-                        message_id: id.message_id,
-                        handler: id.handler.clone(),
-                        effect: id.effect.clone(),
-                        reason,
-                    })?;
+                    let from: EffectState =
+                        found.state.parse().map_err(|reason| Error::Effect {
+                            message_id: id.message_id,
+                            handler: id.handler.clone(),
+                            effect: id.effect.clone(),
+                            reason,
+                        })?;
                     if from == EffectState::Succeeded {
                         return Err(Error::Effect {
                             message_id: id.message_id,
@@ -367,9 +377,7 @@ impl<B: Backend> Journal<B> {
         loop {
             let keep = keep.clone();
             let deleted = in_transaction(db.clone(), move |conn| {
-                Box::pin(async move {
-                    Ok(B::sweep_effects(conn, before_us, &keep, batch).await?)
-                })
+                Box::pin(async move { Ok(B::sweep_effects(conn, before_us, &keep, batch).await?) })
             })
             .await?;
             total += deleted as u64;

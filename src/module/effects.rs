@@ -16,13 +16,14 @@ impl<B: Backend> ModuleHandle<B> {
     pub async fn effects(
         &self,
         states: &[EffectState],
-        offset: i64,
-        limit: i64,
+        offset: u64,
+        limit: u64,
     ) -> Result<Vec<EffectRecord>> {
+        let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         self.core
             .handlers
             .journal
-            .list(states, offset, limit)
+            .list(states, clamp(offset), clamp(limit))
             .await
     }
 

@@ -239,7 +239,13 @@ impl Store for Sqlite {
                 reason: "no database file there".into(),
             });
         }
-        let pool = open_file(settings, path, MigrationSet(&MIGRATIONS), settings.app_migrations).await?;
+        let pool = open_file(
+            settings,
+            path,
+            MigrationSet(&MIGRATIONS),
+            settings.app_migrations,
+        )
+        .await?;
         // SQLite has no notifications: another process's commits are found
         // by the bus's periodic scan.
         Ok((pool, None))

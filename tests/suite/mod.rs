@@ -2,6 +2,7 @@
 //! backend, and run against SQLite and PostgreSQL (see `lib.rs`).
 
 pub mod batches;
+pub mod effects;
 pub mod faults;
 pub mod hostile;
 pub mod observability;
