@@ -256,6 +256,25 @@
 //!   ([`ModuleHandle::retire_subscription`]) once their services consume
 //!   from the broker, or their messages wait for them.
 //!
+//! # External effects
+//!
+//! An external call (an e-mail, a payment, an HTTP request) is not part of
+//! the delivery's transaction; [`Delivery::effect`] makes it through the
+//! module's effects journal instead. The effect is recorded as started in a
+//! short transaction of its own before the call, then as succeeded with its
+//! result or failed; a redelivered message gets a recorded result back
+//! without calling again. A call cut short by a crash is called again with
+//! the same idempotency key within its key's window
+//! ([`EffectPolicy::at_least_once_with_key`]) or becomes unknown and is
+//! dead-lettered ([`EffectPolicy::at_most_once`]) for a person to settle
+//! ([`ModuleHandle::settle_effect`], [`Settlement`]). The journal is the
+//! `tickbox_effects` table: in the module's schema on PostgreSQL (written
+//! through two connections of its own), in a companion file
+//! (`<database file>-effects`) on SQLite, whose write transactions hold the
+//! whole file. Unknown effects show in [`HandlerMetrics::unknown_effects`],
+//! [`StoreStats::unknown_effects`] and the operator's tool; what the
+//! effects did, in [`ModuleMetrics::effects`].
+//!
 //! # Features
 //!
 //! - `sqlite` (default): the embedded backend, `Sqlite`; SQLite is
@@ -298,15 +317,23 @@
 //!   over a message; `watchdog`: messages pending too long, and why.
 //! - `tx` — [`Tx`], a module transaction: writes what it publishes to the
 //!   outbox at COMMIT.
+//! - `store/journal` — the effects journal's statements, written once.
+//! - `effects/` — external effects: `policy` ([`EffectPolicy`]), `state`
+//!   ([`EffectState`]), `journal` (the decision before a call, the outcome
+//!   after it, what operators read and settle), `scope` (what one
+//!   delivery's effects share, and each effect's key), `record`
+//!   ([`EffectRecord`], [`Settlement`]), `counters` ([`EffectMetrics`]).
 //! - `delivery/` — a message meets a handler: `handler` ([`Handler`],
-//!   [`Delivery`], [`HandlerOptions`]), `guard` (the inbox guard),
+//!   [`Delivery`], [`HandlerOptions`]), `effect` ([`Delivery::effect`]),
+//!   `guard` (the inbox guard),
 //!   `batch` and `batch_queue` (several deliveries in one transaction),
 //!   `outcome` ([`Outcome`], [`DeliveryError`]), `handlers` (a module's
 //!   handlers and what their transactions run on), `attempt`.
 //! - `module/` — [`Module`]: `builder` ([`ModuleBuilder`]), `core` (the
 //!   parts), `actor` (runs deliveries), `handle` ([`ModuleHandle`]:
 //!   transactions, metrics), `subscriptions`, `sweep`, `dead_letters` —
-//!   [`DeadLetter`]s: list, replay, discard.
+//!   [`DeadLetter`]s: list, replay, discard; `effects` — the journal as
+//!   operators list and settle it.
 //! - `amqp/` — the RabbitMQ transport: `settings` (`Amqp`), `topology`,
 //!   `wire` (an envelope as an AMQP message), `relay`, `consumer`, `acks`
 //!   (a consumer's coalesced acknowledgements), `state`

@@ -205,7 +205,7 @@ pub struct Delivery {
     pub attempt: u32,
     /// The module's effects journal, and the effect names this delivery
     /// has used ([`Delivery::effect`]).
-    pub(crate) effects: Arc<crate::effects::call::EffectScope>,
+    pub(crate) effects: Arc<crate::effects::scope::EffectScope>,
 }
 
 impl Delivery {

@@ -6,6 +6,7 @@
 pub(crate) mod attempt;
 pub(crate) mod batch;
 pub(crate) mod batch_queue;
+pub(crate) mod effect;
 pub(crate) mod guard;
 pub(crate) mod handler;
 pub(crate) mod handlers;

@@ -3,7 +3,6 @@
 //! these is one short transaction of its own on the journal's connections,
 //! run in a task of its own (so that it is never dropped half way).
 
-use crate::delivery::handler::BoxFuture;
 use crate::effects::counters::{EffectCounters, EffectEvent};
 use crate::effects::policy::EffectPolicy;
 use crate::effects::record::{EffectRecord, Settlement};
@@ -15,6 +14,7 @@ use crate::store::database::Database;
 use crate::store::journal::{EffectChange, EffectId};
 use crate::store::schema::{EffectRow, Id};
 use crate::store::settings::StoreSettings;
+use futures_util::future::BoxFuture;
 use std::sync::Arc;
 use tokio::sync::OnceCell;
 use uuid::Uuid;

@@ -29,9 +29,9 @@
 //! inbox's retention window, except those of messages that have a dead
 //! letter (a replay must still find them).
 
-pub(crate) mod call;
 pub(crate) mod counters;
 pub(crate) mod journal;
 pub(crate) mod policy;
 pub(crate) mod record;
+pub(crate) mod scope;
 pub(crate) mod state;
