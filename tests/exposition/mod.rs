@@ -4,7 +4,28 @@
 use crate::support::*;
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
-use tickbox::{Bus, Sqlite};
+use tickbox::{Bus, Delivery, EffectPolicy, Handler, HandlerError, Sqlite, Tx};
+
+/// Sends a mail through the effects journal.
+struct Mail;
+
+impl Handler<Sqlite> for Mail {
+    type Message = Ping;
+
+    async fn handle(
+        &self,
+        _tx: &mut Tx<Sqlite>,
+        _ping: Ping,
+        delivery: &Delivery,
+    ) -> Result<(), HandlerError> {
+        let policy = EffectPolicy::at_most_once();
+        delivery
+            .effect("mail", policy, |_key: String| async {
+                Ok::<_, HandlerError>(())
+            })
+            .await
+    }
+}
 
 /// A free local port (bound then released).
 fn free_port() -> u16 {
@@ -78,9 +99,15 @@ async fn the_prometheus_endpoint_passes_promtool() {
         .await
         .expect("warehouse");
     create_effects(&warehouse).await;
+    let notifications = Sqlite::module(&db, "notifications")
+        .handler("notifications.mail", Mail)
+        .start()
+        .await
+        .expect("notifications");
     let bus = Bus::builder()
         .module(&orders)
         .module(&warehouse)
+        .module(&notifications)
         .retry_policy(crate::suite::fast_retries())
         .start()
         .await
@@ -91,6 +118,7 @@ async fn the_prometheus_endpoint_passes_promtool() {
         .expect("publish");
     eventually("the message is handled", WAIT, || async {
         effects(&warehouse, "warehouse.record").await == 1
+            && notifications.metrics().handlers[0].handled == 1
     })
     .await;
 
@@ -109,6 +137,10 @@ async fn the_prometheus_endpoint_passes_promtool() {
         "# TYPE tickbox_handler_duration_seconds histogram".to_string(),
         "# TYPE tickbox_inbox_handled_total counter".to_string(),
         "# TYPE tickbox_outbox_pending gauge".to_string(),
+        r#"tickbox_effects_total{module="notifications",handler="notifications.mail",effect="mail",event="started"} 1"#.to_string(),
+        r#"tickbox_effects_total{module="notifications",handler="notifications.mail",effect="mail",event="succeeded"} 1"#.to_string(),
+        "# TYPE tickbox_effects_total counter".to_string(),
+        "# TYPE tickbox_unknown_effects gauge".to_string(),
     ] {
         assert!(body.contains(&line), "missing `{line}` in:\n{body}");
     }
