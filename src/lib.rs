@@ -375,6 +375,10 @@ mod prometheus;
 mod retention;
 mod retry;
 mod store;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
+mod tracking;
 mod transient;
 mod tx;
 

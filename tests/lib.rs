@@ -61,6 +61,8 @@ macro_rules! amqp_suite {
         case!(ordering::a_batched_handler_receives_each_key_in_order);
         case!(effects::an_at_most_once_effect_cut_short_becomes_unknown_and_is_dead_lettered);
         case!(effects::a_batch_that_falls_back_calls_no_effect_twice);
+        case!(kit::a_flow_whose_last_message_follows_a_retry_is_not_finished_early);
+        case!(kit::injected_failures_and_duplicates_change_nothing_in_the_end);
     };
 }
 
@@ -143,6 +145,12 @@ macro_rules! suite {
         case!(effects::a_failed_call_follows_the_retry_policy);
         case!(effects::a_batch_that_falls_back_calls_no_effect_twice);
         case!(effects::the_retention_sweep_removes_settled_effects_but_not_a_dead_letters);
+
+        case!(kit::a_flow_whose_last_message_follows_a_retry_is_not_finished_early);
+        case!(kit::a_handler_failure_fails_the_session_with_the_error_and_the_message);
+        case!(kit::an_unfinished_flow_is_reported_with_what_it_waits_for);
+        case!(kit::injected_failures_and_duplicates_change_nothing_in_the_end);
+        case!(kit::a_message_delivered_straight_to_a_handler_is_tracked_with_its_cascade);
 
         case!(observability::a_failed_delivery_is_logged_at_warn_level_with_what_identifies_it);
         case!(observability::counters_move_exactly_as_deliveries_happen);

@@ -221,7 +221,10 @@ pub(crate) async fn maybe_inject_duplicate<B: Backend>(
     envelope: &Arc<Envelope>,
 ) {
     let handlers: Vec<&Route<B>> = handled.into_iter().filter(|r| r.is_handler()).collect();
-    let rate = bus.config.duplicate_rate;
+    let rate = bus
+        .config
+        .duplicate_rate
+        .max(source.core.outbox.trackers.duplicate_rate());
     if handlers.is_empty() || rate <= 0.0 || fastrand::f64() >= rate {
         return;
     }

@@ -65,6 +65,13 @@ pub(crate) fn observe<B: Backend>(
     result: &Result<Outcome, DeliveryError>,
 ) {
     let entry = &handlers.entries[attempt.handler];
+    handlers.outbox.trackers.delivered(
+        &handlers.module,
+        &entry.name,
+        attempt.attempt,
+        &attempt.envelope,
+        result,
+    );
     let published_us = attempt.envelope.created_at_us;
     let counters = &entry.counters;
     match result {
@@ -197,6 +204,10 @@ pub(crate) async fn handle_in<B: Backend>(
         .catch_unwind()
         .await;
     Err(match called {
+        Ok(Ok(())) if handlers.outbox.trackers.inject_failure() => DeliveryError::new(
+            FailureKind::Handler,
+            "a failure injected by the test session, after the handler's work and before COMMIT",
+        ),
         Ok(Ok(())) => return Ok(Outcome::Handled),
         Ok(Err(CallError::Undecodable(reason))) => DeliveryError::new(
             FailureKind::Undecodable,

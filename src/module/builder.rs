@@ -32,7 +32,7 @@ use std::time::Duration;
 /// ```
 #[must_use = "a builder does nothing until `start` is called"]
 pub struct ModuleBuilder<B: Backend> {
-    settings: StoreSettings,
+    pub(crate) settings: StoreSettings,
     max_payload_bytes: usize,
     retention: Retention,
     metrics_interval: Duration,

@@ -143,6 +143,10 @@ impl<B: Backend> ModuleHandle<B> {
         {
             entry.counters.dead_lettered();
         }
+        self.core
+            .outbox
+            .trackers
+            .dead_lettered(self.name(), handler, envelope, attempts, reason);
         Ok(())
     }
 

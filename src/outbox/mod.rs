@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::message::Envelope;
 use crate::metrics::OutboxGauges;
 use crate::store::settings::WakeupChannel;
+use crate::tracking::Trackers;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -59,6 +60,8 @@ pub(crate) struct Outbox {
     /// written unclaimed (and, on PostgreSQL, wake other processes' buses)
     /// instead of waiting for a dead claim's lease.
     claimant: Mutex<Option<(Uuid, Duration)>>,
+    /// The test sessions watching the module (feature `testing`).
+    pub(crate) trackers: Trackers,
 }
 
 impl Outbox {
@@ -82,15 +85,19 @@ impl Outbox {
             wakeup,
             busy: AtomicUsize::new(0),
             claimant: Mutex::new(None),
+            trackers: Trackers::default(),
         }
     }
 
-    /// Hands messages that just committed to the bus.
+    /// Hands messages that just committed to the bus, and tells the
+    /// module's trackers.
     pub(crate) fn announce(&self, published: Vec<Envelope>) {
         self.gauges.published(published.len() as u64);
+        let published: Vec<Arc<Envelope>> = published.into_iter().map(Arc::new).collect();
+        self.trackers.published(&self.module, &published);
         let mut overflowed = false;
         for envelope in published {
-            if self.announced.try_send(Arc::new(envelope)).is_err() {
+            if self.announced.try_send(envelope).is_err() {
                 overflowed = true;
             }
         }

@@ -5,6 +5,7 @@ pub mod batches;
 pub mod effects;
 pub mod faults;
 pub mod hostile;
+pub mod kit;
 pub mod observability;
 pub mod ordering;
 pub mod shared_outbox;
