@@ -77,14 +77,13 @@ macro_rules! count_impl {
     };
 }
 
-/// Where one test keeps its databases.
+/// Where one test keeps its databases: the test kit's throw-away ones.
 pub struct TestDb {
-    /// SQLite: the directory of the module files, removed on drop.
-    dir: tempfile::TempDir,
-    /// PostgreSQL: the server URL and a prefix making schemas unique.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pg_url: Option<String>,
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    /// A fresh SQLite file or PostgreSQL schema per module, removed on
+    /// drop.
+    dbs: tickbox::testing::TestDatabases,
+    /// Makes the test's broker names unique.
+    #[cfg_attr(not(feature = "amqp"), allow(dead_code))]
     prefix: String,
     /// The RabbitMQ transport the test's buses run over, if any.
     #[cfg(feature = "amqp")]
@@ -97,9 +96,12 @@ pub struct TestDb {
 
 impl TestDb {
     pub fn new() -> Self {
+        Self::at(tickbox::testing::TestDatabases::sqlite())
+    }
+
+    fn at(dbs: tickbox::testing::TestDatabases) -> Self {
         TestDb {
-            dir: tempfile::tempdir().expect("a temporary directory"),
-            pg_url: None,
+            dbs,
             prefix: format!("t{:08x}", fastrand::u32(..)),
             #[cfg(feature = "amqp")]
             amqp: None,
@@ -147,47 +149,30 @@ impl TestDb {
 
     /// The PostgreSQL suite needs `TICKBOX_PG_URL`; without it, it fails
     /// rather than passing silently.
-    #[allow(dead_code)]
+    #[cfg(feature = "postgres")]
     pub fn postgres() -> Self {
         let url = std::env::var("TICKBOX_PG_URL").expect(
             "the PostgreSQL suite needs TICKBOX_PG_URL, e.g. postgres://postgres@127.0.0.1:5432/test",
         );
-        let mut db = TestDb::new();
-        db.pg_url = Some(url);
-        db
+        Self::at(tickbox::testing::TestDatabases::postgres(url))
     }
 }
 
-/// Drops what the test made, so that a run leaves the servers as it found
-/// them: over a broker, its exchange and queues; on PostgreSQL, the schemas
-/// (all named after its prefix). A bus left running would hold locks:
-/// after five seconds the drop gives up, and the next run's schemas have
-/// other names anyway.
+/// Over a broker, deletes the test's exchange and queues, so that a run
+/// leaves the broker as it found it (the databases go with the kit's
+/// `TestDatabases`).
 impl Drop for TestDb {
     fn drop(&mut self) {
         #[cfg(feature = "amqp")]
         if let Some(amqp) = &self.amqp {
             delete_from_broker(&amqp.exchange());
         }
-        let Some(url) = &self.pg_url else { return };
-        let sql = format!(
-            "SET lock_timeout = '5s'; SET client_min_messages = warning; \
-             DO $$DECLARE s text; BEGIN \
-             FOR s IN SELECT nspname FROM pg_namespace WHERE nspname LIKE '{}\\_%' LOOP \
-             EXECUTE format('DROP SCHEMA %I CASCADE', s); END LOOP; END$$;",
-            self.prefix
-        );
-        let _ = std::process::Command::new("psql")
-            .args([url.as_str(), "-qc", &sql])
-            .stdout(std::process::Stdio::null())
-            .status();
     }
 }
 
 impl TestBackend for tickbox::Sqlite {
     fn module(db: &TestDb, name: &str) -> ModuleBuilder<Self> {
-        let path = db.dir.path().join(format!("{name}.db"));
-        tickbox::Module::builder(name, path.to_str().expect("utf-8 path"))
+        db.dbs.module(name)
     }
     count_impl!();
     // Taking the write lock that the writer holds, without waiting for it.
@@ -198,11 +183,7 @@ impl TestBackend for tickbox::Sqlite {
 #[cfg(feature = "postgres")]
 impl TestBackend for tickbox::Postgres {
     fn module(db: &TestDb, name: &str) -> ModuleBuilder<Self> {
-        let url = db.pg_url.clone().expect("TestDb::postgres()");
-        // Small pools: the suite runs tests side by side on one server.
-        tickbox::Module::builder(name, url)
-            .schema(format!("{}_{name}", db.prefix))
-            .pool_size(4)
+        db.dbs.module(name)
     }
     count_impl!();
     // The server raises the SQLSTATE of a deadlock (40P01), as it does when
