@@ -170,18 +170,20 @@ enum Command {
     ///
     /// Runs the retention sweep once, as the application's bus does every
     /// minute: deletes inbox rows processed longer ago than the inbox
-    /// retention and outbox rows delivered longer ago than the outbox
-    /// retention, in small batches. Undelivered outbox rows and dead letters
-    /// are never deleted.
+    /// retention, outbox rows delivered longer ago than the outbox
+    /// retention, and settled effects (succeeded or failed) last changed
+    /// longer ago than the inbox retention, in small batches. Undelivered
+    /// outbox rows, dead letters, unsettled effects and the effects of
+    /// dead-lettered messages are never deleted.
     ///
     /// Inbox rows are the duplicate-detection window: keep the inbox
     /// retention longer than the application's redelivery horizon (its retry
     /// policies), or a late duplicate would be processed twice. This tool
     /// cannot see those policies.
     ///
-    /// With --json: one object with inbox_rows and outbox_rows (rows deleted)
-    /// and inbox_retention_seconds and outbox_retention_seconds (null for
-    /// never).
+    /// With --json: one object with inbox_rows, outbox_rows and effect_rows
+    /// (rows deleted) and inbox_retention_seconds and
+    /// outbox_retention_seconds (null for never).
     Sweep {
         /// Keep inbox rows this long; e.g. 30d, 12h, or never to keep every row
         #[arg(

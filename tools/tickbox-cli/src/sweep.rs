@@ -1,5 +1,5 @@
 //! `sweep`: the retention sweep, run once, as the application's bus runs it
-//! every minute.
+//! every minute: the inbox, the outbox and the effects journal.
 
 use crate::output::{json_line, plural, to_json, window};
 use crate::Failure;
@@ -36,6 +36,14 @@ pub(crate) async fn sweep<B: Backend>(
         ),
         None => "kept every row (retention: never)".to_string(),
     };
+    let effects = match retention.inbox {
+        Some(kept) => format!(
+            "deleted {} settled more than {} ago",
+            plural(report.effect_rows as i64, "row"),
+            window(kept)
+        ),
+        None => "kept every row (retention: never)".to_string(),
+    };
     let outbox = match retention.outbox {
         Some(kept) => format!(
             "deleted {} delivered more than {} ago",
@@ -45,6 +53,8 @@ pub(crate) async fn sweep<B: Backend>(
         None => "kept every row (retention: never)".to_string(),
     };
     Ok(format!(
-        "inbox   {inbox}\noutbox  {outbox}\n(undelivered outbox rows and dead letters are never swept)\n"
+        "inbox   {inbox}\noutbox  {outbox}\neffects {effects}\n\
+         (undelivered outbox rows, dead letters, unsettled effects and the effects of\n\
+         dead-lettered messages are never swept)\n"
     ))
 }

@@ -547,6 +547,7 @@ async fn sweep_deletes_old_rows_and_keeps_recent_ones<B: CliBackend>(db: Db) {
         serde_json::json!({
             "inbox_rows": 0,
             "outbox_rows": 0,
+            "effect_rows": 0,
             "inbox_retention_seconds": null,
             "outbox_retention_seconds": null,
         })
@@ -562,6 +563,10 @@ async fn sweep_deletes_old_rows_and_keeps_recent_ones<B: CliBackend>(db: Db) {
     );
     assert!(
         out.contains("outbox  deleted 1 row delivered more than 7d ago"),
+        "{out}"
+    );
+    assert!(
+        out.contains("effects deleted 0 rows settled more than 7d ago"),
         "{out}"
     );
     let after = status::<B>(&db).await;
@@ -588,6 +593,7 @@ async fn sweep_deletes_old_rows_and_keeps_recent_ones<B: CliBackend>(db: Db) {
         serde_json::json!({
             "inbox_rows": 0,
             "outbox_rows": 0,
+            "effect_rows": 0,
             "inbox_retention_seconds": 30 * 24 * 3600,
             "outbox_retention_seconds": 5400,
         })
