@@ -177,13 +177,7 @@ pub(crate) async fn replay<B: Backend>(
     json: bool,
 ) -> Result<String, Failure> {
     let letter = find(module, key).await?;
-    module
-        .requeue_dead_letter(key.message_id, &key.handler)
-        .await
-        .map_err(|error| match error {
-            tickbox::Error::NoSuchDeadLetter { .. } => not_found(key),
-            other => other.into(),
-        })?;
+    requeue(module, key).await?;
     if json {
         return json_line(&serde_json::json!({
             "message_id": letter.message_id,
@@ -192,6 +186,29 @@ pub(crate) async fn replay<B: Backend>(
             "requeued": true,
         }));
     }
+    Ok(requeued(&letter))
+}
+
+/// Puts a dead letter's message back in the outbox (with the messages of
+/// its key parked behind it) for the application's bus: a replay that needs
+/// no handler code, as `dead-letters replay` and the `effects` commands do
+/// it.
+pub(crate) async fn requeue<B: Backend>(
+    module: &ModuleHandle<B>,
+    key: &DeadLetterKey,
+) -> Result<(), Failure> {
+    module
+        .requeue_dead_letter(key.message_id, &key.handler)
+        .await
+        .map_err(|error| match error {
+            tickbox::Error::NoSuchDeadLetter { .. } => not_found(key),
+            other => other.into(),
+        })
+}
+
+/// What `dead-letters replay` says of a dead letter it put back in the
+/// outbox.
+pub(crate) fn requeued(letter: &DeadLetter) -> String {
     let mut out = format!(
         "requeued message {} (topic {}, {}):\n\
          it is back in the outbox as pending, and its dead letter is gone.\n\
@@ -208,7 +225,7 @@ pub(crate) async fn replay<B: Backend>(
             "If still no module on the bus publishes its topic, it becomes a dead letter again.\n",
         );
     }
-    Ok(out)
+    out
 }
 
 /// `dead-letters skip`.

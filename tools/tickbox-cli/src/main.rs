@@ -12,7 +12,10 @@
 //! and the dead letters; it lists the subscriptions recorded in the outbox
 //! (the handlers, in any process, that receive its messages) and retires one
 //! whose handler is gone for good; it puts dead letters back in the outbox
-//! for redelivery or discards them; and it runs the retention sweep once.
+//! for redelivery or discards them; it lists the effects handlers recorded
+//! in the module's effects journal and settles one nobody can vouch for
+//! (then puts its message's dead letter back in the outbox); and it runs the
+//! retention sweep once.
 //!
 //! It runs no bus, so what a bus would count itself it counts from the
 //! database: a message is stalled when it has been pending for longer than
@@ -21,15 +24,17 @@
 //! ```text
 //! cargo run -p tickbox-cli -- --database-url minishop-data/orders.db subscriptions
 //! cargo run -p tickbox-cli -- --database-url minishop-data/orders.db dead-letters list
+//! cargo run -p tickbox-cli -- --database-url minishop-data/orders.db effects list --state unknown
 //! cargo run -p tickbox-cli --features postgres -- \
 //!     --database-url postgres://postgres@127.0.0.1/shop --schema minishop_orders status
 //! cargo run -p tickbox-cli -- help dead-letters replay
 //! ```
 //!
 //! Exit status: 0 on success, 1 when the operation failed (the database
-//! cannot be opened or has no tickbox tables, a query failed, the dead letter
-//! or the subscription does not exist, a running process still serves the
-//! subscription), 2 on a usage error.
+//! cannot be opened or has no tickbox tables, a query failed, the dead letter,
+//! the subscription or the effect does not exist, a succeeded effect cannot
+//! be settled, a running process still serves the subscription), 2 on a
+//! usage error (a destructive command without --yes among them).
 //!
 //! # Layout
 //!
@@ -37,7 +42,9 @@
 //! - `target.rs` — the database a command works on, and attaching to it.
 //! - `status.rs` — `status`.
 //! - `subscriptions.rs` — `subscriptions list` and `subscriptions retire`.
-//! - `dead_letters.rs` — `dead-letters list`, `show`, `replay`, `discard`.
+//! - `dead_letters.rs` — `dead-letters list`, `show`, `replay`, `skip`,
+//!   `discard`.
+//! - `effects.rs` — `effects list`, `done`, `retry`.
 //! - `sweep.rs` — `sweep`.
 //! - `queues.rs` — `queues` (feature `amqp`): handlers' queues on a
 //!   RabbitMQ broker.
@@ -47,6 +54,7 @@
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 mod dead_letters;
+mod effects;
 mod output;
 #[cfg(feature = "amqp")]
 mod queues;
@@ -62,7 +70,7 @@ use std::fmt;
 use std::process::ExitCode;
 use std::time::Duration;
 use target::{Kind, Open, Target};
-use tickbox::Retention;
+use tickbox::{EffectState, Retention, Settlement};
 use uuid::Uuid;
 
 /// The longest duration accepted (100 years): longer ones would overflow
@@ -78,8 +86,9 @@ const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 #[command(name = "tickbox", version, max_term_width = 100)]
 #[command(after_help = "\
 Exit status: 0 success; 1 the operation failed (the database cannot be opened or has no \
-tickbox tables, a query failed, the dead letter or the subscription does not exist, a running \
-process still serves the subscription to retire); 2 usage error.")]
+tickbox tables, a query failed, the dead letter, the subscription or the effect does not exist, \
+a succeeded effect cannot be settled, a running process still serves the subscription to \
+retire); 2 usage error.")]
 struct Cli {
     /// The module's database: an SQLite file path or sqlite://PATH, or
     /// postgres://USER:PASSWORD@HOST:PORT/DB (password and port optional)
@@ -109,7 +118,7 @@ struct Cli {
 #[derive(Debug, PartialEq, Subcommand)]
 enum Command {
     /// Outbox backlog, lag and stalled messages, subscriptions, inbox size,
-    /// dead letter count.
+    /// dead letters, parked keys, unknown effects.
     ///
     /// Shows the module's outbox backlog (messages not yet delivered to every
     /// subscriber), its lag (the age of the oldest of them) and how many of
@@ -117,7 +126,9 @@ enum Command {
     /// subscriptions recorded in the outbox (how many are alive and stopped,
     /// and the largest lag of one: the age of the oldest message a
     /// subscription still owes); the number of inbox rows (the
-    /// duplicate-detection window) and the number of dead letters.
+    /// duplicate-detection window), the number of dead letters, the
+    /// ordering keys parked behind a dead letter and the effects waiting for
+    /// a person to settle them (unknown), per handler.
     ///
     /// The application's bus counts stalled messages too
     /// (tickbox_outbox_stalled), by its own threshold,
@@ -131,7 +142,8 @@ enum Command {
     /// subscriptions_alive, subscriptions_stopped, subscription_lag_seconds
     /// (or null when no subscription owes a message), lagging_subscription
     /// (the module and handler of the subscription owed the oldest message,
-    /// or null), inbox_rows and dead_letters.
+    /// or null), inbox_rows, dead_letters, parked_keys and unknown_effects
+    /// (arrays of [handler, count]).
     Status {
         /// Count a message pending this long as stalled (the bus's default
         /// is 60s); e.g. 90s, 5m, 1h30m
@@ -165,6 +177,22 @@ enum Command {
     /// line.
     #[command(subcommand)]
     DeadLetters(DeadLettersCommand),
+
+    /// List the effects handlers made, or settle one nobody can vouch for.
+    ///
+    /// An effect is an external call (an e-mail, a payment, an HTTP request)
+    /// a handler made through the module's effects journal
+    /// (Delivery::effect): recorded as started before the call and as
+    /// succeeded or failed after it. One left started by a crash is called
+    /// again with the same key, or - for an at-most-once effect, or after
+    /// its key's window - becomes unknown, and the delivery is
+    /// dead-lettered. A person checks the external system and settles it:
+    /// done (it happened) or retry (call it once more); the tool then puts
+    /// the message's dead letter back in the outbox, as `dead-letters
+    /// replay` does. Each effect is keyed by its message id, its handler and
+    /// its name.
+    #[command(subcommand)]
+    Effects(EffectsCommand),
 
     /// Run the retention sweep once and report what it deleted.
     ///
@@ -390,6 +418,104 @@ enum DeadLettersCommand {
     },
 }
 
+/// `effects …`.
+#[derive(Debug, PartialEq, Subcommand)]
+enum EffectsCommand {
+    /// List effects, least recently changed first.
+    ///
+    /// Lists the effects in the module's journal, least recently changed
+    /// first: message id, handler, effect name, state (started, succeeded,
+    /// failed, unknown or retry), policy (at-most-once or
+    /// at-least-once-with-key), how many times it was called, its
+    /// idempotency key, when its state last changed (UTC, ISO 8601) and its
+    /// error, shortened to one line. Without --state, every effect; an
+    /// SQLite module whose handlers never recorded an effect has none.
+    ///
+    /// With --json: an array of effect objects (message_id, handler,
+    /// effect, key, policy, state, calls, window_from_us, updated_at_us -
+    /// times in microseconds since the Unix epoch - result, error).
+    List {
+        /// Only effects in this state (started, succeeded, failed, unknown,
+        /// retry); repeat it for several
+        #[arg(long = "state", value_name = "STATE", value_parser = effect_state)]
+        states: Vec<EffectState>,
+
+        /// Skip the first N effects
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        offset: u64,
+
+        /// Show at most N effects
+        #[arg(long, value_name = "N", default_value_t = 50)]
+        limit: u64,
+    },
+
+    /// Settle an effect as done: it happened (requires --yes).
+    ///
+    /// For an effect checked in the external system and found done: it
+    /// becomes succeeded with the result given by --result (null by
+    /// default), which the handler gets back on the next delivery without
+    /// calling. The result must be what the effect returns, as JSON (a
+    /// string needs its quotes: --result '"250 OK"'). Then, if the message
+    /// has a dead letter for the handler, puts it back in this module's
+    /// outbox as `dead-letters replay` does, for the application's bus to
+    /// deliver again. A succeeded effect cannot be settled. There is no
+    /// prompt; the command refuses to run without --yes.
+    ///
+    /// With --json: one object with settlement, effect (the effect object as
+    /// `effects list --json` prints it, as it now stands), requeued (whether
+    /// a dead letter was put back in the outbox) and topic (its topic, or
+    /// null).
+    Done {
+        #[command(flatten)]
+        key: EffectKey,
+
+        /// The effect's result, as JSON (e.g. '"250 OK"', 42, '{"id":7}')
+        #[arg(long, value_name = "JSON", default_value = "null", value_parser = json_value)]
+        result: serde_json::Value,
+
+        /// Confirm that it happened
+        #[arg(short, long)]
+        yes: bool,
+    },
+
+    /// Settle an effect as retry: call it once more (requires --yes).
+    ///
+    /// For an effect checked in the external system and found not done (or
+    /// safe to repeat): the next delivery calls it once more, with the same
+    /// idempotency key, and its key's window starts again. Then, if the
+    /// message has a dead letter for the handler, puts it back in this
+    /// module's outbox as `dead-letters replay` does, for the application's
+    /// bus to deliver again. A succeeded effect cannot be settled. There is
+    /// no prompt; the command refuses to run without --yes.
+    ///
+    /// With --json: one object with settlement, effect, requeued and topic,
+    /// as for `effects done`.
+    Retry {
+        #[command(flatten)]
+        key: EffectKey,
+
+        /// Confirm calling it again
+        #[arg(short, long)]
+        yes: bool,
+    },
+}
+
+/// `MESSAGE_ID HANDLER EFFECT`: an effect's key in the journal.
+#[derive(Debug, Clone, PartialEq, Args)]
+struct EffectKey {
+    /// The message's id (a UUID, as `effects list` prints it)
+    #[arg(value_parser = message_id)]
+    message_id: Uuid,
+
+    /// The handler that made the effect
+    #[arg(value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    handler: String,
+
+    /// The effect's name
+    #[arg(value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    effect: String,
+}
+
 /// `MESSAGE_ID HANDLER`: a dead letter's key.
 #[derive(Debug, Clone, PartialEq, Args)]
 struct DeadLetterKey {
@@ -464,6 +590,21 @@ fn message_id(text: &str) -> Result<Uuid, String> {
     })
 }
 
+/// `--state`: an effect state's name.
+fn effect_state(text: &str) -> Result<EffectState, String> {
+    text.trim().parse()
+}
+
+/// `--result`: a JSON value.
+fn json_value(text: &str) -> Result<serde_json::Value, String> {
+    serde_json::from_str(text).map_err(|e| {
+        format!(
+            "not valid JSON ({e}); write e.g. '\"250 OK\"' (a string needs its quotes), 42, \
+             '{{\"id\":7}}' or null"
+        )
+    })
+}
+
 /// `HANDLER` of a dead letter: `-`, `''` and an empty argument mean "no
 /// handler".
 fn handler_arg(text: &str) -> Result<String, String> {
@@ -502,6 +643,9 @@ impl Command {
             Command::DeadLetters(DeadLettersCommand::Discard { .. }) => {
                 &["dead-letters", "discard"]
             }
+            Command::Effects(EffectsCommand::List { .. }) => &["effects", "list"],
+            Command::Effects(EffectsCommand::Done { .. }) => &["effects", "done"],
+            Command::Effects(EffectsCommand::Retry { .. }) => &["effects", "retry"],
             Command::Sweep { .. } => &["sweep"],
             #[cfg(feature = "amqp")]
             Command::Queues(_) => &["queues"],
@@ -544,6 +688,20 @@ impl Command {
                  never be delivered to that handler; add --yes to confirm",
                 key.message_id,
                 handler_label(&key.handler)
+            ),
+            Command::Effects(EffectsCommand::Done {
+                key, yes: false, ..
+            }) => format!(
+                "refusing to settle effect `{}` of handler `{}` for message {} as done without \
+                 --yes: it would be recorded as having happened, and the handler would never \
+                 call it again; check the external system, then add --yes to confirm",
+                key.effect, key.handler, key.message_id
+            ),
+            Command::Effects(EffectsCommand::Retry { key, yes: false }) => format!(
+                "refusing to settle effect `{}` of handler `{}` for message {} as retry without \
+                 --yes: the next delivery would call it again; check the external system, then \
+                 add --yes to confirm",
+                key.effect, key.handler, key.message_id
             ),
             _ => return Ok(()),
         };
@@ -699,6 +857,22 @@ async fn run<B: Open + status::Inspect>(invocation: &Invocation) -> Result<Strin
             DeadLettersCommand::Skip { key, .. } => dead_letters::skip(&module, key, json).await,
             DeadLettersCommand::Discard { key, .. } => {
                 dead_letters::discard(&module, key, json).await
+            }
+        },
+        Command::Effects(command) => match command {
+            EffectsCommand::List {
+                states,
+                offset,
+                limit,
+            } => effects::list(&module, states, *offset, *limit, json).await,
+            EffectsCommand::Done { key, result, .. } => {
+                let settlement = Settlement::Done {
+                    result: result.clone(),
+                };
+                effects::settle(&module, key, settlement, json).await
+            }
+            EffectsCommand::Retry { key, .. } => {
+                effects::settle(&module, key, Settlement::Retry, json).await
             }
         },
         Command::Sweep { .. } => {
@@ -940,6 +1114,67 @@ mod tests {
     }
 
     #[test]
+    fn parses_the_effects_commands() {
+        let id = "0190c2a4-5b1e-7d3c-9a4f-1e2d3c4b5a69";
+        assert_eq!(
+            run_of("--database-url x.db effects list").command,
+            Command::Effects(EffectsCommand::List {
+                states: Vec::new(),
+                offset: 0,
+                limit: 50
+            })
+        );
+        assert_eq!(
+            run_of("effects list --state unknown --state=failed --limit 5 --database-url x.db")
+                .command,
+            Command::Effects(EffectsCommand::List {
+                states: vec![EffectState::Unknown, EffectState::Failed],
+                offset: 0,
+                limit: 5
+            })
+        );
+        let key = EffectKey {
+            message_id: id.parse().unwrap(),
+            handler: "orders.notify".into(),
+            effect: "notify".into(),
+        };
+        assert_eq!(
+            run_of(&format!(
+                "--database-url x.db effects done {id} orders.notify notify --yes"
+            ))
+            .command,
+            Command::Effects(EffectsCommand::Done {
+                key: key.clone(),
+                result: serde_json::Value::Null,
+                yes: true
+            })
+        );
+        assert_eq!(
+            run_of(&format!(
+                "--database-url x.db effects done -y {id} orders.notify notify --result {{\"id\":7}}"
+            ))
+            .command,
+            Command::Effects(EffectsCommand::Done {
+                key: key.clone(),
+                result: serde_json::json!({ "id": 7 }),
+                yes: true
+            })
+        );
+        assert_eq!(
+            run_of(&format!(
+                "--database-url x.db effects retry {id} orders.notify notify -y"
+            ))
+            .command,
+            Command::Effects(EffectsCommand::Retry { key, yes: true })
+        );
+        assert_eq!(json_value(" \"ok\" "), Ok(serde_json::json!("ok")));
+        assert!(json_value("ok").is_err());
+        assert!(json_value("").is_err());
+        assert_eq!(effect_state(" retry"), Ok(EffectState::Retry));
+        assert!(effect_state("Unknown").is_err());
+    }
+
+    #[test]
     fn accepts_dash_and_quotes_for_the_empty_handler() {
         for text in ["-", "''", ""] {
             assert_eq!(handler_arg(text), Ok(String::new()), "{text:?}");
@@ -1003,6 +1238,23 @@ mod tests {
                 "above zero",
             ),
             ("--database-url x.db status --stalled-after never", "never"),
+            (
+                "--database-url x.db effects list --state lost",
+                "not an effect state",
+            ),
+            (
+                &format!("--database-url x.db effects done {id} h e --result nope --yes"),
+                "not valid JSON",
+            ),
+            (
+                &format!("--database-url x.db effects done {id} h e"),
+                "--yes",
+            ),
+            (
+                &format!("--database-url x.db effects retry {id} h e"),
+                "--yes",
+            ),
+            ("--database-url x.db effects retry 42 h e --yes", "UUID"),
             (
                 "--database-url x.db sweep --stalled-after 1m",
                 "unexpected argument",

@@ -1,12 +1,13 @@
 //! `status`: the outbox backlog, its lag and its stalled messages, the
-//! subscriptions, the inbox size and the dead letters, in one view.
+//! subscriptions, the inbox size, the dead letters, the parked keys and the
+//! unknown effects, in one view.
 
 use crate::output::{
     json_line, lag, lag_us, now_us, plural, seconds_of, timestamp, to_json, window,
 };
 use crate::Failure;
 use std::time::Duration;
-use tickbox::{diesel, Backend, ModuleHandle};
+use tickbox::{diesel, Backend, EffectState, ModuleHandle};
 use uuid::Uuid;
 
 /// What `status` reads from a module's database with SQL of its own, where
@@ -82,6 +83,10 @@ pub(crate) async fn status<B: Inspect>(
     stalled_after: Duration,
     json: bool,
 ) -> Result<String, Failure> {
+    // `store_stats` counts unknown effects only in a journal already open,
+    // and an attached module opens its journal when first asked for an
+    // effect: ask for none, to open it (a module without one stays without).
+    module.effects(&[EffectState::Unknown], 0, 0).await?;
     let stats = module.store_stats().await?;
     let subscriptions = module.subscriptions().await?;
     let now = now_us();
@@ -190,6 +195,22 @@ pub(crate) async fn status<B: Inspect>(
         out.push_str(&format!(
             "parked keys      {}  (held back by a dead letter until it is replayed or skipped)\n",
             parked.join(", ")
+        ));
+    }
+    if stats.unknown_effects.is_empty() {
+        out.push_str("unknown effects  none\n");
+    } else {
+        let unknown: Vec<String> = stats
+            .unknown_effects
+            .iter()
+            .map(|(handler, effects)| {
+                format!("{} by handler `{handler}`", plural(*effects, "effect"))
+            })
+            .collect();
+        out.push_str(&format!(
+            "unknown effects  {}  (waiting for a person to settle them; see \
+             `tickbox effects list --state unknown`)\n",
+            unknown.join(", ")
         ));
     }
     Ok(out)

@@ -11,6 +11,7 @@
 //! ```
 
 mod commands;
+mod effects;
 #[cfg(all(feature = "amqp", feature = "sqlite"))]
 mod queues;
 mod support;

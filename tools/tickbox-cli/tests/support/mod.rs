@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tickbox::diesel;
 use tickbox::diesel_async::SimpleAsyncConnection;
 use tickbox::{
     Backend, Bus, Delivery, Handler, HandlerError, Message, ModuleBuilder, ModuleHandle, Tx,
@@ -139,6 +140,31 @@ pub(crate) trait CliBackend: Backend {
 
     /// A UUID as an SQL literal.
     fn uuid_literal(id: Uuid) -> String;
+
+    /// The `text` column of the rows `sql` selects, read on the module's
+    /// database.
+    async fn texts(module: &ModuleHandle<Self>, sql: &'static str) -> Vec<String>;
+}
+
+/// A row of `SELECT … AS text`.
+#[derive(diesel::QueryableByName)]
+struct Text {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    text: String,
+}
+
+/// [`CliBackend::texts`], for a backend whose connection diesel knows.
+macro_rules! texts {
+    ($module:expr, $sql:expr) => {{
+        use tickbox::diesel_async::RunQueryDsl as _;
+        $module
+            .read(async move |tx| {
+                let rows: Vec<Text> = diesel::sql_query($sql).load(tx.conn()).await?;
+                Ok::<_, tickbox::Error>(rows.into_iter().map(|row| row.text).collect())
+            })
+            .await
+            .expect("the query runs")
+    }};
 }
 
 #[cfg(feature = "sqlite")]
@@ -159,6 +185,10 @@ impl CliBackend for tickbox::Sqlite {
     fn uuid_literal(id: Uuid) -> String {
         format!("x'{}'", id.simple())
     }
+
+    async fn texts(module: &ModuleHandle<Self>, sql: &'static str) -> Vec<String> {
+        texts!(module, sql)
+    }
 }
 
 #[cfg(feature = "postgres")]
@@ -177,6 +207,10 @@ impl CliBackend for tickbox::Postgres {
 
     fn uuid_literal(id: Uuid) -> String {
         format!("'{id}'")
+    }
+
+    async fn texts(module: &ModuleHandle<Self>, sql: &'static str) -> Vec<String> {
+        texts!(module, sql)
     }
 }
 

@@ -19,6 +19,7 @@ async fn help_pages_name_every_command_and_option() {
             "status",
             "subscriptions",
             "dead-letters",
+            "effects",
             "sweep",
             "--database-url <URL>",
             "TICKBOX_DATABASE_URL",
@@ -57,6 +58,16 @@ async fn help_pages_name_every_command_and_option() {
             "help dead-letters discard",
             "Usage: tickbox dead-letters discard [OPTIONS] <MESSAGE_ID> <HANDLER>",
         ),
+        ("help effects", "Usage: tickbox effects [OPTIONS] <COMMAND>"),
+        ("effects list -h", "Usage: tickbox effects list [OPTIONS]"),
+        (
+            "help effects done",
+            "Usage: tickbox effects done [OPTIONS] <MESSAGE_ID> <HANDLER> <EFFECT>",
+        ),
+        (
+            "effects retry --help",
+            "Usage: tickbox effects retry [OPTIONS] <MESSAGE_ID> <HANDLER> <EFFECT>",
+        ),
         ("sweep --help", "Usage: tickbox sweep [OPTIONS]"),
         (
             "help subscriptions",
@@ -92,6 +103,13 @@ async fn help_pages_name_every_command_and_option() {
         ("help status", "[default: 60s]"),
         ("help subscriptions retire", "-y, --yes"),
         ("help status", "stalled_after_seconds"),
+        ("help status", "unknown_effects"),
+        ("help effects list", "--state <STATE>"),
+        ("help effects list", "[default: 50]"),
+        ("help effects done", "--result <JSON>"),
+        ("help effects done", "[default: null]"),
+        ("help effects done", "-y, --yes"),
+        ("help effects retry", "-y, --yes"),
     ];
     for (line, part) in pages {
         let help = run_cli(args(line)).await;
@@ -217,6 +235,97 @@ async fn usage_errors_exit_2_and_touch_no_database() {
     ))
     .await;
     retire.fails(2, "without --yes");
+    assert!(
+        !std::path::Path::new("x.db").exists(),
+        "no database was touched"
+    );
+}
+
+/// The `effects` commands' bad input: a usage error (exit 2) before any
+/// database is opened.
+#[actix::test]
+async fn effects_usage_errors_exit_2_and_touch_no_database() {
+    let id = Uuid::now_v7().to_string();
+    for (line, needle) in [
+        (
+            "--database-url x.db effects list --state lost".to_string(),
+            "`lost` is not an effect state (started, succeeded, failed, unknown, retry)",
+        ),
+        (
+            "--database-url x.db effects list --state".to_string(),
+            "a value is required for '--state <STATE>'",
+        ),
+        (
+            "--database-url x.db effects done 42 orders.notify notify --yes".to_string(),
+            "not a message id",
+        ),
+        (
+            "--database-url x.db effects retry not-a-uuid orders.notify notify --yes".to_string(),
+            "not a message id",
+        ),
+        (
+            format!(
+                "--database-url x.db effects done {id} orders.notify notify --result {{oops --yes"
+            ),
+            "not valid JSON",
+        ),
+        (
+            format!("--database-url x.db effects done {id} orders.notify notify --result ok --yes"),
+            "a string needs its quotes",
+        ),
+        (
+            format!("--database-url x.db effects retry {id} orders.notify"),
+            "<EFFECT>",
+        ),
+        (
+            format!("--database-url x.db effects retry {id} orders.notify notify --result 1 --yes"),
+            "unexpected argument '--result'",
+        ),
+        (
+            "--database-url x.db effects purge".to_string(),
+            "unrecognized subcommand 'purge'",
+        ),
+    ] {
+        let run = run_cli(args(&line)).await;
+        run.fails(2, needle);
+        assert!(
+            run.stderr.contains("For more information, try '--help'."),
+            "{line}: {run:#?}"
+        );
+    }
+    for (settle, why) in [
+        ("done", "as done without --yes"),
+        ("retry", "as retry without --yes"),
+    ] {
+        let run = run_cli(args(&format!(
+            "--database-url x.db effects {settle} {id} orders.notify notify"
+        )))
+        .await;
+        run.fails(2, why);
+        assert!(
+            run.stderr.contains(&format!(
+                "refusing to settle effect `notify` of handler `orders.notify` for message {id}"
+            )),
+            "{run:#?}"
+        );
+        assert!(
+            run.stderr
+                .contains(&format!("Usage: tickbox effects {settle} [OPTIONS]")),
+            "{run:#?}"
+        );
+    }
+    let empty = run_cli(vec![
+        "--database-url".into(),
+        "x.db".into(),
+        "effects".into(),
+        "retry".into(),
+        id.clone(),
+        String::new(),
+        "notify".into(),
+        "--yes".into(),
+    ])
+    .await;
+    empty.fails(2, "<HANDLER>");
     assert!(
         !std::path::Path::new("x.db").exists(),
         "no database was touched"
