@@ -112,15 +112,14 @@ async fn the_prometheus_endpoint_passes_promtool() {
         .start()
         .await
         .expect("bus");
+    let session = tickbox::testing::Session::start(&bus).allow_failures();
     orders
         .transaction(async move |tx| tx.publish(&Ping { n: 1 }))
         .await
         .expect("publish");
-    eventually("the message is handled", WAIT, || async {
-        effects(&warehouse, "warehouse.record").await == 1
-            && notifications.metrics().handlers[0].handled == 1
-    })
-    .await;
+    let report = session.wait().await;
+    assert_eq!(report.handled("warehouse.record").len(), 1, "{report}");
+    assert_eq!(report.handled("notifications.mail").len(), 1, "{report}");
 
     let body = tokio::task::spawn_blocking(move || http_get(port))
         .await

@@ -13,6 +13,7 @@ use crate::support::*;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tickbox::testing::Session;
 use tickbox::{
     Delivery, EffectPolicy, EffectRecord, EffectState, Envelope, FailureKind, Handler,
     HandlerError, HandlerOptions, ModuleHandle, Outcome, Replayed, Retention, RetryPolicy,
@@ -358,16 +359,11 @@ pub async fn an_at_most_once_effect_cut_short_becomes_unknown_and_is_dead_letter
         .expect("orders starts");
     let module = notifications::<B>(&db, &handler).await;
     let bus = bus(&db, &[&orders, &module]).await;
+    let session = Session::start(&bus).allow_failures();
     let id = publish(&orders, 1).await;
 
-    eventually("the message is dead-lettered", WAIT, || async {
-        module
-            .dead_letter(id, HANDLER)
-            .await
-            .expect("read")
-            .is_some()
-    })
-    .await;
+    let report = session.wait().await;
+    assert_eq!(report.dead_letters(HANDLER).len(), 1, "{report}");
     drained(&bus).await;
     let dead = module
         .dead_letter(id, HANDLER)
@@ -471,6 +467,7 @@ pub async fn a_batch_that_falls_back_calls_no_effect_twice<B: TestBackend>(db: T
         .await
         .expect("orders starts");
     let module = notifications_with::<B>(&db, &handler, HandlerOptions::new().batch(8)).await;
+    let session = Session::over(&[orders.clone(), module.clone()]).allow_failures();
     // Published before the bus starts, so that batches form.
     let mut ids = Vec::new();
     for n in 0..12 {
@@ -487,19 +484,14 @@ pub async fn a_batch_that_falls_back_calls_no_effect_twice<B: TestBackend>(db: T
         .start()
         .await
         .expect("bus starts");
-    eventually(
-        "every message is handled or dead-lettered",
-        WAIT,
-        || async {
-            effects(&module, HANDLER).await == 11
-                && module
-                    .dead_letter(ids[3], HANDLER)
-                    .await
-                    .expect("read")
-                    .is_some()
-        },
-    )
-    .await;
+    let report = session.wait().await;
+    assert_eq!(effects(&module, HANDLER).await, 11);
+    assert_eq!(report.dead_letters(HANDLER).len(), 1, "{report}");
+    assert!(module
+        .dead_letter(ids[3], HANDLER)
+        .await
+        .expect("read")
+        .is_some());
     drained(&bus).await;
     let mut sent: Vec<u64> = handler.sent().into_iter().map(|(n, _)| n).collect();
     sent.sort_unstable();
@@ -539,19 +531,14 @@ pub async fn the_retention_sweep_removes_settled_effects_but_not_a_dead_letters<
         .start()
         .await
         .expect("bus starts");
+    let session = Session::start(&bus).allow_failures();
     let handled = publish(&orders, 1).await;
     // Message 2 succeeds at its effect and is then dead-lettered: a replay
     // must find its effect recorded, however old.
     let dead = publish(&orders, 2).await;
-    eventually("message 1 is handled and 2 dead-lettered", WAIT, || async {
-        effects(&module, HANDLER).await == 1
-            && module
-                .dead_letter(dead, HANDLER)
-                .await
-                .expect("read")
-                .is_some()
-    })
-    .await;
+    let report = session.wait().await;
+    assert_eq!(report.handled(HANDLER).len(), 1, "{report}");
+    assert_eq!(report.dead_letters(HANDLER).len(), 1, "{report}");
     bus.stop().await;
     module.close();
 

@@ -13,6 +13,7 @@ pub mod shared_outbox;
 use crate::support::*;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::time::Duration;
+use tickbox::testing::Session;
 use tickbox::{Bus, BusHandle, Envelope, Error, FailureKind, ModuleHandle, Outcome, RetryPolicy};
 
 /// Retries quickly so failure tests finish fast.
@@ -86,6 +87,7 @@ pub async fn rolled_back_publish_is_never_delivered_and_committed_one_is<B: Test
     let handler = Record::new(Then::Succeed);
     let (orders, warehouse) = pair::<B>(&db, &handler).await;
     let bus = bus(&db, &[&orders, &warehouse]).await;
+    let session = Session::start(&bus);
 
     let rolled_back: Result<(), Error> = orders
         .transaction(async move |tx| {
@@ -96,11 +98,11 @@ pub async fn rolled_back_publish_is_never_delivered_and_committed_one_is<B: Test
     assert!(rolled_back.is_err());
     publish(&orders, 2).await;
 
+    let report = session.wait().await;
+    assert_eq!(report.published::<Ping>().len(), 1, "{report}");
+    assert_eq!(report.handled("warehouse.record").len(), 1, "{report}");
     drained(&bus).await;
-    eventually("the committed message is handled", WAIT, || async {
-        effects(&warehouse, "warehouse.record").await == 1
-    })
-    .await;
+    assert_eq!(effects(&warehouse, "warehouse.record").await, 1);
     assert_eq!(
         count(&orders, "SELECT count(*) AS n FROM tickbox_outbox").await,
         1,
@@ -284,12 +286,17 @@ pub async fn a_message_published_by_a_handler_exists_only_if_it_commits<B: TestB
     create_effects(&orders).await;
     create_effects(&warehouse).await;
     let bus = bus(&db, &[&orders, &warehouse]).await;
+    let session = Session::start(&bus).allow_failures();
     let ping = publish(&orders, 1).await;
 
-    eventually("the chain reaches orders.confirm", WAIT, || async {
-        effects(&orders, "orders.confirm").await == 1
-    })
-    .await;
+    let report = session.wait().await;
+    assert_eq!(report.handled("orders.confirm").len(), 1, "{report}");
+    assert_eq!(effects(&orders, "orders.confirm").await, 1);
+    assert_eq!(
+        report.published::<Pong>().len(),
+        1,
+        "the failed attempt's Pong never existed: {report}"
+    );
     drained(&bus).await;
     assert_eq!(
         reserve.calls.load(SeqCst),

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
+use tickbox::testing::Session;
 use tickbox::{
     BusHandle, Delivery, Handler, HandlerError, HandlerOptions, Message, ModuleHandle, Outcome,
     Replayed, Tx,
@@ -235,11 +236,22 @@ fn assert_in_order(seen: &BTreeMap<String, Vec<(i64, i64)>>, expected: &BTreeMap
     }
 }
 
-async fn wait_for_all<B: TestBackend>(copy: &ModuleHandle<B>, total: u64) {
-    eventually("every change is applied", WAIT, || async {
-        count(copy, "SELECT count(*) AS n FROM seen").await == total as i64
-    })
-    .await;
+/// A session tracking what the modules do; the handlers' failures and
+/// panics are part of these tests.
+fn tracking<B: TestBackend>(modules: &[&ModuleHandle<B>]) -> Session<B> {
+    let modules: Vec<ModuleHandle<B>> = modules.iter().map(|m| (*m).clone()).collect();
+    Session::over(&modules).allow_failures()
+}
+
+/// Waits until the session's flow is done, then checks that `copy` applied
+/// `total` changes.
+async fn applied<B: TestBackend>(session: &Session<B>, copy: &ModuleHandle<B>, total: u64) {
+    session.wait().await;
+    assert_eq!(
+        count(copy, "SELECT count(*) AS n FROM seen").await,
+        total as i64,
+        "changes applied"
+    );
 }
 
 pub async fn interleaved_keys_arrive_in_order_through_failures_panics_and_duplicates<
@@ -254,10 +266,11 @@ pub async fn interleaved_keys_arrive_in_order_through_failures_panics_and_duplic
     });
     let (catalog, copy) = catalog_and_copy::<B>(&db, &handler, false).await;
     let bus = start_bus(&db, &[&catalog, &copy], 0.3).await;
+    let session = tracking(&[&catalog, &copy]);
     let keys = ["a", "b", "c", "d", "e"];
     let published = publish_changes(&catalog, &keys, 12).await;
     let total: u64 = published.values().sum();
-    wait_for_all(&copy, total).await;
+    applied(&session, &copy, total).await;
     assert!(bus.wait_idle(WAIT).await.expect("wait_idle"));
     assert_in_order(&seen(&copy).await, &published);
     let metrics = copy.metrics();
@@ -287,12 +300,14 @@ pub async fn a_poison_message_parks_only_its_key_and_replaying_it_restores_the_o
     });
     let (catalog, copy) = catalog_and_copy::<B>(&db, &handler, false).await;
     let bus = start_bus(&db, &[&catalog, &copy], 0.0).await;
+    let session = tracking(&[&catalog, &copy]);
     let keys = ["a", "b", "c", "d"];
     let published = publish_changes(&catalog, &keys, 8).await;
     let per_key = published["c"];
     let total: u64 = published.values().sum();
-    // Everything but c's fourth change (n = 3) onwards.
-    wait_for_all(&copy, total - (per_key - 3)).await;
+    // Everything but c's fourth change (n = 3) onwards, which are dead
+    // letters.
+    applied(&session, &copy, total - (per_key - 3)).await;
     assert!(bus.wait_idle(WAIT).await.expect("wait_idle"));
 
     let seen_now = seen(&copy).await;
@@ -335,17 +350,24 @@ pub async fn a_poison_message_parks_only_its_key_and_replaying_it_restores_the_o
     assert!(refused.to_string().contains("parked"), "{refused}");
 
     // More changes of c while it is parked wait too; the other keys flow.
+    let session = tracking(&[&catalog, &copy]);
     let later = publish_changes(&catalog, &["c", "a"], 1).await;
     assert_eq!(later.values().sum::<u64>(), 2);
-    eventually("a's new change is applied", WAIT, || async {
+    let report = session.wait().await;
+    assert_eq!(report.handled(HANDLER).len(), 1, "a's new change: {report}");
+    assert_eq!(
+        report.dead_letters(HANDLER).len(),
+        1,
+        "c's, parked: {report}"
+    );
+    assert_eq!(
         count(
             &copy,
             "SELECT count(*) AS n FROM seen WHERE ordering_key = 'a'",
         )
-        .await
-            == published["a"] as i64 + 1
-    })
-    .await;
+        .await,
+        published["a"] as i64 + 1
+    );
     assert!(bus.wait_idle(WAIT).await.expect("wait_idle"));
 
     POISONED.store(false, SeqCst);
@@ -389,13 +411,14 @@ pub async fn skipping_a_parked_keys_dead_letter_lets_the_key_move_on<B: TestBack
     });
     let (catalog, copy) = catalog_and_copy::<B>(&db, &handler, false).await;
     let bus = start_bus(&db, &[&catalog, &copy], 0.0).await;
+    let session = tracking(&[&catalog, &copy]);
     publish_changes(&catalog, &["k"], 4).await;
-    eventually(
-        "the poison and the three after it are dead letters",
-        WAIT,
-        || async { copy.dead_letters(0, 10).await.expect("dead letters").len() == 3 },
-    )
-    .await;
+    session.wait().await;
+    assert_eq!(
+        copy.dead_letters(0, 10).await.expect("dead letters").len(),
+        3,
+        "the poison and the ones after it"
+    );
     assert_eq!(seen(&copy).await["k"], [(1, 0)]);
     let dead = copy.dead_letters(0, 10).await.expect("dead letters");
     let head = dead
@@ -433,13 +456,16 @@ pub async fn order_holds_across_a_restart<B: TestBackend>(db: TestDb) {
     let (catalog, copy) = catalog_and_copy::<B>(&db, &handler, false).await;
     let keys = ["a", "b", "c"];
     let first = start_bus(&db, &[&catalog, &copy], 0.0).await;
+    // Over the modules, so that the session follows the flow across both
+    // buses.
+    let session = tracking(&[&catalog, &copy]);
     let published = publish_changes(&catalog, &keys, 10).await;
     // Stop while deliveries are under way (every other one fails first).
     first.stop().await;
     let handled_before = count(&copy, "SELECT count(*) AS n FROM seen").await;
     let second = start_bus(&db, &[&catalog, &copy], 0.0).await;
     let total: u64 = published.values().sum();
-    wait_for_all(&copy, total).await;
+    applied(&session, &copy, total).await;
     assert!(second.wait_idle(WAIT).await.expect("wait_idle"));
     assert!(
         (handled_before as u64) < total,
@@ -459,6 +485,7 @@ pub async fn two_processes_sharing_the_outbox_keep_each_keys_order<B: TestBacken
     let (catalog_2, copy_2) = catalog_and_copy::<B>(&db, &handler, false).await;
     let one = start_bus(&db, &[&catalog, &copy], 0.0).await;
     let two = start_bus(&db, &[&catalog_2, &copy_2], 0.0).await;
+    let session = tracking(&[&catalog, &copy, &catalog_2, &copy_2]);
     let keys = ["a", "b", "c", "d"];
     let (first_half, second_half) = tokio::join!(
         publish_changes(&catalog, &keys[..2], 10),
@@ -467,7 +494,7 @@ pub async fn two_processes_sharing_the_outbox_keep_each_keys_order<B: TestBacken
     let mut published = first_half;
     published.extend(second_half);
     let total: u64 = published.values().sum();
-    wait_for_all(&copy, total).await;
+    applied(&session, &copy, total).await;
     assert!(one.wait_idle(WAIT).await.expect("wait_idle"));
     assert!(two.wait_idle(WAIT).await.expect("wait_idle"));
     assert_in_order(&seen(&copy).await, &published);
@@ -484,11 +511,12 @@ pub async fn a_batched_handler_receives_each_key_in_order<B: TestBackend>(db: Te
     // Published before the bus starts, so that its first scan finds every
     // key's messages waiting at once and batches form (a bus that keeps up
     // with the publisher would deliver each message alone).
+    let session = tracking(&[&catalog, &copy]);
     let keys = ["a", "b", "c", "d", "e", "f"];
     let published = publish_changes(&catalog, &keys, 8).await;
     let bus = start_bus(&db, &[&catalog, &copy], 0.2).await;
     let total: u64 = published.values().sum();
-    wait_for_all(&copy, total).await;
+    applied(&session, &copy, total).await;
     assert!(bus.wait_idle(WAIT).await.expect("wait_idle"));
     assert_in_order(&seen(&copy).await, &published);
     assert!(
@@ -504,6 +532,7 @@ pub async fn concurrent_publishers_of_one_key_are_numbered_in_commit_order<B: Te
     let handler = Apply::new(Disturb::default());
     let (catalog, copy) = catalog_and_copy::<B>(&db, &handler, false).await;
     let bus = start_bus(&db, &[&catalog, &copy], 0.0).await;
+    let session = tracking(&[&catalog, &copy]);
     let publishers = (0..4).map(|p| {
         let catalog = catalog.clone();
         async move {
@@ -528,7 +557,7 @@ pub async fn concurrent_publishers_of_one_key_are_numbered_in_commit_order<B: Te
         }
     });
     futures_util::future::join_all(publishers).await;
-    wait_for_all(&copy, 40).await;
+    applied(&session, &copy, 40).await;
     assert!(bus.wait_idle(WAIT).await.expect("wait_idle"));
     let hot = &seen(&copy).await["hot"];
     let sequences: Vec<i64> = hot.iter().map(|(seq, _)| *seq).collect();
@@ -553,8 +582,9 @@ pub async fn a_handler_that_joins_later_starts_each_key_where_it_joins<B: TestBa
     let handler = Apply::new(Disturb::default());
     let (catalog, copy) = catalog_and_copy::<B>(&db, &handler, false).await;
     let bus = start_bus(&db, &[&catalog, &copy], 0.0).await;
+    let session = tracking(&[&catalog, &copy]);
     publish_changes(&catalog, &["k"], 3).await;
-    wait_for_all(&copy, 3).await;
+    applied(&session, &copy, 3).await;
     bus.stop().await;
 
     // A new handler joins: the key's next message starts the key for it
@@ -572,14 +602,15 @@ pub async fn a_handler_that_joins_later_starts_each_key_where_it_joins<B: TestBa
     )
     .await;
     let bus = start_bus(&db, &[&catalog, &copy, &late], 0.0).await;
+    let session = tracking(&[&catalog, &copy, &late]);
     for n in 3..8 {
         catalog
             .transaction(async move |tx| tx.publish_keyed("k", &Change { key: "k".into(), n }))
             .await
             .expect("publish commits");
     }
-    wait_for_all(&late, 5).await;
-    wait_for_all(&copy, 8).await;
+    applied(&session, &late, 5).await;
+    assert_eq!(count(&copy, "SELECT count(*) AS n FROM seen").await, 8);
     assert!(bus.wait_idle(WAIT).await.expect("wait_idle"));
     assert_eq!(
         seen(&late).await["k"],
