@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 /// What happened to a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(not(feature = "testing"), allow(dead_code, unreachable_pub))]
 pub enum Happened {
     /// A transaction of the module published it, and committed.
     Published,
@@ -36,6 +37,7 @@ pub enum Happened {
 
 /// One thing that happened to one message in one module.
 #[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "testing"), allow(dead_code, unreachable_pub))]
 pub struct Event {
     /// The module it happened in: the publisher, or the handler's module.
     pub module: String,

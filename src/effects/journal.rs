@@ -353,9 +353,10 @@ impl<B: Backend> Journal<B> {
         settled.ok_or_else(no_entry)?.try_into()
     }
 
-    /// How many effects are unknown, per handler, if the journal is open.
+    /// How many effects are unknown, per handler (none when the module
+    /// has no journal).
     pub(crate) async fn unknown_per_handler(&self) -> Result<Vec<(String, i64)>> {
-        let Some(db) = self.opened() else {
+        let Some(db) = self.open().await? else {
             return Ok(Vec::new());
         };
         let mut conn = db.connection().await?;

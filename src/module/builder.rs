@@ -285,7 +285,12 @@ impl<B: Backend> ModuleBuilder<B> {
             self.max_payload_bytes,
             wakeup,
         ));
-        let journal = Arc::new(Journal::new(self.settings.clone()));
+        // A module without handlers makes no effects: it reads a journal
+        // other processes' handlers made, if there is one, and makes none.
+        let journal = Arc::new(Journal::new(StoreSettings {
+            migrate: self.settings.migrate && !handlers.is_empty(),
+            ..self.settings.clone()
+        }));
         if self.settings.migrate && !handlers.is_empty() {
             // Opened at start, so that a journal that cannot be opened
             // stops the module here rather than failing its deliveries.

@@ -31,10 +31,11 @@ impl<B: Backend> ModuleHandle<B> {
     /// failed): [`Settlement::Done`] when a person checked that it happened
     /// (the next delivery gets the given result back without calling),
     /// [`Settlement::Retry`] to let the next delivery call it once more with
-    /// the same key. A succeeded effect cannot be settled. Replay the
-    /// message's dead letter afterwards
-    /// ([`ModuleHandle::replay_dead_letter`]); returns the effect as it now
-    /// stands.
+    /// the same key. A succeeded effect cannot be settled. Then replay the
+    /// message's dead letter ([`ModuleHandle::replay_dead_letter`], which
+    /// runs the handler in this process) or requeue it for the bus that runs
+    /// the handler ([`ModuleHandle::requeue_dead_letter`], as the operator's
+    /// tool does); returns the effect as it now stands.
     pub async fn settle_effect(
         &self,
         message_id: Uuid,

@@ -82,6 +82,13 @@ fn check_schema(settings: &StoreSettings) -> crate::Result<Option<String>> {
     }
 }
 
+/// Whether the journal's table exists.
+#[derive(diesel::QueryableByName)]
+struct JournalTable {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    n: i64,
+}
+
 /// Connections in a module's journal pool (see [`Store::open_journal`]).
 const JOURNAL_POOL_SIZE: usize = 2;
 
@@ -376,7 +383,31 @@ impl Store for Postgres {
             ..settings.clone()
         };
         let url = settings.url.trim().to_string();
-        schema_pool(&settings, url, schema).map(Some)
+        let pool = schema_pool(&settings, url, schema)?;
+        if !settings.migrate {
+            // Attached: a schema an older tickbox migrated has no journal.
+            let mut conn = checkout(&pool).await.map_err(|reason| Error::Pool {
+                module: settings.module.clone(),
+                reason,
+            })?;
+            let sql = format!(
+                "SELECT count(*) AS n FROM {} = 'tickbox_effects'",
+                Self::TABLES_BY_NAME
+            );
+            let statement =
+                crate::store::statement::StatementBuilder::new(Self::DIALECT).finish(sql);
+            let found: Vec<JournalTable> = Self::load(&mut conn, statement).await?;
+            if found.first().is_none_or(|t| t.n == 0) {
+                return Err(Error::SchemaVersion {
+                    module: settings.module.clone(),
+                    reason: "has no effects journal (tickbox_effects): it was migrated by an \
+                             older version of tickbox; start the application once with this \
+                             version (it migrates its databases), then try again"
+                        .into(),
+                });
+            }
+        }
+        Ok(Some(pool))
     }
 
     fn close(pool: &Self::Pool) {

@@ -7,7 +7,7 @@ use crate::output::{
 };
 use crate::Failure;
 use std::time::Duration;
-use tickbox::{diesel, Backend, EffectState, ModuleHandle};
+use tickbox::{diesel, Backend, ModuleHandle};
 use uuid::Uuid;
 
 /// What `status` reads from a module's database with SQL of its own, where
@@ -83,10 +83,6 @@ pub(crate) async fn status<B: Inspect>(
     stalled_after: Duration,
     json: bool,
 ) -> Result<String, Failure> {
-    // `store_stats` counts unknown effects only in a journal already open,
-    // and an attached module opens its journal when first asked for an
-    // effect: ask for none, to open it (a module without one stays without).
-    module.effects(&[EffectState::Unknown], 0, 0).await?;
     let stats = module.store_stats().await?;
     let subscriptions = module.subscriptions().await?;
     let now = now_us();
