@@ -282,6 +282,8 @@
 //! - `postgres`: the production backend, `Postgres`, through
 //!   tokio-postgres (no libpq).
 //! - `amqp`: the RabbitMQ transport, `Amqp`, through lapin (tokio, no TLS).
+//! - `testing`: the test kit for applications ([`testing`]): tracked
+//!   sessions that end when a whole flow is done, and throw-away databases.
 //! - `prometheus`: `install_prometheus`, an HTTP endpoint serving the
 //!   metrics in Prometheus's text format. Without it, metrics still go
 //!   through the [`metrics`](::metrics) facade to any recorder the
@@ -308,6 +310,9 @@
 //!   words a backend lists when it gives no code (SQLite's busy database).
 //! - `metrics` — counters, histograms and gauges, their snapshots, and the
 //!   names they are exported under; `prometheus` serves them.
+//! - `tracking` — what a module did (published, handled, failed,
+//!   dead-lettered), told as it happens to the test kit's sessions; nothing
+//!   without the `testing` feature.
 //! - `store/ordering` — the ordering keys' counters and each handler's
 //!   progress in its keys, written once for both backends.
 //! - `outbox/` — a module's outbox as this process sees it: what it may
@@ -345,6 +350,9 @@
 //!   route), `transport` (in this process, or over a
 //!   broker), `route` (a handler or the broker: the seam where a message
 //!   leaves the bus).
+//! - `testing/` — the test kit (feature `testing`): `session`
+//!   ([`testing::Session`]), `report`, `databases`
+//!   ([`testing::TestDatabases`]).
 //!
 //! The operator's command-line tool, `tickbox` (status, subscriptions, dead
 //! letters, retention sweep), is the workspace crate `tools/tickbox-cli`,
