@@ -10,6 +10,7 @@
 
 #[cfg(feature = "amqp")]
 mod amqp;
+mod effects_mail;
 mod examples;
 #[cfg(feature = "prometheus")]
 mod exposition;

@@ -4,6 +4,7 @@ use clap::{CommandFactory, Parser, ValueEnum};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
+use tickbox::EffectPolicy;
 
 /// MiniShop: three modules (orders, warehouse, notifications), each with its
 /// own database, talking only through tickbox messages.
@@ -34,10 +35,29 @@ was confirmed exactly once. With the check flags naming the other two modules' d
 every process waits for and checks the whole flow. A broker out of reach at start is tried
 again (until --timeout, or for a minute); one refusing the credentials ends the run, exit 1.
 
+E-mails over SMTP (--smtp): each confirmation goes to the mail server through the
+notifications module's effects journal, which records it as started (committed) before the
+call and as succeeded after it; a redelivered message gets the recorded result back instead of
+sending again. An e-mail cut short by a crash (sent, or perhaps sent, but not recorded) follows
+--email-policy: at-least-once-with-key sends it again with the same Message-ID
+(<KEY@minishop.example>, KEY the effect's idempotency key), for the server or the recipient's
+inbox to fold; at-most-once never sends it twice: it becomes unknown and its delivery a dead
+letter, for a person to settle (the operator's tool: tickbox effects list --state unknown).
+--crash-at aborts the process at one of two points of sending, to show both (run again with
+--resume until it finishes):
+  - after-send: the server accepted the e-mail, the journal does not know it yet;
+  - after-journal: the journal recorded it, the delivery's transaction (its sent_emails row,
+    its inbox row) never commits.
+While a crash point is armed the e-mails are sent one at a time, so that an abort cuts exactly
+the one e-mail it was placed after.
+
 Exit code: 0 when every order has exactly one reservation, one confirmation and one e-mail
 (or, rejected for want of stock, none of them), no message is pending, there are no dead
-letters and, with --disturb, every disturbing message was ignored; 1 otherwise; 2 for bad arguments (or
---metrics-addr without the `prometheus` feature); 130 when interrupted."
+letters and, with --disturb, every disturbing message was ignored; with --smtp, no e-mail is
+unknown under at-least-once-with-key and the journal's e-mails (sent and unknown) add up to
+the confirmed orders; an order whose e-mail is unknown under at-most-once needs no e-mail, and
+its delivery's dead letter (waiting for a person) does not count against the run; 1 otherwise;
+2 for bad arguments (or --metrics-addr without the `prometheus` feature); 130 when interrupted."
 )]
 pub struct Args {
     /// Place N new orders, then run until the whole flow is done (default
@@ -134,6 +154,71 @@ pub struct Args {
     /// database holds work
     #[arg(long, value_name = "SECONDS", default_value = "5", value_parser = seconds)]
     pub settle: Duration,
+
+    /// Send each order's confirmation as a real e-mail to the SMTP server at
+    /// HOST:PORT (plain SMTP: no TLS, no login; a relay on a trusted network
+    /// or a local sink), through the notifications module's effects journal
+    /// (see below). Without it an e-mail is only a row in sent_emails, and
+    /// nothing leaves the process
+    #[arg(long, value_name = "HOST:PORT", value_parser = socket_addr)]
+    pub smtp: Option<SocketAddr>,
+
+    /// With --smtp: what becomes of an e-mail cut short by a crash (sent, or
+    /// perhaps sent, but not recorded in the journal)
+    #[arg(long, value_enum, value_name = "POLICY", default_value_t = EmailPolicy::AtLeastOnceWithKey, requires = "smtp")]
+    pub email_policy: EmailPolicy,
+
+    /// With --smtp: abort the process (as a crash would) at this point of
+    /// sending an e-mail, with probability --crash-rate per e-mail; run
+    /// again with --resume to finish (see below)
+    #[arg(long, value_enum, value_name = "POINT", requires = "smtp")]
+    pub crash_at: Option<CrashPoint>,
+
+    /// With --crash-at: the probability (0..=1) of aborting at that point,
+    /// per e-mail
+    #[arg(long, value_name = "P", default_value_t = 0.1, value_parser = probability, requires = "crash_at")]
+    pub crash_rate: f64,
+}
+
+/// What becomes of an e-mail cut short by a crash (`--email-policy`): the
+/// effect's [`EffectPolicy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EmailPolicy {
+    /// Send it again, with the same Message-ID, within 24 hours of the
+    /// first try (later it becomes unknown): the server or the recipient's
+    /// inbox folds the repeat
+    AtLeastOnceWithKey,
+    /// Never send it twice: it becomes unknown and its delivery a dead
+    /// letter, for a person to settle
+    AtMostOnce,
+}
+
+/// How long a mail server or an inbox is counted on to fold a repeated
+/// Message-ID, for `--email-policy at-least-once-with-key`: an e-mail due
+/// again later than this after its first try is not sent blind.
+pub const EMAIL_KEY_WINDOW: Duration = Duration::from_secs(24 * 3600);
+
+impl EmailPolicy {
+    /// The effects journal's policy for the confirmation e-mail.
+    pub fn effect_policy(self) -> EffectPolicy {
+        match self {
+            EmailPolicy::AtLeastOnceWithKey => {
+                EffectPolicy::at_least_once_with_key(EMAIL_KEY_WINDOW)
+            }
+            EmailPolicy::AtMostOnce => EffectPolicy::at_most_once(),
+        }
+    }
+}
+
+/// Where `--crash-at` aborts the process while sending an e-mail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CrashPoint {
+    /// Right after the SMTP server accepted the e-mail, before the journal
+    /// records it: the next delivery finds it started
+    AfterSend,
+    /// Right after the journal recorded it, before the delivery's
+    /// transaction commits: the next delivery finds it succeeded
+    AfterJournal,
 }
 
 /// The example's modules, as `--modules` names them.

@@ -62,6 +62,16 @@ pub struct Databases {
     /// Orders rejected for want of stock.
     pub rejected: Option<usize>,
     pub emails: Option<usize>,
+    /// E-mails the SMTP server accepted (`--smtp`), as far as the
+    /// notifications module's effects journal knows: its succeeded
+    /// `send_confirmation` effects.
+    pub emails_sent: Option<usize>,
+    /// Effects in that journal nobody can vouch for: a person settles them.
+    pub effects_unknown: Option<usize>,
+    /// Dead letters of e-mails unknown under at-most-once: the policy's
+    /// expected outcome of a crash, waiting for a person, not a failure of
+    /// the run.
+    pub awaiting_a_person: usize,
     /// Outbox messages not yet delivered to every subscriber (over amqp:
     /// not yet confirmed by the broker), in the outboxes seen.
     pub pending: i64,
@@ -178,10 +188,13 @@ impl Broker {
 }
 
 impl Report {
+    /// The run finished, nothing is pending, the check found no problem,
+    /// and there are no dead letters but those of e-mails unknown under
+    /// at-most-once (each waiting for a person to settle it).
     pub fn ok(&self) -> bool {
         self.drain == Drain::Finished
             && self.databases.pending == 0
-            && self.databases.dead_letters == 0
+            && self.databases.dead_letters == self.databases.awaiting_a_person as i64
             && self.problems.is_empty()
     }
 
@@ -243,10 +256,19 @@ impl Report {
 
     /// The result as one JSON object. `ok`, `placed` and the databases'
     /// totals (`orders`, `reservations`, `confirmations`, `rejected`,
-    /// `emails`, `pending`, `dead_letters`, and the messages the handlers'
-    /// own checks ignored, `saga_ignored` and `warehouse_ignored`; `null`
-    /// for a database not seen here) are at the top, where scripts read
-    /// them; `ignored` gives those per module and reason, `disturbed`
+    /// `emails` (rows in `sent_emails`), `emails_sent` (e-mails the SMTP
+    /// server accepted, as far as the notifications module's effects
+    /// journal knows: 0 without `--smtp`), `effects_unknown` (effects in
+    /// that journal nobody can vouch for), `pending`, `dead_letters`, and
+    /// the messages the handlers' own checks ignored, `saga_ignored` and
+    /// `warehouse_ignored`; `null` for a database not seen here) are at the
+    /// top, where scripts read them. `ok` is true when the run finished,
+    /// nothing is pending, the check found no problem (see
+    /// `check::verify`), and every dead letter is that of an e-mail
+    /// unknown under `--email-policy at-most-once` (then `emails_sent +
+    /// effects_unknown` is the confirmed orders, and those orders have no
+    /// e-mail row: the policy's promise, kept, with a person to settle
+    /// each); `ignored` gives those per module and reason, `disturbed`
     /// (with `--disturb`, else `null`) each disturbing message delivered; `checked` names the databases
     /// read and `whole_flow` whether that is all three; `this_run` holds
     /// this run's counters, `metrics` the bus's final metrics snapshot
@@ -268,6 +290,8 @@ impl Report {
             "confirmations": db.confirmations,
             "rejected": db.rejected,
             "emails": db.emails,
+            "emails_sent": db.emails_sent,
+            "effects_unknown": db.effects_unknown,
             "pending": db.pending,
             "dead_letters": db.dead_letters,
             "saga_ignored": Ignored::total(&self.ignored.saga),
@@ -374,6 +398,15 @@ impl Report {
             db.pending,
             db.dead_letters
         );
+        if let (Some(sent), Some(unknown)) = (db.emails_sent, db.effects_unknown) {
+            if sent + unknown > 0 {
+                println!(
+                    "  e-mails over SMTP, from the effects journal: {sent} accepted by the \
+                     server, {unknown} unknown (a person settles them: tickbox effects list \
+                     --state unknown)"
+                );
+            }
+        }
         println!(
             "  messages ignored as not fitting their order: {} by the orders saga, {} by the \
              warehouse",
@@ -408,6 +441,14 @@ impl Report {
                     _ => String::new(),
                 }
             );
+            if db.awaiting_a_person > 0 {
+                println!(
+                    "  except {} orders whose e-mail is unknown (at most once: a crash cut it \
+                     short, and it is never sent twice): their deliveries wait as dead letters \
+                     for a person (tickbox effects list --state unknown)",
+                    db.awaiting_a_person
+                );
+            }
             return;
         }
         if self.ok() {
@@ -462,11 +503,15 @@ impl Report {
         if db.pending != 0 {
             println!("  - {} outbox messages still pending", db.pending);
         }
-        if db.dead_letters != 0 {
+        if db.dead_letters != db.awaiting_a_person as i64 {
             println!(
                 "  - {} dead letters: deliveries given up on, waiting for an operator \
-                 (ModuleHandle::dead_letters, replay_dead_letter)",
-                db.dead_letters
+                 (ModuleHandle::dead_letters, replay_dead_letter){}",
+                db.dead_letters,
+                match db.awaiting_a_person {
+                    0 => String::new(),
+                    n => format!(", {n} of them for e-mails unknown at most once"),
+                }
             );
         }
         for problem in &self.problems {

@@ -6,6 +6,9 @@
 //! databases.
 //!
 //! `cargo test` builds the examples, so the binary is beside the test's.
+//!
+//! The helpers that run minishop (`Place`, `spawn`, `finish`,
+//! `result_json`, …) serve the other process tests too (`effects_mail`).
 
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
@@ -28,7 +31,7 @@ fn minishop() -> PathBuf {
 }
 
 /// Where a run keeps its databases.
-enum Place {
+pub(crate) enum Place {
     Sqlite(tempfile::TempDir),
     Postgres { url: String, database: String },
 }
@@ -39,13 +42,13 @@ enum Place {
 const NEEDED_CONNECTIONS: usize = 200;
 
 impl Place {
-    fn sqlite() -> Self {
+    pub(crate) fn sqlite() -> Self {
         Place::Sqlite(tempfile::tempdir().expect("a temporary directory"))
     }
 
     /// A fresh PostgreSQL database beside the one `TICKBOX_PG_URL` names.
     #[allow(dead_code)]
-    fn postgres(name: &str) -> Self {
+    pub(crate) fn postgres(name: &str) -> Self {
         let base = std::env::var("TICKBOX_PG_URL").expect(
             "the PostgreSQL process tests need TICKBOX_PG_URL, e.g. postgres://postgres@127.0.0.1:5432/test",
         );
@@ -134,7 +137,9 @@ fn psql(url: &str, sql: &str) -> String {
     String::from_utf8_lossy(&output.stdout).trim().to_string()
 }
 
-fn spawn(place: &Place, args: &[&str]) -> Child {
+/// Starts minishop on `place` with `args`, its logs filtered to errors,
+/// its stdout and stderr piped.
+pub(crate) fn spawn(place: &Place, args: &[&str]) -> Child {
     Command::new(minishop())
         .args(place.args())
         .args(args)
@@ -148,7 +153,7 @@ fn spawn(place: &Place, args: &[&str]) -> Child {
 
 /// Waits for the child to exit, for at most `timeout`; `None` if it is
 /// still running.
-fn wait_for(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+pub(crate) fn wait_for(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(status) = child.try_wait().expect("try_wait") {
@@ -162,7 +167,7 @@ fn wait_for(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
 }
 
 /// Waits for a child that must finish by itself, and returns its output.
-fn finish(mut child: Child, timeout: Duration, what: &str) -> Output {
+pub(crate) fn finish(mut child: Child, timeout: Duration, what: &str) -> Output {
     if wait_for(&mut child, timeout).is_none() {
         let _ = child.kill();
         let output = child.wait_with_output().expect("output");
@@ -174,17 +179,22 @@ fn finish(mut child: Child, timeout: Duration, what: &str) -> Output {
     child.wait_with_output().expect("output")
 }
 
-/// The result line of a `--json` run, checked: the run passed, every order
-/// has one reservation, one confirmation and one e-mail, nothing is pending.
-fn check_result(output: &Output, what: &str) -> serde_json::Value {
+/// The result line of a `--json` run, unchecked.
+pub(crate) fn result_json(output: &Output, what: &str) -> serde_json::Value {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let last = stdout.lines().last().unwrap_or_default();
-    let result: serde_json::Value = serde_json::from_str(last).unwrap_or_else(|e| {
+    serde_json::from_str(last).unwrap_or_else(|e| {
         panic!(
             "{what}: the last line is not JSON ({e})\nstdout:\n{stdout}\nstderr:\n{}",
             String::from_utf8_lossy(&output.stderr)
         )
-    });
+    })
+}
+
+/// The result line of a `--json` run, checked: the run passed, every order
+/// has one reservation, one confirmation and one e-mail, nothing is pending.
+pub(crate) fn check_result(output: &Output, what: &str) -> serde_json::Value {
+    let result = result_json(output, what);
     let field = |key: &str| {
         result[key]
             .as_i64()
@@ -220,13 +230,20 @@ fn check_result(output: &Output, what: &str) -> serde_json::Value {
     result
 }
 
-/// SIGKILL at seeded random moments, at least 20 times, then a resume.
-fn survives_sigkill(place: Place) {
+/// The seed of a test's random kill moments: `TICKBOX_CRASH_SEED`, or a
+/// new one, printed so that a failure can be replayed.
+pub(crate) fn crash_seed() -> u64 {
     let seed = std::env::var("TICKBOX_CRASH_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| fastrand::u64(..));
     eprintln!("crash test seed: {seed} (TICKBOX_CRASH_SEED={seed} replays it)");
+    seed
+}
+
+/// SIGKILL at seeded random moments, at least 20 times, then a resume.
+fn survives_sigkill(place: Place) {
+    let seed = crash_seed();
     let mut rng = fastrand::Rng::with_seed(seed);
     let (mut kills, mut runs) = (0, 0);
     // Each run resumes the work the last one left; when a run finishes all
@@ -421,11 +438,7 @@ fn sigkill_at_random(
     (first_ms, early_ms, late_ms): (u64, u64, u64),
     mut respawn: impl FnMut(usize) -> Child,
 ) -> (u64, usize) {
-    let seed = std::env::var("TICKBOX_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| fastrand::u64(..));
-    eprintln!("crash test seed: {seed} (TICKBOX_CRASH_SEED={seed} replays it)");
+    let seed = crash_seed();
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut kills = 0;
     while kills < most {
