@@ -102,6 +102,8 @@ mod disturb;
 mod elsewhere;
 mod faults;
 mod flow;
+#[cfg(test)]
+mod flow_test;
 mod mail;
 mod progress;
 mod report;

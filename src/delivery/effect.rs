@@ -50,7 +50,10 @@ impl Delivery {
     /// a person settles the effect
     /// ([`ModuleHandle::settle_effect`](crate::ModuleHandle::settle_effect),
     /// or the operator's tool) and replays the dead letter. A journal that
-    /// cannot be written is a transient error, and `call` is not run.
+    /// cannot be written before the call is a transient error, and `call`
+    /// is not run; one that cannot be written after it is a transient error
+    /// too, though the call happened: the entry stays started, and the next
+    /// delivery does what `policy` says of an effect cut short.
     ///
     /// ```no_run
     /// use std::time::Duration;

@@ -131,8 +131,9 @@ pub struct EffectMetrics {
     pub succeeded: u64,
     /// Calls that returned an error.
     pub failed: u64,
-    /// Effects found unfinished that may not be called again (a person
-    /// must settle them).
+    /// Effects that became unknown here: found unfinished and not to be
+    /// called again, so a person must settle them (a delivery refused
+    /// because its effect was unknown already is not counted again).
     pub unknown: u64,
     /// Deliveries that got a recorded result back instead of calling.
     pub reused: u64,

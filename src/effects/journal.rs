@@ -101,8 +101,8 @@ pub(crate) fn decide(found: &EffectRow, policy: EffectPolicy, now_us: i64) -> Re
         (EffectState::Retry, _) => call_again(now_us),
         (EffectState::Failed, EffectPolicy::AtMostOnce) => call_again(found.window_from_us),
         (EffectState::Started, EffectPolicy::AtMostOnce) => unknown(format!(
-            "call {} was started but its outcome was never recorded (the process stopped \
-             during the call or before recording it), and it may not be called twice",
+            "call {} was started but its outcome was never recorded (the call panicked, or the \
+             process stopped during it or before recording it), and it may not be called twice",
             found.calls
         )),
         (
@@ -201,27 +201,36 @@ impl<B: Backend> Journal<B> {
                     error: None,
                 };
                 if B::insert_journal_entry(conn, &row).await? == 1 {
-                    return Ok(Begun::Call { calls: 1 });
+                    return Ok((Begun::Call { calls: 1 }, false));
                 }
                 let found = B::journal_entry(conn, &id)
                     .await?
                     .ok_or_else(|| changed(&id))?;
                 let decision = decide(&found, policy, now)?;
+                let became_unknown = decision
+                    .change
+                    .as_ref()
+                    .is_some_and(|c| c.state == EffectState::Unknown.as_str());
                 if let Some(change) = decision.change {
                     if B::update_journal_entry(conn, &id, change).await? != 1 {
                         return Err(changed(&id));
                     }
                 }
-                Ok(decision.begun)
+                Ok((decision.begun, became_unknown))
             })
         })
         .await?;
+        let (begun, became_unknown) = begun;
+        // An effect refused because it was unknown already is not counted
+        // again.
         let event = match &begun {
-            Begun::Call { .. } => EffectEvent::Started,
-            Begun::Reuse(_) => EffectEvent::Reused,
-            Begun::Refuse(_) => EffectEvent::Unknown,
+            Begun::Call { .. } => Some(EffectEvent::Started),
+            Begun::Reuse(_) => Some(EffectEvent::Reused),
+            Begun::Refuse(_) => became_unknown.then_some(EffectEvent::Unknown),
         };
-        self.counters.count(&handler, &effect, event);
+        if let Some(event) = event {
+            self.counters.count(&handler, &effect, event);
+        }
         Ok(begun)
     }
 

@@ -1,5 +1,5 @@
 //! The examples: the README's quick start is `examples/quick_start.rs` word
-//! for word, every example opens with what it shows and the command that
+//! for word, its test of minishop is `examples/minishop/flow_test.rs`, every example opens with what it shows and the command that
 //! runs it, and the short examples run and do what they say. (minishop has
 //! tests of its own, in `processes`.)
 //!
@@ -20,42 +20,53 @@ fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// The code of the first `rust` block under the README's `## Quick start`.
-fn readme_quick_start() -> String {
+/// The code of the first `rust` block under the README's section `title`.
+fn readme_code(title: &str) -> String {
     let readme = read(&root().join("README.md"));
     let section = readme
-        .split_once("\n## Quick start\n")
-        .expect("README.md has a `## Quick start` section")
+        .split_once(&format!("\n## {title}\n"))
+        .unwrap_or_else(|| panic!("README.md has a `## {title}` section"))
         .1;
     let section = section.split("\n## ").next().unwrap_or(section);
     let code = section
         .split_once("```rust\n")
-        .expect("the Quick start section has a ```rust block")
+        .unwrap_or_else(|| panic!("the {title} section has a ```rust block"))
         .1;
     let end = code
         .find("\n```\n")
-        .expect("the Quick start's ```rust block ends");
+        .unwrap_or_else(|| panic!("the {title} section's ```rust block ends"));
     format!("{}\n", &code[..end])
 }
 
-#[test]
-fn the_readme_quick_start_is_the_quick_start_example() {
-    let readme = readme_quick_start();
-    let example = read(&root().join("examples/quick_start.rs"));
-    if readme != example {
+/// Panics, naming the first line that differs, unless the README's code
+/// under `title` is the file at `path` word for word.
+fn assert_readme_shows(title: &str, path: &str) {
+    let readme = readme_code(title);
+    let file = read(&root().join(path));
+    if readme != file {
         let (line, (r, e)) = readme
             .lines()
             .chain(std::iter::repeat("<end>"))
-            .zip(example.lines().chain(std::iter::repeat("<end>")))
+            .zip(file.lines().chain(std::iter::repeat("<end>")))
             .enumerate()
             .find(|(_, (r, e))| r != e)
             .expect("they differ");
         panic!(
-            "README.md's Quick start and examples/quick_start.rs differ first at line {}:\n  \
-             README.md: {r}\n  example:   {e}\ncopy one onto the other",
+            "README.md's {title} and {path} differ first at line {}:\n  \
+             README.md: {r}\n  {path}: {e}\ncopy one onto the other",
             line + 1
         );
     }
+}
+
+#[test]
+fn the_readme_quick_start_is_the_quick_start_example() {
+    assert_readme_shows("Quick start", "examples/quick_start.rs");
+}
+
+#[test]
+fn the_readme_test_of_minishop_is_its_flow_test() {
+    assert_readme_shows("Testing your application", "examples/minishop/flow_test.rs");
 }
 
 /// Each example with its source: `examples/NAME.rs` or
