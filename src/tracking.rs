@@ -73,6 +73,9 @@ pub(crate) struct Trackers {
     /// Dropped sessions leave a dead entry, removed when one is added.
     #[cfg(feature = "testing")]
     list: std::sync::RwLock<Vec<std::sync::Weak<dyn Tracker>>>,
+    /// Whether a tracker was ever added: until then, events cost one load.
+    #[cfg(feature = "testing")]
+    watched: std::sync::atomic::AtomicBool,
 }
 
 impl Trackers {
@@ -82,11 +85,16 @@ impl Trackers {
         let mut list = self.list.write().unwrap_or_else(|p| p.into_inner());
         list.retain(|t| t.strong_count() > 0);
         list.push(tracker);
+        self.watched
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// The live trackers; empty (and without a lock) when there are none.
     #[cfg(feature = "testing")]
     fn live(&self) -> Vec<Arc<dyn Tracker>> {
+        if !self.watched.load(std::sync::atomic::Ordering::Acquire) {
+            return Vec::new();
+        }
         let list = self.list.read().unwrap_or_else(|p| p.into_inner());
         list.iter().filter_map(std::sync::Weak::upgrade).collect()
     }

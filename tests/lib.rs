@@ -90,12 +90,12 @@ macro_rules! suite {
 
         case!(rolled_back_publish_is_never_delivered_and_committed_one_is);
         case!(a_redelivered_message_is_skipped_and_counted);
-        case!(concurrent_deliveries_of_one_message_have_one_effect);
+        case!(concurrent_deliveries_of_one_message_commit_once);
         case!(a_handler_error_rolls_back_and_is_retried);
         case!(a_handler_panic_rolls_back_and_is_retried);
         case!(each_handler_ticks_its_own_inbox_row);
         case!(a_message_published_by_a_handler_exists_only_if_it_commits);
-        case!(a_crash_between_handler_commit_and_outbox_mark_redelivers_without_double_effect);
+        case!(a_crash_between_handler_commit_and_outbox_mark_redelivers_without_applying_twice);
         case!(configuration_mistakes_fail_at_start_with_clear_errors);
         case!(a_read_only_transaction_reads_without_blocking_and_cannot_publish);
         case!(the_modules_of_a_stopped_bus_join_a_new_one);

@@ -74,12 +74,12 @@ async fn raw_connection() -> Connection {
         .expect("the broker is reachable")
 }
 
-/// Effects of `warehouse.record` and distinct messages among them.
-async fn effects_and_distinct(warehouse: &ModuleHandle<Sqlite>) -> (i64, i64) {
-    let all = effects(warehouse, "warehouse.record").await;
+/// Changes of `warehouse.record` and distinct messages among them.
+async fn changes_and_distinct(warehouse: &ModuleHandle<Sqlite>) -> (i64, i64) {
+    let all = changes(warehouse, "warehouse.record").await;
     let distinct = count(
         warehouse,
-        "SELECT count(DISTINCT message_id) AS n FROM effects WHERE handler = 'warehouse.record'",
+        "SELECT count(DISTINCT message_id) AS n FROM changes WHERE handler = 'warehouse.record'",
     )
     .await;
     (all, distinct)
@@ -119,7 +119,7 @@ async fn an_unreachable_broker_fails_the_start_and_the_modules_stay_free() {
     let session = tickbox::testing::Session::start(&bus);
     publish(&orders, 1).await;
     session.wait().await;
-    assert_eq!(effects(&warehouse, "warehouse.record").await, 1);
+    assert_eq!(changes(&warehouse, "warehouse.record").await, 1);
     bus.stop().await;
 }
 
@@ -288,7 +288,7 @@ async fn hostile_messages_on_a_queue_become_dead_letters_and_good_ones_flow() {
         publish(&orders, n).await;
     }
     session.wait().await;
-    assert_eq!(effects(&warehouse, "warehouse.record").await, 5);
+    assert_eq!(changes(&warehouse, "warehouse.record").await, 5);
     eventually("each hostile message is a dead letter", WAIT, || async {
         warehouse.store_stats().await.expect("stats").dead_letters == hostile.len() as i64
     })
@@ -335,7 +335,7 @@ async fn survives(
         publish(&orders, n).await;
     }
     eventually("the first messages are handled", WAIT, || async {
-        effects(&warehouse, "warehouse.record").await > 0
+        changes(&warehouse, "warehouse.record").await > 0
     })
     .await;
     fault();
@@ -348,11 +348,11 @@ async fn survives(
     eventually(
         "every message is handled",
         Duration::from_secs(60),
-        || async { effects(&warehouse, "warehouse.record").await >= count as i64 },
+        || async { changes(&warehouse, "warehouse.record").await >= count as i64 },
     )
     .await;
     assert!(bus.wait_idle(WAIT).await.expect("wait_idle"), "idle");
-    let (all, distinct) = effects_and_distinct(&warehouse).await;
+    let (all, distinct) = changes_and_distinct(&warehouse).await;
     assert_eq!((all, distinct), (count as i64, count as i64), "each once");
     assert_eq!(
         orders.store_stats().await.expect("stats").outbox_pending,

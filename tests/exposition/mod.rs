@@ -98,7 +98,7 @@ async fn the_prometheus_endpoint_passes_promtool() {
         .start()
         .await
         .expect("warehouse");
-    create_effects(&warehouse).await;
+    create_changes(&warehouse).await;
     let notifications = Sqlite::module(&db, "notifications")
         .handler("notifications.mail", Mail)
         .start()

@@ -117,7 +117,7 @@ async fn delivered_promptly(
     eventually(
         &format!("message {n}, committed where no bus runs, is delivered at once"),
         PROMPTLY,
-        || async { effects(warehouse, "warehouse.record").await == handled },
+        || async { changes(warehouse, "warehouse.record").await == handled },
     )
     .await;
 }
@@ -262,7 +262,7 @@ async fn a_rolled_back_publish_notifies_nobody_and_a_commit_notifies_once() {
     );
 
     eventually("the committed messages are handled", PROMPTLY, || async {
-        effects(&warehouse, "warehouse.record").await == 3
+        changes(&warehouse, "warehouse.record").await == 3
     })
     .await;
     drained(&bus).await;
@@ -289,7 +289,7 @@ async fn a_module_on_a_bus_commits_without_notifying() {
         publish(&orders, n).await;
     }
     drained(&bus).await;
-    assert_eq!(effects(&warehouse, "warehouse.record").await, 5);
+    assert_eq!(changes(&warehouse, "warehouse.record").await, 5);
     assert_eq!(
         listener
             .before_sentinel(&orders, "after claimed commits")
@@ -376,7 +376,7 @@ async fn a_requeued_dead_letter_wakes_the_bus_at_once() {
     eventually(
         "the requeued message is handled at once",
         PROMPTLY,
-        || async { effects(&warehouse, "warehouse.record").await == 1 },
+        || async { changes(&warehouse, "warehouse.record").await == 1 },
     )
     .await;
     drained(&bus).await;

@@ -9,7 +9,7 @@ use tickbox::{
 };
 use tokio::sync::watch;
 
-/// Writes an effect row per message after waiting for its gate to open, and
+/// Writes an change row per message after waiting for its gate to open, and
 /// fails permanently for message number `poison`.
 #[derive(Clone)]
 struct Gated {
@@ -28,7 +28,7 @@ impl<B: TestBackend> Handler<B> for Gated {
     ) -> Result<(), HandlerError> {
         let mut gate = self.gate.subscribe();
         gate.wait_for(|open| *open).await?;
-        write_effect(tx, delivery).await?;
+        write_change(tx, delivery).await?;
         if self.poison == Some(ping.n) {
             return Err(HandlerError::permanent(HandlerError::msg(format!(
                 "message {} is poison",
@@ -62,7 +62,7 @@ async fn gated_pair<B: TestBackend>(
         .start()
         .await
         .expect("warehouse starts");
-    create_effects(&warehouse).await;
+    create_changes(&warehouse).await;
     (orders, warehouse, gate)
 }
 
@@ -87,10 +87,10 @@ async fn publish_behind_the_gate<B: TestBackend>(
     super::drained(bus).await;
 }
 
-async fn distinct_effects<B: TestBackend>(warehouse: &ModuleHandle<B>) -> i64 {
+async fn distinct_changes<B: TestBackend>(warehouse: &ModuleHandle<B>) -> i64 {
     count(
         warehouse,
-        "SELECT count(DISTINCT message_id) AS n FROM effects",
+        "SELECT count(DISTINCT message_id) AS n FROM changes",
     )
     .await
 }
@@ -127,11 +127,11 @@ pub async fn waiting_messages_commit_together_in_batches_and_each_once<B: TestBa
     publish_behind_the_gate(&orders, &warehouse, &gate, &bus, 40).await;
 
     assert_eq!(
-        effects(&warehouse, HANDLER).await,
+        changes(&warehouse, HANDLER).await,
         40,
-        "one effect per message"
+        "one change per message"
     );
-    assert_eq!(distinct_effects(&warehouse).await, 40);
+    assert_eq!(distinct_changes(&warehouse).await, 40);
     assert_eq!(inbox_rows(&warehouse, HANDLER).await, 40);
     let metrics = &warehouse.metrics().handlers[0];
     assert_eq!(
@@ -154,11 +154,11 @@ pub async fn a_failing_message_rolls_back_its_batch_and_only_it_is_dead_lettered
     publish_behind_the_gate(&orders, &warehouse, &gate, &bus, 20).await;
 
     assert_eq!(
-        effects(&warehouse, HANDLER).await,
+        changes(&warehouse, HANDLER).await,
         19,
         "every message but the poison one, once; nothing of the rolled-back batch"
     );
-    assert_eq!(distinct_effects(&warehouse).await, 19);
+    assert_eq!(distinct_changes(&warehouse).await, 19);
     assert_eq!(inbox_rows(&warehouse, HANDLER).await, 19);
     let dead = warehouse.dead_letters(0, 10).await.expect("dead letters");
     assert_eq!(dead.len(), 1, "{dead:?}");

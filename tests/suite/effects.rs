@@ -87,7 +87,7 @@ impl<B: TestBackend> Handler<B> for Notify {
         ping: Ping,
         delivery: &Delivery,
     ) -> Result<(), HandlerError> {
-        write_effect(tx, delivery).await?;
+        write_change(tx, delivery).await?;
         let n = ping.n;
         let call = |key: String| async move {
             if take(&self.fail_calls) {
@@ -135,7 +135,7 @@ async fn notifications_with<B: TestBackend>(
         .start()
         .await
         .expect("notifications starts");
-    create_effects(&module).await;
+    create_changes(&module).await;
     module
 }
 
@@ -165,7 +165,7 @@ pub async fn a_recorded_result_comes_back_on_redelivery_without_calling_again<B:
         FailureKind::Handler
     );
     assert_eq!(
-        effects(&module, HANDLER).await,
+        changes(&module, HANDLER).await,
         0,
         "the handler's changes rolled back"
     );
@@ -244,7 +244,7 @@ pub async fn an_effect_name_used_twice_in_one_delivery_is_a_clear_permanent_erro
         failed.reason
     );
     assert_eq!(handler.sent().len(), 1, "the first use called out once");
-    assert_eq!(effects(&module, HANDLER).await, 0);
+    assert_eq!(changes(&module, HANDLER).await, 0);
 }
 
 pub async fn an_effect_cut_short_is_called_again_with_the_same_key_within_its_window<
@@ -278,7 +278,7 @@ pub async fn an_effect_cut_short_is_called_again_with_the_same_key_within_its_wi
     assert_eq!(sent[0].1, sent[1].1, "with the same key");
     let done = entry(&module, envelope.id).await;
     assert_eq!((done.state, done.calls), (EffectState::Succeeded, 2));
-    assert_eq!(effects(&module, HANDLER).await, 1);
+    assert_eq!(changes(&module, HANDLER).await, 1);
 }
 
 pub async fn a_call_due_after_its_keys_window_is_refused_until_a_person_allows_it<
@@ -402,7 +402,7 @@ pub async fn an_at_most_once_effect_cut_short_becomes_unknown_and_is_dead_letter
         vec![(1, "250 seen in the server's log".to_string())],
         "the handler got the settled result"
     );
-    assert_eq!(effects(&module, HANDLER).await, 1);
+    assert_eq!(changes(&module, HANDLER).await, 1);
 
     // Settled and succeeded: nothing more to settle.
     let again = module
@@ -485,7 +485,7 @@ pub async fn a_batch_that_falls_back_calls_no_effect_twice<B: TestBackend>(db: T
         .await
         .expect("bus starts");
     let report = session.wait().await;
-    assert_eq!(effects(&module, HANDLER).await, 11);
+    assert_eq!(changes(&module, HANDLER).await, 11);
     assert_eq!(report.dead_letters(HANDLER).len(), 1, "{report}");
     assert!(module
         .dead_letter(ids[3], HANDLER)

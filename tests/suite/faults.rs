@@ -43,7 +43,7 @@ pub async fn a_poison_message_is_dead_lettered_while_others_flow_and_replayed_on
     drained(&bus).await;
 
     assert_eq!(
-        effects(&warehouse, "warehouse.record").await,
+        changes(&warehouse, "warehouse.record").await,
         19,
         "every other message was handled"
     );
@@ -74,7 +74,7 @@ pub async fn a_poison_message_is_dead_lettered_while_others_flow_and_replayed_on
         .await
         .expect("replay");
     assert_eq!(replayed, Replayed::Delivered(Outcome::Handled));
-    assert_eq!(effects(&warehouse, "warehouse.record").await, 20);
+    assert_eq!(changes(&warehouse, "warehouse.record").await, 20);
     assert!(warehouse
         .dead_letters(0, 10)
         .await
@@ -86,7 +86,7 @@ pub async fn a_poison_message_is_dead_lettered_while_others_flow_and_replayed_on
         .expect_err("gone");
     assert!(matches!(again, Error::NoSuchDeadLetter { .. }), "{again}");
     assert_eq!(
-        effects(&warehouse, "warehouse.record").await,
+        changes(&warehouse, "warehouse.record").await,
         20,
         "handled exactly once"
     );
@@ -119,7 +119,7 @@ pub async fn a_permanent_error_dead_letters_at_once_and_can_be_discarded<B: Test
         .discard_dead_letter(id, "warehouse.record")
         .await
         .expect("discard"));
-    assert_eq!(effects(&warehouse, "warehouse.record").await, 0);
+    assert_eq!(changes(&warehouse, "warehouse.record").await, 0);
     bus.stop().await;
 }
 
@@ -159,7 +159,7 @@ pub async fn bad_rows_become_dead_letters_and_nothing_else_is_lost<B: TestBacken
     }
     drained(&bus).await;
     assert_eq!(
-        effects(&warehouse, "warehouse.record").await,
+        changes(&warehouse, "warehouse.record").await,
         5,
         "good messages all handled"
     );
@@ -233,7 +233,7 @@ pub async fn retention_sweeps_old_rows_and_keeps_recent_duplicates_out<B: TestBa
         .start()
         .await
         .expect("warehouse");
-    create_effects(&warehouse).await;
+    create_changes(&warehouse).await;
 
     // Two hours old: an inbox row and a delivered outbox row.
     let old = uuid_ago(2 * hour);
@@ -350,7 +350,7 @@ pub async fn stopping_with_deliveries_in_flight_loses_and_doubles_nothing<B: Tes
         0,
         "running deliveries finished before stop returned"
     );
-    let handled_before = effects(&warehouse, "warehouse.record").await;
+    let handled_before = changes(&warehouse, "warehouse.record").await;
     assert!(
         handled_before < 20,
         "the stop came mid-way ({handled_before} handled)"
@@ -381,12 +381,12 @@ pub async fn stopping_with_deliveries_in_flight_loses_and_doubles_nothing<B: Tes
     let second = bus(&db, &[&restarted_orders, &restarted_warehouse]).await;
     drained(&second).await;
     assert_eq!(
-        effects(&restarted_warehouse, "warehouse.record").await,
+        changes(&restarted_warehouse, "warehouse.record").await,
         20,
         "none lost"
     );
     assert_eq!(
-        count(&restarted_warehouse, "SELECT count(*) AS n FROM (SELECT message_id FROM effects GROUP BY message_id HAVING count(*) > 1) doubled").await,
+        count(&restarted_warehouse, "SELECT count(*) AS n FROM (SELECT message_id FROM changes GROUP BY message_id HAVING count(*) > 1) doubled").await,
         0,
         "none doubled"
     );
@@ -427,7 +427,7 @@ pub async fn a_dead_process_claims_are_taken_over_when_they_expire<B: TestBacken
         .await
         .expect("bus starts");
     eventually("the expired claim is taken over", WAIT, || async {
-        effects(&warehouse, "warehouse.record").await == 1
+        changes(&warehouse, "warehouse.record").await == 1
     })
     .await;
     assert!(
@@ -466,7 +466,7 @@ pub async fn two_buses_on_one_set_of_databases_handle_each_message_once<B: TestB
         (orders, warehouse, bus)
     };
     let (orders_a, warehouse_a, bus_a) = start().await;
-    create_effects(&warehouse_a).await;
+    create_changes(&warehouse_a).await;
     let (orders_b, _warehouse_b, bus_b) = start().await;
     for n in 0..40 {
         publish(&orders_a, n).await;
@@ -476,9 +476,9 @@ pub async fn two_buses_on_one_set_of_databases_handle_each_message_once<B: TestB
     // takes it over.
     bus_a.stop().await;
     drained(&bus_b).await;
-    assert_eq!(effects(&warehouse_a, "warehouse.record").await, 80);
+    assert_eq!(changes(&warehouse_a, "warehouse.record").await, 80);
     assert_eq!(
-        count(&warehouse_a, "SELECT count(*) AS n FROM (SELECT message_id FROM effects GROUP BY message_id HAVING count(*) > 1) doubled").await,
+        count(&warehouse_a, "SELECT count(*) AS n FROM (SELECT message_id FROM changes GROUP BY message_id HAVING count(*) > 1) doubled").await,
         0,
         "each message handled once"
     );
@@ -522,7 +522,7 @@ pub async fn messages_beyond_the_announcement_queue_are_delivered_without_waitin
         .await
         .expect("wait_idle");
     assert!(idle, "4,500 messages were not all delivered");
-    assert_eq!(effects(&warehouse, "warehouse.record").await, 4500);
+    assert_eq!(changes(&warehouse, "warehouse.record").await, 4500);
     assert_eq!(handler.calls.load(SeqCst), 4500, "each once");
     bus.stop().await;
 }
@@ -545,13 +545,13 @@ pub async fn an_outbox_retention_of_zero_deletes_rows_as_they_are_delivered<B: T
         .start()
         .await
         .expect("warehouse");
-    create_effects(&warehouse).await;
+    create_changes(&warehouse).await;
     let bus = bus(&db, &[&orders, &warehouse]).await;
     for n in 0..5 {
         publish(&orders, n).await;
     }
     drained(&bus).await;
-    assert_eq!(effects(&warehouse, "warehouse.record").await, 5);
+    assert_eq!(changes(&warehouse, "warehouse.record").await, 5);
     assert_eq!(
         count(&orders, "SELECT count(*) AS n FROM tickbox_outbox").await,
         0,
@@ -606,7 +606,7 @@ pub async fn a_named_instance_takes_its_own_claims_back_at_once<B: TestBackend>(
     assert_eq!(restarted.id(), id, "the same name gives the same id");
     // Well within the claim's two minutes.
     eventually("the restarted bus takes its claim back", WAIT, || async {
-        effects(&warehouse, "warehouse.record").await == 1
+        changes(&warehouse, "warehouse.record").await == 1
     })
     .await;
     drained(&restarted).await;

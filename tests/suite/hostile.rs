@@ -246,7 +246,7 @@ pub async fn hostile_rows_end_as_dead_letters_while_good_messages_flow<B: TestBa
     })
     .await;
     assert_eq!(
-        effects(&warehouse, "warehouse.record").await,
+        changes(&warehouse, "warehouse.record").await,
         good + delivered,
         "every good message and every odd-but-valid row handled once"
     );
@@ -304,6 +304,6 @@ pub async fn a_stalled_message_is_counted_and_named<B: TestBackend>(db: TestDb) 
         stalled(&orders) == 0 && orders.store_stats().await.expect("stats").outbox_pending == 0
     })
     .await;
-    assert_eq!(effects(&warehouse, "warehouse.record").await, 1);
+    assert_eq!(changes(&warehouse, "warehouse.record").await, 1);
     bus.stop().await;
 }

@@ -41,7 +41,7 @@ async fn chain<B: TestBackend>(
         .await
         .expect("audit starts");
     for module in [&warehouse_module, &audit_module] {
-        create_effects(module).await;
+        create_changes(module).await;
     }
     let bus = db
         .bus()
@@ -77,8 +77,8 @@ pub async fn a_flow_whose_last_message_follows_a_retry_is_not_finished_early<B: 
     let report = session.wait().await;
 
     // Read at once, no waiting: the whole flow has committed.
-    assert_eq!(effects(&audit_module, "audit.record").await, 1);
-    assert_eq!(effects(&warehouse_module, "warehouse.record").await, 1);
+    assert_eq!(changes(&audit_module, "audit.record").await, 1);
+    assert_eq!(changes(&warehouse_module, "warehouse.record").await, 1);
     assert_eq!(report.failures("warehouse.record").len(), 1, "{report}");
     assert_eq!(report.handled("warehouse.record").len(), 1);
     assert_eq!(report.handled("audit.record").len(), 1);
@@ -162,8 +162,8 @@ pub async fn injected_failures_and_duplicates_change_nothing_in_the_end<B: TestB
         publish(&orders, n).await;
     }
     let report = session.wait().await;
-    assert_eq!(effects(&warehouse_module, "warehouse.record").await, 10);
-    assert_eq!(effects(&audit_module, "audit.record").await, 10);
+    assert_eq!(changes(&warehouse_module, "warehouse.record").await, 10);
+    assert_eq!(changes(&audit_module, "audit.record").await, 10);
     assert_eq!(report.handled("audit.record").len(), 10);
     assert_eq!(report.published::<Pong>().len(), 10);
     assert!(
@@ -190,6 +190,6 @@ pub async fn a_message_delivered_straight_to_a_handler_is_tracked_with_its_casca
     assert_eq!(outcome, Ok(tickbox::Outcome::Handled));
     let report = session.wait().await;
     assert_eq!(report.handled("audit.record").len(), 1, "{report}");
-    assert_eq!(effects(&audit_module, "audit.record").await, 1);
+    assert_eq!(changes(&audit_module, "audit.record").await, 1);
     bus.stop().await;
 }

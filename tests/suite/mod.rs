@@ -41,8 +41,8 @@ pub(crate) async fn pair<B: TestBackend>(
         .start()
         .await
         .expect("warehouse starts");
-    create_effects(&orders).await;
-    create_effects(&warehouse).await;
+    create_changes(&orders).await;
+    create_changes(&warehouse).await;
     (orders, warehouse)
 }
 
@@ -102,7 +102,7 @@ pub async fn rolled_back_publish_is_never_delivered_and_committed_one_is<B: Test
     assert_eq!(report.published::<Ping>().len(), 1, "{report}");
     assert_eq!(report.handled("warehouse.record").len(), 1, "{report}");
     drained(&bus).await;
-    assert_eq!(effects(&warehouse, "warehouse.record").await, 1);
+    assert_eq!(changes(&warehouse, "warehouse.record").await, 1);
     assert_eq!(
         count(&orders, "SELECT count(*) AS n FROM tickbox_outbox").await,
         1,
@@ -136,7 +136,7 @@ pub async fn a_redelivered_message_is_skipped_and_counted<B: TestBackend>(db: Te
         publish(&orders, n).await;
     }
     drained(&bus).await;
-    assert_eq!(effects(&warehouse, "warehouse.record").await, 5);
+    assert_eq!(changes(&warehouse, "warehouse.record").await, 5);
     assert_eq!(
         handler.calls.load(SeqCst),
         5,
@@ -152,7 +152,7 @@ pub async fn a_redelivered_message_is_skipped_and_counted<B: TestBackend>(db: Te
     bus.stop().await;
 }
 
-pub async fn concurrent_deliveries_of_one_message_have_one_effect<B: TestBackend>(db: TestDb) {
+pub async fn concurrent_deliveries_of_one_message_commit_once<B: TestBackend>(db: TestDb) {
     let handler = Record::new(Then::Succeed).holding(Duration::from_millis(50));
     let warehouse = B::module(&db, "warehouse")
         .pool_size(16)
@@ -160,7 +160,7 @@ pub async fn concurrent_deliveries_of_one_message_have_one_effect<B: TestBackend
         .start()
         .await
         .expect("warehouse starts");
-    create_effects(&warehouse).await;
+    create_changes(&warehouse).await;
     let envelope = Envelope::encode(&Ping { n: 1 }).expect("encodes");
 
     let deliveries = (0..16).map(|_| warehouse.deliver_to(envelope.clone(), "warehouse.record"));
@@ -175,7 +175,7 @@ pub async fn concurrent_deliveries_of_one_message_have_one_effect<B: TestBackend
         .filter(|o| **o == Ok(Outcome::Duplicate))
         .count();
     assert_eq!((handled, duplicates), (1, 15), "outcomes: {outcomes:?}");
-    assert_eq!(effects(&warehouse, "warehouse.record").await, 1);
+    assert_eq!(changes(&warehouse, "warehouse.record").await, 1);
     assert_eq!(inbox_rows(&warehouse, "warehouse.record").await, 1);
 }
 
@@ -195,7 +195,7 @@ async fn failing_handler_rolls_back_then_succeeds<B: TestBackend>(
         .expect_err("the first attempt fails");
     assert_eq!(failed.kind, kind, "{failed}");
     assert_eq!(
-        effects(&warehouse, "warehouse.record").await,
+        changes(&warehouse, "warehouse.record").await,
         0,
         "the failed attempt's changes were rolled back"
     );
@@ -205,11 +205,11 @@ async fn failing_handler_rolls_back_then_succeeds<B: TestBackend>(
         "no inbox row for a failed attempt"
     );
 
-    // Through the bus: retried until it succeeds, exactly one effect.
+    // Through the bus: retried until it succeeds, its changes committed once.
     let bus = bus(&db, &[&orders, &warehouse]).await;
     publish(&orders, 8).await;
     drained(&bus).await;
-    assert_eq!(effects(&warehouse, "warehouse.record").await, 1);
+    assert_eq!(changes(&warehouse, "warehouse.record").await, 1);
     assert_eq!(inbox_rows(&warehouse, "warehouse.record").await, 1);
     let metrics = &warehouse.metrics().handlers[0];
     assert_eq!(metrics.failed, 3, "one direct and two bus attempts failed");
@@ -242,8 +242,8 @@ pub async fn each_handler_ticks_its_own_inbox_row<B: TestBackend>(db: TestDb) {
         .start()
         .await
         .expect("warehouse starts");
-    create_effects(&orders).await;
-    create_effects(&warehouse).await;
+    create_changes(&orders).await;
+    create_changes(&warehouse).await;
     let bus = bus(&db, &[&orders, &warehouse]).await;
     let id = publish(&orders, 1).await;
     drained(&bus).await;
@@ -253,9 +253,9 @@ pub async fn each_handler_ticks_its_own_inbox_row<B: TestBackend>(db: TestDb) {
         (&warehouse, "warehouse.reserve"),
         (&warehouse, "warehouse.forecast"),
     ] {
-        assert_eq!(effects(module, name).await, 1, "{name}");
+        assert_eq!(changes(module, name).await, 1, "{name}");
         assert_eq!(
-            count(module, format!("SELECT count(*) AS n FROM effects WHERE handler = '{name}' AND message_id = '{id}'")).await,
+            count(module, format!("SELECT count(*) AS n FROM changes WHERE handler = '{name}' AND message_id = '{id}'")).await,
             1,
             "{name} recorded the message id"
         );
@@ -283,15 +283,15 @@ pub async fn a_message_published_by_a_handler_exists_only_if_it_commits<B: TestB
         .start()
         .await
         .expect("warehouse starts");
-    create_effects(&orders).await;
-    create_effects(&warehouse).await;
+    create_changes(&orders).await;
+    create_changes(&warehouse).await;
     let bus = bus(&db, &[&orders, &warehouse]).await;
     let session = Session::start(&bus).allow_failures();
     let ping = publish(&orders, 1).await;
 
     let report = session.wait().await;
     assert_eq!(report.handled("orders.confirm").len(), 1, "{report}");
-    assert_eq!(effects(&orders, "orders.confirm").await, 1);
+    assert_eq!(changes(&orders, "orders.confirm").await, 1);
     assert_eq!(
         report.published::<Pong>().len(),
         1,
@@ -326,7 +326,7 @@ pub async fn a_message_published_by_a_handler_exists_only_if_it_commits<B: TestB
     bus.stop().await;
 }
 
-pub async fn a_crash_between_handler_commit_and_outbox_mark_redelivers_without_double_effect<
+pub async fn a_crash_between_handler_commit_and_outbox_mark_redelivers_without_applying_twice<
     B: TestBackend,
 >(
     db: TestDb,
@@ -353,12 +353,12 @@ pub async fn a_crash_between_handler_commit_and_outbox_mark_redelivers_without_d
     // First life: `good` commits, `flaky` keeps failing, so the message is
     // never marked delivered. Then the process "crashes" (bus and modules go).
     let (orders, warehouse) = start_modules().await;
-    create_effects(&orders).await;
-    create_effects(&warehouse).await;
+    create_changes(&orders).await;
+    create_changes(&warehouse).await;
     let first = bus(&db, &[&orders, &warehouse]).await;
     publish(&orders, 1).await;
     eventually("good has committed and flaky has failed", WAIT, || async {
-        effects(&warehouse, "warehouse.good").await == 1 && flaky.calls.load(SeqCst) >= 1
+        changes(&warehouse, "warehouse.good").await == 1 && flaky.calls.load(SeqCst) >= 1
     })
     .await;
     first.stop().await;
@@ -376,11 +376,11 @@ pub async fn a_crash_between_handler_commit_and_outbox_mark_redelivers_without_d
     let second = bus(&db, &[&orders, &warehouse]).await;
     drained(&second).await;
     assert_eq!(
-        effects(&warehouse, "warehouse.good").await,
+        changes(&warehouse, "warehouse.good").await,
         1,
-        "no double effect"
+        "not applied twice"
     );
-    assert_eq!(effects(&warehouse, "warehouse.flaky").await, 1);
+    assert_eq!(changes(&warehouse, "warehouse.flaky").await, 1);
     assert_eq!(good.calls.load(SeqCst), 1, "good did not run again");
     let handlers = warehouse.metrics().handlers;
     assert_eq!(
@@ -558,6 +558,6 @@ pub async fn the_modules_of_a_stopped_bus_join_a_new_one<B: TestBackend>(db: Tes
     let second = bus(&db, &[&orders, &warehouse]).await;
     publish(&orders, 3).await;
     drained(&second).await;
-    assert_eq!(effects(&warehouse, "warehouse.record").await, 3);
+    assert_eq!(changes(&warehouse, "warehouse.record").await, 3);
     second.stop().await;
 }

@@ -78,7 +78,7 @@ pub async fn lag_rises_while_the_bus_is_stopped_and_returns_to_zero<B: TestBacke
         .start()
         .await
         .expect("warehouse");
-    create_effects(&warehouse).await;
+    create_changes(&warehouse).await;
     for n in 0..3 {
         publish(&orders, n).await;
     }
@@ -99,7 +99,7 @@ pub async fn lag_rises_while_the_bus_is_stopped_and_returns_to_zero<B: TestBacke
         outbox.pending == 0 && outbox.lag_seconds == 0.0
     })
     .await;
-    assert_eq!(effects(&warehouse, "warehouse.record").await, 3);
+    assert_eq!(changes(&warehouse, "warehouse.record").await, 3);
     bus.stop().await;
 }
 
@@ -116,7 +116,7 @@ pub async fn mailbox_depth_rises_under_a_slow_handler_and_falls_back<B: TestBack
         .start()
         .await
         .expect("warehouse");
-    create_effects(&warehouse).await;
+    create_changes(&warehouse).await;
     let bus = bus(&db, &[&orders, &warehouse]).await;
     for n in 0..8 {
         publish(&orders, n).await;

@@ -36,7 +36,7 @@ async fn process<B: TestBackend>(db: &TestDb, runs: &[&str], handler: &Record) -
             .start()
             .await
             .expect("subscriber starts");
-        create_effects(&module).await;
+        create_changes(&module).await;
         subscribers.push(module);
     }
     let bus = subscribers
@@ -58,23 +58,23 @@ async fn process<B: TestBackend>(db: &TestDb, runs: &[&str], handler: &Record) -
 /// A handle of a subscriber module for reading, opened beside the processes.
 async fn reader<B: TestBackend>(db: &TestDb, name: &str) -> ModuleHandle<B> {
     let module = B::module(db, name).start().await.expect("reader starts");
-    create_effects(&module).await;
+    create_changes(&module).await;
     module
 }
 
-/// Effects of `<name>.record` and how many messages it handled twice.
+/// Changes of `<name>.record` and how many messages it handled twice.
 async fn handled<B: TestBackend>(module: &ModuleHandle<B>) -> (i64, i64) {
     let handler = format!("{}.record", module.name());
-    let effects = effects(module, &handler).await;
+    let changes = changes(module, &handler).await;
     let doubled = count(
         module,
         format!(
-            "SELECT count(*) AS n FROM (SELECT message_id FROM effects \
+            "SELECT count(*) AS n FROM (SELECT message_id FROM changes \
              WHERE handler = '{handler}' GROUP BY message_id HAVING count(*) > 1) doubled"
         ),
     )
     .await;
-    (effects, doubled)
+    (changes, doubled)
 }
 
 async fn pending<B: TestBackend>(orders: &ModuleHandle<B>) -> i64 {

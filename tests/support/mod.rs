@@ -302,11 +302,11 @@ pub async fn count<B: TestBackend>(module: &ModuleHandle<B>, sql: impl Into<Stri
         .expect("count query")
 }
 
-/// Effects a handler has committed.
-pub async fn effects<B: TestBackend>(module: &ModuleHandle<B>, handler: &str) -> i64 {
+/// Changes a handler has committed (rows of the test's `changes` table).
+pub async fn changes<B: TestBackend>(module: &ModuleHandle<B>, handler: &str) -> i64 {
     count(
         module,
-        format!("SELECT count(*) AS n FROM effects WHERE handler = '{handler}'"),
+        format!("SELECT count(*) AS n FROM changes WHERE handler = '{handler}'"),
     )
     .await
 }
@@ -320,13 +320,13 @@ pub async fn inbox_rows<B: TestBackend>(module: &ModuleHandle<B>, handler: &str)
     .await
 }
 
-/// Creates the table test handlers write their effects to.
-pub async fn create_effects<B: TestBackend>(module: &ModuleHandle<B>) {
+/// Creates the table test handlers write their changes to.
+pub async fn create_changes<B: TestBackend>(module: &ModuleHandle<B>) {
     module
         .transaction(async move |tx| {
             tx.conn()
                 .batch_execute(
-                    "CREATE TABLE IF NOT EXISTS effects (
+                    "CREATE TABLE IF NOT EXISTS changes (
                         handler TEXT NOT NULL,
                         message_id TEXT NOT NULL,
                         attempt INTEGER NOT NULL
@@ -336,7 +336,7 @@ pub async fn create_effects<B: TestBackend>(module: &ModuleHandle<B>) {
             Ok::<_, tickbox::Error>(())
         })
         .await
-        .expect("create effects table");
+        .expect("create changes table");
 }
 
 /// A write transaction of a module, held open (having published one
@@ -415,7 +415,7 @@ impl Message for Pong {
     const TOPIC: &'static str = "test.pong";
 }
 
-/// What a [`Record`] handler does after writing its effect row.
+/// What a [`Record`] handler does after writing its change row.
 #[derive(Debug, Clone, Copy)]
 pub enum Then {
     Succeed,
@@ -434,7 +434,7 @@ pub enum Then {
     },
 }
 
-/// A test handler: writes an effect row in its transaction, then succeeds,
+/// A test handler: writes an change row in its transaction, then succeeds,
 /// fails or panics, and may publish a [`Pong`].
 #[derive(Clone)]
 pub struct Record {
@@ -467,14 +467,14 @@ impl Record {
     }
 }
 
-/// Writes the effect row of `delivery` in the handler's transaction.
-pub async fn write_effect<B: TestBackend>(
+/// Writes the change row of `delivery` in the handler's transaction.
+pub async fn write_change<B: TestBackend>(
     tx: &mut Tx<B>,
     delivery: &Delivery,
 ) -> Result<(), HandlerError> {
     tx.conn()
         .batch_execute(&format!(
-            "INSERT INTO effects (handler, message_id, attempt) VALUES ('{}', '{}', {})",
+            "INSERT INTO changes (handler, message_id, attempt) VALUES ('{}', '{}', {})",
             delivery.handler, delivery.envelope.id, delivery.attempt
         ))
         .await?;
@@ -491,7 +491,7 @@ impl<B: TestBackend, M: Message + HasN> Handler<B> for RecordOf<M> {
         delivery: &Delivery,
     ) -> Result<(), HandlerError> {
         let record = &self.0;
-        write_effect(tx, delivery).await?;
+        write_change(tx, delivery).await?;
         if !record.hold.is_zero() {
             tokio::time::sleep(record.hold).await;
         }

@@ -61,7 +61,7 @@ pub(crate) trait BenchBackend: Backend {
         note: &str,
     ) -> impl Future<Output = QueryResult<()>> + Send;
     /// The handler's business row.
-    fn insert_effect(
+    fn insert_change(
         conn: &mut Self::Connection,
         n: i64,
         id: Uuid,

@@ -70,7 +70,7 @@ async fn consume_one<B: BenchBackend>(
     let written = async {
         if B::raw_insert_inbox(conn, id, HANDLER, now_us()).await? {
             let work: Work = serde_json::from_str(payload)?;
-            B::insert_effect(conn, work.n as i64, id).await?;
+            B::insert_change(conn, work.n as i64, id).await?;
         }
         Ok::<_, BoxError>(())
     }

@@ -245,16 +245,16 @@ pub(crate) async fn run_tickbox_on<B: BenchBackend>(
 /// pair's connections.
 pub(crate) async fn verify<B: BenchBackend>(pair: &Pair<B>, expected: u64) -> Res<()> {
     pair.stop().await;
-    let effects = count(&pair.ledger, "SELECT count(*) AS n FROM bench_effects").await?;
+    let changes = count(&pair.ledger, "SELECT count(*) AS n FROM bench_changes").await?;
     let pending = pair.shop.store_stats().await?.outbox_pending;
     let failed = pair.ledger.metrics().total(|h| h.failed);
     // Release the connections now (PostgreSQL: max_connections), not when
     // the last handle is dropped.
     pair.shop.close();
     pair.ledger.close();
-    if effects as u64 != expected || pending != 0 {
+    if changes as u64 != expected || pending != 0 {
         return Err(format!(
-            "verification failed: {effects} effects (expected {expected}), {pending} outbox rows pending, {failed} failed deliveries"
+            "verification failed: {changes} changes (expected {expected}), {pending} outbox rows pending, {failed} failed deliveries"
         )
         .into());
     }

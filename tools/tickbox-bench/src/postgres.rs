@@ -53,7 +53,7 @@ impl BenchBackend for Postgres {
     const CREATE_ORDERS: &'static str =
         "CREATE TABLE bench_orders (n bigint PRIMARY KEY, note text NOT NULL)";
     const CREATE_EFFECTS: &'static str =
-        "CREATE TABLE bench_effects (n bigint PRIMARY KEY, message_id uuid NOT NULL)";
+        "CREATE TABLE bench_changes (n bigint PRIMARY KEY, message_id uuid NOT NULL)";
     const AFTER_PREFILL: &'static str =
         "VACUUM (ANALYZE) tickbox_outbox; VACUUM (ANALYZE) tickbox_inbox; CHECKPOINT;";
 
@@ -74,8 +74,8 @@ impl BenchBackend for Postgres {
             .map(drop)
     }
 
-    async fn insert_effect(conn: &mut AsyncPgConnection, n: i64, id: Uuid) -> QueryResult<()> {
-        diesel::sql_query("INSERT INTO bench_effects (n, message_id) VALUES ($1, $2)")
+    async fn insert_change(conn: &mut AsyncPgConnection, n: i64, id: Uuid) -> QueryResult<()> {
+        diesel::sql_query("INSERT INTO bench_changes (n, message_id) VALUES ($1, $2)")
             .bind::<BigInt, _>(n)
             .bind::<diesel::sql_types::Uuid, _>(id)
             .execute(conn)

@@ -58,7 +58,7 @@ impl BenchBackend for Sqlite {
     const CREATE_ORDERS: &'static str =
         "CREATE TABLE bench_orders (n INTEGER PRIMARY KEY NOT NULL, note TEXT NOT NULL)";
     const CREATE_EFFECTS: &'static str =
-        "CREATE TABLE bench_effects (n INTEGER PRIMARY KEY NOT NULL, message_id BLOB NOT NULL)";
+        "CREATE TABLE bench_changes (n INTEGER PRIMARY KEY NOT NULL, message_id BLOB NOT NULL)";
     const AFTER_PREFILL: &'static str = "ANALYZE; PRAGMA wal_checkpoint(TRUNCATE);";
 
     async fn batch(conn: &mut SqliteConnection, sql: &str) -> QueryResult<()> {
@@ -78,8 +78,8 @@ impl BenchBackend for Sqlite {
             .map(drop)
     }
 
-    async fn insert_effect(conn: &mut SqliteConnection, n: i64, id: Uuid) -> QueryResult<()> {
-        diesel::sql_query("INSERT INTO bench_effects (n, message_id) VALUES (?, ?)")
+    async fn insert_change(conn: &mut SqliteConnection, n: i64, id: Uuid) -> QueryResult<()> {
+        diesel::sql_query("INSERT INTO bench_changes (n, message_id) VALUES (?, ?)")
             .bind::<BigInt, _>(n)
             .bind::<Binary, _>(id.as_bytes().as_slice())
             .execute(conn)

@@ -47,7 +47,7 @@ impl<B: BenchBackend> Handler<B> for Record {
         delivery: &Delivery,
     ) -> Result<(), HandlerError> {
         let id = delivery.envelope.id;
-        B::insert_effect(tx.conn(), work.n as i64, id).await?;
+        B::insert_change(tx.conn(), work.n as i64, id).await?;
         let clock = self.clock.read().unwrap_or_else(|p| p.into_inner()).clone();
         clock.handler_ended(work.n, id);
         Ok(())

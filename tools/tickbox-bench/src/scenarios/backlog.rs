@@ -88,7 +88,7 @@ pub(crate) async fn run<B: BenchBackend>(place: &Place, args: &Args) -> Res<Json
     let seconds = started.elapsed().as_secs_f64();
     pair.stop().await;
     let pending_after = pair.shop.store_stats().await?.outbox_pending;
-    let effects = count(&pair.ledger, "SELECT count(*) AS n FROM bench_effects").await?;
+    let changes = count(&pair.ledger, "SELECT count(*) AS n FROM bench_changes").await?;
     pair.shop.close();
     pair.ledger.close();
 
@@ -115,8 +115,8 @@ pub(crate) async fn run<B: BenchBackend>(place: &Place, args: &Args) -> Res<Json
         );
     }
     println!("RSS before bus / max while draining {rss_before:>9.1} / {max_rss:.1} MiB   (VmHWM {hwm_before:.1} -> {peak:.1} MiB)");
-    println!("after: {pending_after} pending in the outbox, {effects} effects");
-    if pending_after != 0 || effects as u64 != args.messages {
+    println!("after: {pending_after} pending in the outbox, {changes} changes");
+    if pending_after != 0 || changes as u64 != args.messages {
         return Err("backlog verification failed".into());
     }
     let mut j = base_json(args);
