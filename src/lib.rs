@@ -355,7 +355,7 @@
 //!   ([`testing::TestDatabases`]).
 //!
 //! The operator's command-line tool, `tickbox` (status, subscriptions, dead
-//! letters, retention sweep), is the workspace crate `tools/tickbox-cli`,
+//! letters, effects, retention sweep), is the workspace crate `tools/tickbox-cli`,
 //! built on [`ModuleBuilder::attach`]: `cargo run -p tickbox-cli -- help`.
 
 #![forbid(unsafe_code)]
