@@ -132,7 +132,7 @@ pub async fn an_unfinished_flow_is_reported_with_what_it_waits_for<B: TestBacken
         chain::<B>(&db, &warehouse, &audit, Duration::from_secs(60)).await;
     let session = Session::start(&bus)
         .allow_failures()
-        .timeout(Duration::from_millis(500));
+        .timeout(Duration::from_secs(3));
     publish(&orders, 1).await;
     let unfinished = session
         .try_wait()
