@@ -2,10 +2,9 @@
 //! effects journal.
 
 use crate::delivery::handler::{Delivery, HandlerError};
-use crate::effects::journal::Begun;
+use crate::effects::journal::{Begun, Finished};
 use crate::effects::policy::EffectPolicy;
 use crate::effects::scope::effect_key;
-use crate::effects::state::EffectState;
 use crate::store::journal::EffectId;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -100,86 +99,69 @@ impl Delivery {
         F: FnOnce(String) -> Fut + Send,
         Fut: Future<Output = Result<T, E>> + Send,
     {
+        let refused = |reason: String| HandlerError::permanent(HandlerError::msg(reason));
+        let handler = &self.handler;
+        if name.trim().is_empty() {
+            return Err(refused(format!(
+                "handler `{handler}`: an effect needs a name"
+            )));
+        }
+        if matches!(policy, EffectPolicy::AtLeastOnceWithKey { window } if window.is_zero()) {
+            return Err(refused(format!(
+                "handler `{handler}`, effect `{name}`: the key's window must be above zero"
+            )));
+        }
         let scope = &self.effects;
+        if !scope.first_use(name) {
+            return Err(refused(format!(
+                "handler `{handler}` used effect name `{name}` twice for message {}: each effect \
+                 of a delivery needs its own name (the name is half of the effect's journal key)",
+                self.envelope.id
+            )));
+        }
         let id = EffectId {
             message_id: self.envelope.id,
-            handler: self.handler.to_string(),
+            handler: handler.to_string(),
             effect: name.to_string(),
         };
-        if name.trim().is_empty() {
-            return Err(HandlerError::permanent(HandlerError::msg(format!(
-                "handler `{}`: an effect needs a name",
-                self.handler
-            ))));
-        }
-        if let EffectPolicy::AtLeastOnceWithKey { window } = policy {
-            if window.is_zero() {
-                return Err(HandlerError::permanent(HandlerError::msg(format!(
-                    "handler `{}`, effect `{name}`: the key's window must be above zero",
-                    self.handler
-                ))));
-            }
-        }
-        if !scope.first_use(name) {
-            return Err(HandlerError::permanent(HandlerError::msg(format!(
-                "handler `{}` used effect name `{name}` twice for message {}: each effect of a \
-                 delivery needs its own name (the name is half of the effect's journal key)",
-                self.handler, self.envelope.id
-            ))));
-        }
-        let key = effect_key(self.envelope.id, &self.handler, name);
+        let key = effect_key(self.envelope.id, handler, name);
         let calls = match scope.journal.begin(id.clone(), key.clone(), policy).await? {
             Begun::Call { calls } => calls,
             Begun::Reuse(result) => {
                 return serde_json::from_str(&result).map_err(|e| {
-                    HandlerError::permanent(HandlerError::msg(format!(
+                    refused(format!(
                         "effect `{name}` succeeded before, but its recorded result ({result}) \
                          does not decode as the type the handler now expects: {e}"
-                    )))
+                    ))
                 })
             }
-            Begun::Refuse(reason) => {
-                return Err(HandlerError::permanent(HandlerError::msg(reason)));
-            }
+            Begun::Refuse(reason) => return Err(refused(reason)),
         };
         match call(key).await {
-            Ok(value) => {
-                let (state, result, error) = match serde_json::to_string(&value) {
-                    Ok(json) => (EffectState::Succeeded, Some(json), None),
-                    Err(e) => (
-                        EffectState::Unknown,
-                        None,
-                        Some(format!(
-                            "it returned a result that does not encode as JSON: {e}"
-                        )),
-                    ),
-                };
-                let recorded = scope
-                    .journal
-                    .finish(id, calls, state, result, error.clone())
-                    .await?;
-                if let Some(error) = error {
-                    return Err(HandlerError::permanent(HandlerError::msg(format!(
-                        "effect `{name}`: {error}"
-                    ))));
+            Ok(value) => match serde_json::to_string(&value) {
+                Ok(json) => {
+                    let recorded = scope
+                        .journal
+                        .finish(id, calls, Finished::Succeeded(json))
+                        .await?;
+                    if !recorded {
+                        tracing::warn!(handler = %handler, effect = name, message_id = %self.envelope.id, "an effect's outcome was not recorded: its journal entry was settled meanwhile");
+                    }
+                    Ok(value)
                 }
-                if !recorded {
-                    tracing::warn!(handler = %self.handler, effect = name, message_id = %self.envelope.id, "an effect's outcome was not recorded: its journal entry was settled meanwhile");
+                Err(e) => {
+                    let why = format!("it returned a result that does not encode as JSON: {e}");
+                    scope
+                        .journal
+                        .finish(id, calls, Finished::Unknown(why.clone()))
+                        .await?;
+                    Err(refused(format!("effect `{name}`: {why}")))
                 }
-                Ok(value)
-            }
+            },
             Err(error) => {
                 let error: HandlerError = error.into();
-                scope
-                    .journal
-                    .finish(
-                        id,
-                        calls,
-                        EffectState::Failed,
-                        None,
-                        Some(error.to_string()),
-                    )
-                    .await?;
+                let ended = Finished::Failed(error.to_string());
+                scope.journal.finish(id, calls, ended).await?;
                 Err(error)
             }
         }

@@ -17,7 +17,6 @@ use crate::store::settings::StoreSettings;
 use futures_util::future::BoxFuture;
 use std::sync::Arc;
 use tokio::sync::OnceCell;
-use uuid::Uuid;
 
 /// What an effect may do on this attempt, as decided before the call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,16 +41,26 @@ pub(crate) struct Decision {
     pub(crate) change: Option<EffectChange>,
 }
 
+/// How an effect's call ended, as [`Journal::finish`] records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Finished {
+    /// It returned this result (JSON).
+    Succeeded(String),
+    /// It returned this error.
+    Failed(String),
+    /// It returned, but nobody can vouch for what it did: why.
+    Unknown(String),
+}
+
+/// What every refusal tells the person who reads the dead letter.
+const SETTLE_IT: &str = "a person must settle it (the operator's tool: `effects done` if it \
+                         happened, `effects retry` to call it again), then replay the dead letter";
+
 /// Decides what an effect found in the journal may do now, under `policy`.
 pub(crate) fn decide(found: &EffectRow, policy: EffectPolicy, now_us: i64) -> Result<Decision> {
-    let state: EffectState = found.state.parse().map_err(|reason| Error::Effect {
-        message_id: found.message_id.0,
-        handler: found.handler.clone(),
-        effect: found.effect.clone(),
-        reason,
-    })?;
+    let state = EffectState::of(found)?;
     let from_state = state.as_str();
-    let call_again = |window_from_us: i64| Decision {
+    let call_again = |window_from_us: Option<i64>| Decision {
         begun: Begun::Call {
             calls: found.calls + 1,
         },
@@ -68,9 +77,7 @@ pub(crate) fn decide(found: &EffectRow, policy: EffectPolicy, now_us: i64) -> Re
     };
     let unknown = |why: String| Decision {
         begun: Begun::Refuse(format!(
-            "effect `{}` is unknown: {why}; a person must settle it (the operator's tool: \
-             `effects done` if it happened, `effects retry` to call it again), then replay the \
-             dead letter",
+            "effect `{}` is unknown: {why}; {SETTLE_IT}",
             found.effect
         )),
         change: Some(EffectChange {
@@ -78,7 +85,7 @@ pub(crate) fn decide(found: &EffectRow, policy: EffectPolicy, now_us: i64) -> Re
             from_calls: found.calls,
             state: EffectState::Unknown.as_str(),
             calls: found.calls,
-            window_from_us: found.window_from_us,
+            window_from_us: None,
             updated_at_us: now_us,
             result: None,
             error: Some(why),
@@ -91,15 +98,14 @@ pub(crate) fn decide(found: &EffectRow, policy: EffectPolicy, now_us: i64) -> Re
         },
         (EffectState::Unknown, _) => Decision {
             begun: Begun::Refuse(format!(
-                "effect `{}` is unknown ({}); a person must settle it (the operator's tool: \
-                 `effects done` or `effects retry`), then replay the dead letter",
+                "effect `{}` is unknown ({}); {SETTLE_IT}",
                 found.effect,
                 found.error.as_deref().unwrap_or("no reason recorded")
             )),
             change: None,
         },
-        (EffectState::Retry, _) => call_again(now_us),
-        (EffectState::Failed, EffectPolicy::AtMostOnce) => call_again(found.window_from_us),
+        (EffectState::Retry, _) => call_again(Some(now_us)),
+        (EffectState::Failed, EffectPolicy::AtMostOnce) => call_again(None),
         (EffectState::Started, EffectPolicy::AtMostOnce) => unknown(format!(
             "call {} was started but its outcome was never recorded (the call panicked, or the \
              process stopped during it or before recording it), and it may not be called twice",
@@ -118,7 +124,7 @@ pub(crate) fn decide(found: &EffectRow, policy: EffectPolicy, now_us: i64) -> Re
                     since as f64 / 1e6
                 ))
             } else {
-                call_again(found.window_from_us)
+                call_again(None)
             }
         }
     })
@@ -234,44 +240,36 @@ impl<B: Backend> Journal<B> {
         Ok(begun)
     }
 
-    /// After call number `calls`: records its outcome, `Ok` with the
-    /// result as JSON or `Err` with why it failed (or, with
-    /// [`EffectState::Unknown`], why nobody knows). False when the entry
-    /// had changed meanwhile (a person settled it) and was left as it is.
-    pub(crate) async fn finish(
-        &self,
-        id: EffectId,
-        calls: i64,
-        state: EffectState,
-        result: Option<String>,
-        error: Option<String>,
-    ) -> Result<bool> {
+    /// After call number `calls`: records how it ended. False when the
+    /// entry had changed meanwhile (a person settled it) and was left as
+    /// it is.
+    pub(crate) async fn finish(&self, id: EffectId, calls: i64, ended: Finished) -> Result<bool> {
         let db = self.required().await?;
         let (handler, effect) = (id.handler.clone(), id.effect.clone());
+        let (state, event, result, error) = match ended {
+            Finished::Succeeded(json) => (
+                EffectState::Succeeded,
+                EffectEvent::Succeeded,
+                Some(json),
+                None,
+            ),
+            Finished::Failed(why) => (EffectState::Failed, EffectEvent::Failed, None, Some(why)),
+            Finished::Unknown(why) => (EffectState::Unknown, EffectEvent::Unknown, None, Some(why)),
+        };
+        let change = EffectChange {
+            from_state: EffectState::Started.as_str(),
+            from_calls: calls,
+            state: state.as_str(),
+            calls,
+            window_from_us: None,
+            updated_at_us: now_us(),
+            result,
+            error,
+        };
         let recorded = in_transaction(db, move |conn| {
-            Box::pin(async move {
-                let Some(found) = B::journal_entry(conn, &id).await? else {
-                    return Ok(false);
-                };
-                let change = EffectChange {
-                    from_state: EffectState::Started.as_str(),
-                    from_calls: calls,
-                    state: state.as_str(),
-                    calls,
-                    window_from_us: found.window_from_us,
-                    updated_at_us: now_us(),
-                    result,
-                    error,
-                };
-                Ok(B::update_journal_entry(conn, &id, change).await? == 1)
-            })
+            Box::pin(async move { Ok(B::update_journal_entry(conn, &id, change).await? == 1) })
         })
         .await?;
-        let event = match state {
-            EffectState::Succeeded => EffectEvent::Succeeded,
-            EffectState::Failed => EffectEvent::Failed,
-            _ => EffectEvent::Unknown,
-        };
         self.counters.count(&handler, &effect, event);
         Ok(recorded)
     }
@@ -299,67 +297,48 @@ impl<B: Backend> Journal<B> {
         id: EffectId,
         settlement: Settlement,
     ) -> Result<EffectRecord> {
-        let no_entry = || Error::Effect {
-            message_id: id.message_id,
-            handler: id.handler.clone(),
-            effect: id.effect.clone(),
-            reason: format!("module `{}` has no such effect", self.settings.module),
-        };
+        let no_entry = id.error(format!(
+            "module `{}` has no such effect",
+            self.settings.module
+        ));
         let Some(db) = self.open().await? else {
-            return Err(no_entry());
+            return Err(no_entry);
         };
-        let result = match &settlement {
-            Settlement::Done { result } => Some(result.to_string()),
-            Settlement::Retry => None,
+        let (state, result) = match &settlement {
+            Settlement::Done { result } => (EffectState::Succeeded, Some(result.to_string())),
+            Settlement::Retry => (EffectState::Retry, None),
         };
-        let settled = in_transaction(db, {
-            let id = id.clone();
-            move |conn| {
-                Box::pin(async move {
-                    let Some(found) = B::journal_entry(conn, &id).await? else {
-                        return Ok(None);
-                    };
-                    let from: EffectState =
-                        found.state.parse().map_err(|reason| Error::Effect {
-                            message_id: id.message_id,
-                            handler: id.handler.clone(),
-                            effect: id.effect.clone(),
-                            reason,
-                        })?;
-                    if from == EffectState::Succeeded {
-                        return Err(Error::Effect {
-                            message_id: id.message_id,
-                            handler: id.handler.clone(),
-                            effect: id.effect.clone(),
-                            reason: "it succeeded and its result is recorded; there is nothing to \
-                                     settle"
-                                .into(),
-                        });
-                    }
-                    let state = if result.is_some() {
-                        EffectState::Succeeded
-                    } else {
-                        EffectState::Retry
-                    };
-                    let change = EffectChange {
-                        from_state: from.as_str(),
-                        from_calls: found.calls,
-                        state: state.as_str(),
-                        calls: found.calls,
-                        window_from_us: found.window_from_us,
-                        updated_at_us: now_us(),
-                        result,
-                        error: found.error.clone(),
-                    };
-                    if B::update_journal_entry(conn, &id, change).await? != 1 {
-                        return Err(changed(&id));
-                    }
-                    B::journal_entry(conn, &id).await.map_err(Error::from)
-                })
-            }
+        let settled = in_transaction(db, move |conn| {
+            Box::pin(async move {
+                let Some(found) = B::journal_entry(conn, &id).await? else {
+                    return Err(no_entry);
+                };
+                let from = EffectState::of(&found)?;
+                if from == EffectState::Succeeded {
+                    return Err(id.error(
+                        "it succeeded and its result is recorded; there is nothing to settle",
+                    ));
+                }
+                let change = EffectChange {
+                    from_state: from.as_str(),
+                    from_calls: found.calls,
+                    state: state.as_str(),
+                    calls: found.calls,
+                    window_from_us: None,
+                    updated_at_us: now_us(),
+                    result,
+                    error: found.error,
+                };
+                if B::update_journal_entry(conn, &id, change).await? != 1 {
+                    return Err(changed(&id));
+                }
+                B::journal_entry(conn, &id)
+                    .await?
+                    .ok_or_else(|| changed(&id))
+            })
         })
         .await?;
-        settled.ok_or_else(no_entry)?.try_into()
+        settled.try_into()
     }
 
     /// How many effects are unknown, per handler (none when the module
@@ -369,33 +348,8 @@ impl<B: Backend> Journal<B> {
             return Ok(Vec::new());
         };
         let mut conn = db.connection().await?;
-        let counts = B::unsettled_effects(&mut conn).await?;
-        Ok(counts
-            .into_iter()
-            .filter(|c| c.state == EffectState::Unknown.as_str())
-            .map(|c| (c.handler, c.n))
-            .collect())
-    }
-
-    /// Deletes settled effects last changed before `before_us`, except those
-    /// of the messages in `keep`, in batches of `batch`; how many.
-    pub(crate) async fn sweep(&self, before_us: i64, keep: Arc<[Uuid]>, batch: i64) -> Result<u64> {
-        let Some(db) = self.open().await? else {
-            return Ok(0);
-        };
-        let mut total = 0;
-        loop {
-            let keep = keep.clone();
-            let deleted = in_transaction(db.clone(), move |conn| {
-                Box::pin(async move { Ok(B::sweep_effects(conn, before_us, &keep, batch).await?) })
-            })
-            .await?;
-            total += deleted as u64;
-            if (deleted as i64) < batch {
-                return Ok(total);
-            }
-            tokio::task::yield_now().await;
-        }
+        let counts = B::unknown_effects(&mut conn).await?;
+        Ok(counts.into_iter().map(|c| (c.handler, c.n)).collect())
     }
 
     /// Closes the journal's connections, if it was opened.
@@ -409,12 +363,7 @@ impl<B: Backend> Journal<B> {
 /// The error when an entry changed between reading and writing it (a
 /// person settled it meanwhile): the attempt fails and is retried.
 fn changed(id: &EffectId) -> Error {
-    Error::Effect {
-        message_id: id.message_id,
-        handler: id.handler.clone(),
-        effect: id.effect.clone(),
-        reason: "its journal entry changed while it was being read; try again".into(),
-    }
+    id.error("its journal entry changed while it was being read; try again")
 }
 
 /// Runs `work` in one write transaction on the journal, in a task of its

@@ -39,12 +39,7 @@ impl TryFrom<EffectRow> for EffectRecord {
     type Error = Error;
 
     fn try_from(row: EffectRow) -> Result<Self> {
-        let state = row.state.parse().map_err(|reason| Error::Effect {
-            message_id: row.message_id.0,
-            handler: row.handler.clone(),
-            effect: row.effect.clone(),
-            reason,
-        })?;
+        let state = EffectState::of(&row)?;
         Ok(EffectRecord {
             message_id: row.message_id.0,
             handler: row.handler,

@@ -1,9 +1,8 @@
 //! What one delivery's effects share: the module's journal (its backend
 //! erased) and the names used so far; and each effect's idempotency key.
 
-use crate::effects::journal::{Begun, Journal};
+use crate::effects::journal::{Begun, Finished, Journal};
 use crate::effects::policy::EffectPolicy;
-use crate::effects::state::EffectState;
 use crate::error::Result;
 use crate::store::backend::Backend;
 use crate::store::journal::EffectId;
@@ -35,14 +34,7 @@ pub(crate) trait EffectJournal: Send + Sync {
     ) -> BoxFuture<'_, Result<Begun>>;
 
     /// See [`Journal::finish`].
-    fn finish(
-        &self,
-        id: EffectId,
-        calls: i64,
-        state: EffectState,
-        result: Option<String>,
-        error: Option<String>,
-    ) -> BoxFuture<'_, Result<bool>>;
+    fn finish(&self, id: EffectId, calls: i64, ended: Finished) -> BoxFuture<'_, Result<bool>>;
 }
 
 impl<B: Backend> EffectJournal for Journal<B> {
@@ -55,15 +47,8 @@ impl<B: Backend> EffectJournal for Journal<B> {
         Box::pin(Journal::begin(self, id, key, policy))
     }
 
-    fn finish(
-        &self,
-        id: EffectId,
-        calls: i64,
-        state: EffectState,
-        result: Option<String>,
-        error: Option<String>,
-    ) -> BoxFuture<'_, Result<bool>> {
-        Box::pin(Journal::finish(self, id, calls, state, result, error))
+    fn finish(&self, id: EffectId, calls: i64, ended: Finished) -> BoxFuture<'_, Result<bool>> {
+        Box::pin(Journal::finish(self, id, calls, ended))
     }
 }
 

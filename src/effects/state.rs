@@ -1,5 +1,7 @@
 //! Where an effect stands in the journal.
 
+use crate::store::journal::EffectId;
+use crate::store::schema::EffectRow;
 use serde::Serialize;
 use std::fmt;
 use std::str::FromStr;
@@ -38,6 +40,18 @@ impl EffectState {
         EffectState::Unknown,
         EffectState::Retry,
     ];
+
+    /// The state `row` records.
+    pub(crate) fn of(row: &EffectRow) -> crate::Result<Self> {
+        row.state.parse().map_err(|reason: String| {
+            EffectId {
+                message_id: row.message_id.0,
+                handler: row.handler.clone(),
+                effect: row.effect.clone(),
+            }
+            .error(reason)
+        })
+    }
 
     /// The state's name in the journal: `started`, `succeeded`, `failed`,
     /// `unknown` or `retry`.

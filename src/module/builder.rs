@@ -287,13 +287,15 @@ impl<B: Backend> ModuleBuilder<B> {
         ));
         // A module without handlers makes no effects: it reads a journal
         // other processes' handlers made, if there is one, and makes none.
+        // One with handlers opens (and makes) its journal now, so that a
+        // journal that cannot be opened stops the module here rather than
+        // failing its deliveries.
+        let makes_effects = self.settings.migrate && !handlers.is_empty();
         let journal = Arc::new(Journal::new(StoreSettings {
-            migrate: self.settings.migrate && !handlers.is_empty(),
+            migrate: makes_effects,
             ..self.settings.clone()
         }));
-        if self.settings.migrate && !handlers.is_empty() {
-            // Opened at start, so that a journal that cannot be opened
-            // stops the module here rather than failing its deliveries.
+        if makes_effects {
             journal.open().await?;
         }
         let handlers = Arc::new(Handlers {

@@ -8,7 +8,9 @@ use crate::module::handle::ModuleHandle;
 use crate::outbox::subscription::clear_done;
 use crate::retention::SweepReport;
 use crate::store::backend::Backend;
+use crate::store::database::Database;
 use std::sync::Arc;
+use std::time::Duration;
 use uuid::Uuid;
 
 /// Rows deleted per statement: small, so a sweep never holds a lock long.
@@ -20,27 +22,25 @@ impl<B: Backend> ModuleHandle<B> {
     /// batches.
     pub async fn sweep_retention(&self) -> Result<SweepReport> {
         let retention = &self.core.retention;
+        let db = &self.core.db;
         let mut report = SweepReport::default();
-        if let Some(window) = retention.inbox {
-            let before = now_us().saturating_sub(window.as_micros().min(i64::MAX as u128) as i64);
-            report.inbox_rows = self
-                .sweep_in_batches(|conn| Box::pin(B::sweep_inbox(conn, before, BATCH)))
+        if let Some(before) = retention.inbox.map(cutoff) {
+            report.inbox_rows =
+                in_batches(db, |conn| Box::pin(B::sweep_inbox(conn, before, BATCH))).await?;
+            if let Some(journal) = self.core.handlers.journal.open().await? {
+                let mut conn = db.connection().await?;
+                let dead_lettered: Arc<[Uuid]> = B::dead_letter_ids(&mut conn).await?.into();
+                drop(conn);
+                report.effect_rows = in_batches(&journal, |conn| {
+                    let keep = dead_lettered.clone();
+                    Box::pin(async move { B::sweep_effects(conn, before, &keep, BATCH).await })
+                })
                 .await?;
-            let mut conn = self.connection().await?;
-            let dead_lettered: Arc<[Uuid]> = B::dead_letter_ids(&mut conn).await?.into();
-            drop(conn);
-            report.effect_rows = self
-                .core
-                .handlers
-                .journal
-                .sweep(before, dead_lettered, BATCH)
-                .await?;
+            }
         }
-        if let Some(window) = retention.outbox {
-            let before = now_us().saturating_sub(window.as_micros().min(i64::MAX as u128) as i64);
-            report.outbox_rows = self
-                .sweep_in_batches(|conn| Box::pin(B::sweep_outbox(conn, before, BATCH)))
-                .await?;
+        if let Some(before) = retention.outbox.map(cutoff) {
+            report.outbox_rows =
+                in_batches(db, |conn| Box::pin(B::sweep_outbox(conn, before, BATCH))).await?;
         }
         // What subscriptions recorded done with messages since delivered.
         let mut conn = self.write_connection().await?;
@@ -51,24 +51,29 @@ impl<B: Backend> ModuleHandle<B> {
         }
         Ok(report)
     }
+}
 
-    /// Repeats one batch delete until a batch deletes less than a full
-    /// batch, yielding between batches.
-    async fn sweep_in_batches<F>(&self, mut batch: F) -> Result<u64>
-    where
-        F: for<'c> FnMut(&'c mut B::Connection) -> BoxFuture<'c, diesel::QueryResult<usize>>,
-    {
-        let mut total = 0;
-        loop {
-            let deleted = {
-                let mut conn = self.write_connection().await?;
-                batch(&mut conn).await?
-            };
-            total += deleted as u64;
-            if (deleted as i64) < BATCH {
-                return Ok(total);
-            }
-            tokio::task::yield_now().await;
+/// The time a retention window ends: rows done with before it go.
+fn cutoff(window: Duration) -> i64 {
+    now_us().saturating_sub(window.as_micros().min(i64::MAX as u128) as i64)
+}
+
+/// Repeats one batch delete on `db` until a batch deletes less than a full
+/// batch, yielding between batches.
+async fn in_batches<B: Backend, F>(db: &Database<B>, mut batch: F) -> Result<u64>
+where
+    F: for<'c> FnMut(&'c mut B::Connection) -> BoxFuture<'c, diesel::QueryResult<usize>>,
+{
+    let mut total = 0;
+    loop {
+        let deleted = {
+            let mut conn = db.write_connection().await?;
+            batch(&mut conn).await?
+        };
+        total += deleted as u64;
+        if (deleted as i64) < BATCH {
+            return Ok(total);
         }
+        tokio::task::yield_now().await;
     }
 }

@@ -6,7 +6,7 @@
 //! still open.
 
 use crate::store::contract::Store;
-use crate::store::queries::{optional_text, Sweep};
+use crate::store::queries::{count, optional_text, Sweep};
 use crate::store::schema::EffectRow;
 use crate::store::statement::StatementBuilder;
 use diesel::sql_types::{BigInt, Text};
@@ -18,7 +18,8 @@ use uuid::Uuid;
 const EFFECT_COLUMNS: &str = "message_id, handler, effect, effect_key, policy, state, calls, \
      window_from_us, updated_at_us, result, error";
 
-/// The states a person must settle or the journal is still waiting on.
+/// The states a person must settle or the journal is still waiting on
+/// (the partial index `tickbox_effects_unsettled` holds their rows).
 const UNSETTLED: &str = "state <> 'succeeded' AND state <> 'failed'";
 
 /// Which effect of which delivery.
@@ -32,6 +33,18 @@ pub struct EffectId {
     pub(crate) effect: String,
 }
 
+impl EffectId {
+    /// An error about this effect.
+    pub(crate) fn error(&self, reason: impl Into<String>) -> crate::Error {
+        crate::Error::Effect {
+            message_id: self.message_id,
+            handler: self.handler.clone(),
+            effect: self.effect.clone(),
+            reason: reason.into(),
+        }
+    }
+}
+
 /// What an update of an effect row expects to find, and what it writes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EffectChange {
@@ -43,8 +56,8 @@ pub struct EffectChange {
     pub(crate) state: &'static str,
     /// The new call count.
     pub(crate) calls: i64,
-    /// When the key's window begins from now on.
-    pub(crate) window_from_us: i64,
+    /// When the key's window begins from now on (`None`: as it was).
+    pub(crate) window_from_us: Option<i64>,
     pub(crate) updated_at_us: i64,
     /// A succeeded effect's result, as JSON.
     pub(crate) result: Option<String>,
@@ -52,15 +65,12 @@ pub struct EffectChange {
     pub(crate) error: Option<String>,
 }
 
-/// How many unsettled effects one handler has in one state.
+/// How many unknown effects one handler has.
 #[derive(Debug, Clone, diesel::QueryableByName)]
-pub struct UnsettledCount {
+pub struct UnknownCount {
     /// The handler.
     #[diesel(sql_type = Text)]
     pub(crate) handler: String,
-    /// The state (`started`, `unknown` or `retry`).
-    #[diesel(sql_type = Text)]
-    pub(crate) state: String,
     /// How many effects.
     #[diesel(sql_type = BigInt)]
     pub(crate) n: i64,
@@ -126,7 +136,11 @@ pub trait JournalQueries: Store {
             (b.id(id.message_id), b.text(&id.handler), b.text(&id.effect));
         let (from_state, from_calls) = (b.text(change.from_state), b.int(change.from_calls));
         let (state, calls) = (b.text(change.state), b.int(change.calls));
-        let (window_from, updated_at) = (b.int(change.window_from_us), b.int(change.updated_at_us));
+        let window_from = match change.window_from_us {
+            Some(from) => b.int(from),
+            None => "window_from_us".to_string(),
+        };
+        let updated_at = b.int(change.updated_at_us);
         let result = optional_text(&mut b, change.result.as_deref());
         let error = optional_text(&mut b, change.error.as_deref());
         let sql = format!(
@@ -162,14 +176,25 @@ pub trait JournalQueries: Store {
         Self::load(conn, b.finish(sql))
     }
 
-    /// How many effects are unsettled, per handler and state (read through
-    /// the partial index of unsettled rows).
-    fn unsettled_effects(
-        conn: &mut Self::Connection,
-    ) -> impl Future<Output = QueryResult<Vec<UnsettledCount>>> + Send {
+    /// Whether the database (PostgreSQL: the current schema) has the
+    /// journal's table.
+    fn has_journal(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<bool>> + Send {
         let sql = format!(
-            "SELECT handler, state, count(*) AS n FROM tickbox_effects \
-             WHERE {UNSETTLED} GROUP BY handler, state ORDER BY handler, state"
+            "SELECT count(*) AS n FROM {} = 'tickbox_effects'",
+            Self::TABLES_BY_NAME
+        );
+        let statement = StatementBuilder::new(Self::DIALECT).finish(sql);
+        async move { Ok(count::<Self>(conn, statement).await? > 0) }
+    }
+
+    /// How many effects are unknown, per handler (read through the partial
+    /// index of unsettled rows).
+    fn unknown_effects(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = QueryResult<Vec<UnknownCount>>> + Send {
+        let sql = format!(
+            "SELECT handler, count(*) AS n FROM tickbox_effects \
+             WHERE {UNSETTLED} AND state = 'unknown' GROUP BY handler ORDER BY handler"
         );
         Self::load(conn, StatementBuilder::new(Self::DIALECT).finish(sql))
     }

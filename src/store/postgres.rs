@@ -12,6 +12,7 @@ use crate::store::contract::{
     advance_key_statement, bump_sequence_statement, first_sequence_statement, numbering_order,
     start_key_statement, tick_inbox_statement, KeyScope, Store, Tick,
 };
+use crate::store::journal::JournalQueries;
 use crate::store::migrations::{refuse_clashing_versions, refuse_newer_migrations};
 use crate::store::pool::{build_pool, checkout};
 use crate::store::schema::{tickbox_outbox, OutboxRow};
@@ -80,13 +81,6 @@ fn check_schema(settings: &StoreSettings) -> crate::Result<Option<String>> {
             settings.module
         )))
     }
-}
-
-/// Whether the journal's table exists.
-#[derive(diesel::QueryableByName)]
-struct JournalTable {
-    #[diesel(sql_type = diesel::sql_types::BigInt)]
-    n: i64,
 }
 
 /// Connections in a module's journal pool (see [`Store::open_journal`]).
@@ -390,14 +384,7 @@ impl Store for Postgres {
                 module: settings.module.clone(),
                 reason,
             })?;
-            let sql = format!(
-                "SELECT count(*) AS n FROM {} = 'tickbox_effects'",
-                Self::TABLES_BY_NAME
-            );
-            let statement =
-                crate::store::statement::StatementBuilder::new(Self::DIALECT).finish(sql);
-            let found: Vec<JournalTable> = Self::load(&mut conn, statement).await?;
-            if found.first().is_none_or(|t| t.n == 0) {
+            if !Self::has_journal(&mut conn).await? {
                 return Err(Error::SchemaVersion {
                     module: settings.module.clone(),
                     reason: "has no effects journal (tickbox_effects): it was migrated by an \

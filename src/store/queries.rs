@@ -432,7 +432,10 @@ impl Sweep {
 }
 
 /// Runs a statement selecting one count (`n`).
-async fn count<S: Store>(conn: &mut S::Connection, statement: Statement) -> QueryResult<i64> {
+pub(crate) async fn count<S: Store>(
+    conn: &mut S::Connection,
+    statement: Statement,
+) -> QueryResult<i64> {
     let rows: Vec<Count> = S::load(conn, statement).await?;
     Ok(rows.into_iter().next().map_or(0, |row| row.n))
 }

@@ -11,6 +11,7 @@ use crate::testing::report::Report;
 use crate::tracking::{Event, Happened, Tracker};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -54,8 +55,8 @@ type HandlerId = (String, String);
 pub struct Session<B: Backend> {
     /// What the session saw, shared with the modules it watches.
     state: Arc<State>,
-    /// The bus's modules, for [`Session::deliver_to`].
-    modules: Vec<ModuleHandle<B>>,
+    /// The backend of the modules it watches.
+    backend: PhantomData<fn() -> B>,
     /// How long [`Session::wait`] waits.
     timeout: Duration,
 }
@@ -64,16 +65,23 @@ pub struct Session<B: Backend> {
 struct State {
     /// The handlers of the watched modules that subscribe to each topic.
     subscribers: HashMap<String, Vec<HandlerId>>,
-    /// Failures end the session unless allowed.
-    allow_failures: Mutex<bool>,
-    /// Probability of failing a handler's successful attempt.
-    failure_rate: Mutex<f64>,
-    /// Probability of delivering a handled message once more.
-    duplicate_rate: Mutex<f64>,
+    /// What the test allows and injects.
+    rules: Mutex<Rules>,
     /// Events and the messages tracked.
     seen: Mutex<Seen>,
     /// Woken at every event.
     changed: Notify,
+}
+
+/// What a test allows and injects.
+#[derive(Debug, Clone, Copy, Default)]
+struct Rules {
+    /// Failures do not end the session.
+    allow_failures: bool,
+    /// Probability of failing a handler's successful attempt.
+    failure_rate: f64,
+    /// Probability of delivering a handled message once more.
+    duplicate_rate: f64,
 }
 
 /// The events and the tracked messages.
@@ -83,6 +91,45 @@ struct Seen {
     /// Each tracked message: its envelope and the handlers that still owe
     /// it an end.
     tracked: HashMap<Uuid, (Arc<Envelope>, BTreeSet<HandlerId>)>,
+    /// How many tracked messages some handler still owes an end.
+    owing: usize,
+    /// The index in `events` of the first failure or dead letter.
+    first_failure: Option<usize>,
+}
+
+impl Seen {
+    /// Tracks `envelope`, owed an end by `owed`.
+    fn track(&mut self, envelope: Arc<Envelope>, owed: BTreeSet<HandlerId>) {
+        let id = envelope.id;
+        let owing = !owed.is_empty();
+        if let Some((_, before)) = self.tracked.insert(id, (envelope, owed)) {
+            self.owing -= usize::from(!before.is_empty());
+        }
+        self.owing += usize::from(owing);
+    }
+
+    /// The event about to be recorded is a failure or a dead letter.
+    fn failed(&mut self) {
+        let at = self.events.len();
+        self.first_failure.get_or_insert(at);
+    }
+
+    /// `handler` ended message `id`.
+    fn ended(&mut self, id: Uuid, handler: &HandlerId) {
+        if let Some((_, owed)) = self.tracked.get_mut(&id) {
+            if owed.remove(handler) && owed.is_empty() {
+                self.owing -= 1;
+            }
+        }
+    }
+}
+
+/// The handler an event of a delivery happened in.
+fn handler_of(event: &Event) -> HandlerId {
+    (
+        event.module.clone(),
+        event.handler.clone().unwrap_or_default(),
+    )
 }
 
 impl Tracker for State {
@@ -103,23 +150,15 @@ impl Tracker for State {
                     .get(&event.envelope.topic)
                     .map(|handlers| handlers.iter().cloned().collect())
                     .unwrap_or_default();
-                seen.tracked.insert(id, (event.envelope.clone(), owed));
+                seen.track(event.envelope.clone(), owed);
             }
-            Happened::Handled | Happened::Duplicate | Happened::DeadLettered { .. } => {
-                let Some((_, owed)) = seen.tracked.get_mut(&id) else {
-                    return;
-                };
-                let handler = (
-                    event.module.clone(),
-                    event.handler.clone().unwrap_or_default(),
-                );
-                owed.remove(&handler);
+            _ if !seen.tracked.contains_key(&id) => return,
+            Happened::Handled | Happened::Duplicate => seen.ended(id, &handler_of(&event)),
+            Happened::DeadLettered { .. } => {
+                seen.ended(id, &handler_of(&event));
+                seen.failed();
             }
-            Happened::Failed { .. } => {
-                if !seen.tracked.contains_key(&id) {
-                    return;
-                }
-            }
+            Happened::Failed { .. } => seen.failed(),
         }
         seen.events.push(event);
         drop(seen);
@@ -127,15 +166,24 @@ impl Tracker for State {
     }
 
     fn inject_failure(&self) -> bool {
-        let rate = *self.failure_rate.lock().unwrap_or_else(|p| p.into_inner());
+        let rate = self.rules().failure_rate;
         rate > 0.0 && fastrand::f64() < rate
     }
 
     fn duplicate_rate(&self) -> f64 {
-        *self
-            .duplicate_rate
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        self.rules().duplicate_rate
+    }
+}
+
+impl State {
+    /// The rules as they stand.
+    fn rules(&self) -> Rules {
+        *self.rules.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Changes the rules.
+    fn set_rules(&self, change: impl FnOnce(&mut Rules)) {
+        change(&mut self.rules.lock().unwrap_or_else(|p| p.into_inner()));
     }
 }
 
@@ -159,9 +207,7 @@ impl<B: Backend> Session<B> {
         }
         let state = Arc::new(State {
             subscribers,
-            allow_failures: Mutex::new(false),
-            failure_rate: Mutex::new(0.0),
-            duplicate_rate: Mutex::new(0.0),
+            rules: Mutex::new(Rules::default()),
             seen: Mutex::new(Seen::default()),
             changed: Notify::new(),
         });
@@ -171,7 +217,7 @@ impl<B: Backend> Session<B> {
         }
         Session {
             state,
-            modules: modules.to_vec(),
+            backend: PhantomData,
             timeout: DEFAULT_TIMEOUT,
         }
     }
@@ -179,11 +225,7 @@ impl<B: Backend> Session<B> {
     /// Failed attempts and dead letters do not end the session: the test is
     /// about them (retries, dead letters). They are in the report.
     pub fn allow_failures(self) -> Self {
-        *self
-            .state
-            .allow_failures
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = true;
+        self.state.set_rules(|rules| rules.allow_failures = true);
         self
     }
 
@@ -191,22 +233,16 @@ impl<B: Backend> Session<B> {
     /// the handler's work and before COMMIT, as a crash there would (the
     /// bus retries it). Implies [`allow_failures`](Session::allow_failures).
     pub fn inject_failures(self, probability: f64) -> Self {
-        *self
-            .state
-            .failure_rate
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = probability;
+        self.state
+            .set_rules(|rules| rules.failure_rate = probability);
         self.allow_failures()
     }
 
     /// Delivers each handled message once more with this probability, as
     /// an at-least-once transport may (the inbox skips it).
     pub fn inject_duplicates(self, probability: f64) -> Self {
-        *self
-            .state
-            .duplicate_rate
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = probability;
+        self.state
+            .set_rules(|rules| rules.duplicate_rate = probability);
         self
     }
 
@@ -230,8 +266,7 @@ impl<B: Backend> Session<B> {
         {
             let mut seen = self.state.seen.lock().unwrap_or_else(|p| p.into_inner());
             let owed = BTreeSet::from([(module.name().to_string(), handler.to_string())]);
-            seen.tracked
-                .insert(envelope.id, (Arc::new(envelope.clone()), owed));
+            seen.track(Arc::new(envelope.clone()), owed);
         }
         module.deliver_to(envelope, handler).await
     }
@@ -273,40 +308,40 @@ impl<B: Backend> Session<B> {
     }
 
     /// The session's end if it has one: finished, failed, or (when
-    /// `timed_out`) unfinished.
+    /// `timed_out`) unfinished. Cheap until there is one.
     fn ended(&self, timed_out: bool) -> Option<Result<Report, Unfinished>> {
-        let allow_failures = *self
-            .state
-            .allow_failures
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let allow_failures = self.state.rules().allow_failures;
         let seen = self.state.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let failure = seen.first_failure.filter(|_| !allow_failures);
+        if failure.is_none() && seen.owing > 0 && !timed_out {
+            return None;
+        }
         let report = Report {
             events: seen.events.clone(),
         };
-        if !allow_failures {
-            if let Some(failure) = report.all_failures().first() {
-                let failure = (*failure).clone();
-                return Some(Err(Unfinished {
-                    why: format!(
-                        "handler `{}` of module `{}` failed on message {} (`{}`, payload {}): {}",
-                        failure.handler.as_deref().unwrap_or(""),
-                        failure.module,
-                        failure.envelope.id,
-                        failure.envelope.topic,
-                        failure.envelope.payload,
-                        match &failure.happened {
-                            Happened::Failed { error, .. } => error.clone(),
-                            Happened::DeadLettered { reason } => format!("dead-lettered: {reason}"),
-                            _ => String::new(),
-                        }
-                    ),
-                    outstanding: Vec::new(),
-                    report,
-                }));
-            }
+        if let Some(failure) = failure.map(|i| &seen.events[i]) {
+            let error = match &failure.happened {
+                Happened::Failed { error, .. } => error.clone(),
+                Happened::DeadLettered { reason } => format!("dead-lettered: {reason}"),
+                _ => String::new(),
+            };
+            return Some(Err(Unfinished {
+                why: format!(
+                    "handler `{}` of module `{}` failed on message {} (`{}`, payload {}): {error}",
+                    failure.handler.as_deref().unwrap_or(""),
+                    failure.module,
+                    failure.envelope.id,
+                    failure.envelope.topic,
+                    failure.envelope.payload,
+                ),
+                outstanding: Vec::new(),
+                report,
+            }));
         }
-        let outstanding: Vec<String> = seen
+        if seen.owing == 0 {
+            return Some(Ok(report));
+        }
+        let outstanding = seen
             .tracked
             .values()
             .filter(|(_, owed)| !owed.is_empty())
@@ -321,21 +356,11 @@ impl<B: Backend> Session<B> {
                 )
             })
             .collect();
-        if outstanding.is_empty() {
-            return Some(Ok(report));
-        }
-        timed_out.then(|| {
-            Err(Unfinished {
-                why: format!("the flow was not done after {:?}", self.timeout),
-                outstanding,
-                report,
-            })
-        })
-    }
-
-    /// The modules the session watches.
-    pub fn modules(&self) -> &[ModuleHandle<B>] {
-        &self.modules
+        Some(Err(Unfinished {
+            why: format!("the flow was not done after {:?}", self.timeout),
+            outstanding,
+            report,
+        }))
     }
 }
 

@@ -18,7 +18,7 @@
 //! with; otherwise the virtual environment `.ci/run` makes
 //! (`target/smtp-sink-venv`), otherwise `python3`.
 
-use crate::processes::{crash_seed, finish, result_json, spawn, wait_for, Place};
+use crate::processes::{finish, kill_runs_at_random, result_json, spawn, Place};
 use serde_json::Value;
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
@@ -205,11 +205,29 @@ fn check_finished(output: &Output, what: &str) -> Value {
     result
 }
 
-/// How a crash test went: the final result, the runs and the aborts.
+/// How a crash test went: the final result, the aborts, what the sink
+/// received and how many orders were confirmed.
 struct Crashed {
     result: Value,
-    runs: usize,
     aborts: usize,
+    received: Received,
+    orders: usize,
+}
+
+impl Crashed {
+    /// At least once with a key: every confirmed order's e-mail reached
+    /// the server under a Message-ID of its own, and the journal knows it
+    /// sent each.
+    fn assert_each_order_emailed_under_its_own_id(&self) {
+        let (result, orders) = (&self.result, self.orders);
+        assert_eq!(
+            self.received.distinct, orders,
+            "one distinct Message-ID per confirmed order: {result}"
+        );
+        assert_eq!(field(result, "emails"), orders as i64, "{result}");
+        assert_eq!(field(result, "emails_sent"), orders as i64, "{result}");
+        assert_eq!(field(result, "effects_unknown"), 0, "{result}");
+    }
 }
 
 /// Places the orders with the crash point `crash_at` armed, then runs
@@ -217,7 +235,9 @@ struct Crashed {
 /// [`MOST_ABORTS`] aborts, not after) until a run finishes by itself.
 /// Every run that ends other than by finishing must have aborted at the
 /// point.
-fn crash_until_done(place: &Place, sink: &SmtpSink, policy: &str, crash_at: &str) -> Crashed {
+/// At least one run must have aborted.
+fn crash_until_done(place: &Place, policy: &str, crash_at: &str) -> Crashed {
+    let sink = SmtpSink::start();
     let addr = sink.addr();
     let (mut runs, mut aborts) = (0, 0);
     loop {
@@ -237,10 +257,15 @@ fn crash_until_done(place: &Place, sink: &SmtpSink, policy: &str, crash_at: &str
         match output.status.signal() {
             None => {
                 let result = check_finished(&output, &what);
+                let received = count(&sink.received());
+                let orders = confirmed(&result);
+                eprintln!("{aborts} aborts in {runs} runs; {received:?}; {orders} orders");
+                assert!(aborts >= 1, "the crash point never fired: {result}");
                 return Crashed {
                     result,
-                    runs,
                     aborts,
+                    received,
+                    orders,
                 };
             }
             Some(SIGABRT) => {
@@ -284,84 +309,49 @@ fn effect_counts(result: &Value) -> (u64, u64) {
 /// short is sent again with the same Message-ID, so the sink holds one
 /// distinct Message-ID per confirmed order, and one repeat per abort.
 fn resends_after_a_crash_after_sending(place: Place) {
-    let sink = SmtpSink::start();
-    let run = crash_until_done(&place, &sink, "at-least-once-with-key", "after-send");
-    let (result, aborts) = (&run.result, run.aborts);
-    let received = count(&sink.received());
-    let orders = confirmed(result);
-    eprintln!(
-        "{aborts} aborts in {} runs; {received:?}; {orders} orders",
-        run.runs
-    );
-    assert!(aborts >= 1, "the crash point never fired: {result}");
-    assert_eq!(
-        received.distinct, orders,
-        "one distinct Message-ID per confirmed order: {result}"
-    );
+    let run = crash_until_done(&place, "at-least-once-with-key", "after-send");
+    run.assert_each_order_emailed_under_its_own_id();
     // Each abort came after the server accepted an e-mail the journal did
     // not know of: the next delivery sent it again, once.
+    let received = &run.received;
     assert_eq!(
         received.total - received.distinct,
-        aborts,
+        run.aborts,
         "one repeat per abort after sending: {received:?}"
     );
-    assert_eq!(field(result, "emails"), orders as i64, "{result}");
-    assert_eq!(field(result, "emails_sent"), orders as i64, "{result}");
-    assert_eq!(field(result, "effects_unknown"), 0, "{result}");
 }
 
 /// `--crash-at after-journal`, at least once with a key: the journal
 /// recorded each e-mail before the crash, so the redelivery gets the result
 /// back without sending: no Message-ID twice.
 fn reuses_the_journal_after_a_crash_after_recording(place: Place) {
-    let sink = SmtpSink::start();
-    let run = crash_until_done(&place, &sink, "at-least-once-with-key", "after-journal");
-    let (result, aborts) = (&run.result, run.aborts);
-    let received = count(&sink.received());
-    let orders = confirmed(result);
-    eprintln!(
-        "{aborts} aborts in {} runs; {received:?}; {orders} orders",
-        run.runs
-    );
-    assert!(aborts >= 1, "the crash point never fired: {result}");
+    let run = crash_until_done(&place, "at-least-once-with-key", "after-journal");
+    run.assert_each_order_emailed_under_its_own_id();
     assert_eq!(
-        received.distinct, orders,
-        "one distinct Message-ID per confirmed order: {result}"
-    );
-    assert_eq!(
-        received.total, received.distinct,
+        run.received.total, run.received.distinct,
         "no e-mail sent twice: the journal's result was used"
     );
     // The last abort's delivery was finished by the final run, from the
     // journal.
-    let (_, reused) = effect_counts(result);
+    let (_, reused) = effect_counts(&run.result);
     assert!(
         reused >= 1,
-        "the final run reused no recorded e-mail: {result}"
+        "the final run reused no recorded e-mail: {}",
+        run.result
     );
-    assert_eq!(field(result, "emails"), orders as i64, "{result}");
-    assert_eq!(field(result, "emails_sent"), orders as i64, "{result}");
-    assert_eq!(field(result, "effects_unknown"), 0, "{result}");
 }
 
 /// `--crash-at after-send`, at most once: an e-mail cut short is never sent
 /// again; it becomes unknown, its delivery a dead letter, and the check
 /// still passes, the e-mails sent and unknown adding up to the orders.
 fn never_resends_at_most_once(place: Place) {
-    let sink = SmtpSink::start();
-    let run = crash_until_done(&place, &sink, "at-most-once", "after-send");
-    let (result, aborts) = (&run.result, run.aborts);
-    let received = count(&sink.received());
-    let orders = confirmed(result);
+    let run = crash_until_done(&place, "at-most-once", "after-send");
+    let (result, received, orders) = (&run.result, &run.received, run.orders);
     let (sent, unknown) = (
         field(result, "emails_sent") as usize,
         field(result, "effects_unknown") as usize,
     );
-    eprintln!(
-        "{aborts} aborts in {} runs; {received:?}; {orders} orders, {sent} sent, {unknown} unknown",
-        run.runs
-    );
-    assert!(aborts >= 1, "the crash point never fired: {result}");
+    eprintln!("{sent} sent, {unknown} unknown");
     assert_eq!(
         received.total, received.distinct,
         "an e-mail was sent twice"
@@ -369,7 +359,10 @@ fn never_resends_at_most_once(place: Place) {
     assert_eq!(sent + unknown, orders, "{result}");
     // Each abort left exactly its own e-mail unknown (one e-mail at a time
     // while a crash point is armed), and the server had it.
-    assert_eq!(unknown, aborts, "one unknown e-mail per abort: {result}");
+    assert_eq!(
+        unknown, run.aborts,
+        "one unknown e-mail per abort: {result}"
+    );
     assert_eq!(received.distinct, orders, "{received:?}: {result}");
     assert_eq!(field(result, "emails") as usize, sent, "{result}");
 }
@@ -380,43 +373,9 @@ fn never_resends_at_most_once(place: Place) {
 fn survives_sigkill_sending(place: Place, policy: &str) {
     let sink = SmtpSink::start();
     let addr = sink.addr();
-    let seed = crash_seed();
-    let mut rng = fastrand::Rng::with_seed(seed);
-    let (mut kills, mut runs, mut add_orders) = (0, 0, true);
-    // The longest a run is let live; halved each time a run finishes
-    // first, so that the kills come however fast the machine is.
-    let mut longest_ms = 2000;
-    while kills < 6 {
-        runs += 1;
-        assert!(runs <= 40, "seed {seed}: only {kills} kills in {runs} runs");
-        let mut args = vec!["--smtp", &addr, "--email-policy", policy];
-        if add_orders {
-            args.extend(["--orders", "40"]);
-        } else {
-            args.push("--resume");
-        }
-        let mut child = spawn(&place, &args);
-        match wait_for(&mut child, Duration::from_millis(rng.u64(50..longest_ms))) {
-            None => {
-                child.kill().expect("SIGKILL");
-                child.wait().expect("reaped");
-                kills += 1;
-                add_orders = false;
-            }
-            Some(status) => {
-                let output = child.wait_with_output().expect("output");
-                assert!(
-                    status.success(),
-                    "seed {seed}: run {runs} ({args:?}) finished by itself and failed its \
-                     check\nstdout:\n{}\nstderr:\n{}",
-                    String::from_utf8_lossy(&output.stdout),
-                    String::from_utf8_lossy(&output.stderr)
-                );
-                add_orders = true;
-                longest_ms = (longest_ms / 2).max(100);
-            }
-        }
-    }
+    let kills = 6;
+    let args = ["--smtp", &addr, "--email-policy", policy];
+    let (seed, _) = kill_runs_at_random(&place, &args, "40", kills, 50..2000);
     let what = format!("seed {seed}, after {kills} kills: the final --resume");
     let args = [
         "--smtp",

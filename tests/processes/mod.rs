@@ -241,52 +241,66 @@ pub(crate) fn crash_seed() -> u64 {
     seed
 }
 
-/// SIGKILL at seeded random moments, at least 20 times, then a resume.
-fn survives_sigkill(place: Place) {
+/// Runs minishop again and again with `args`, each run SIGKILLed at a
+/// seeded random moment `moments` (ms) after it starts, until `kills`
+/// kills: the first run places `orders` orders, and so does the run after
+/// one that finished by itself (which must pass its check); the others
+/// `--resume`. A run that finishes first halves the longest moment, so the
+/// kills come however fast the machine is. Returns (seed, runs).
+pub(crate) fn kill_runs_at_random(
+    place: &Place,
+    args: &[&str],
+    orders: &str,
+    kills: usize,
+    moments: std::ops::Range<u64>,
+) -> (u64, usize) {
     let seed = crash_seed();
     let mut rng = fastrand::Rng::with_seed(seed);
-    let (mut kills, mut runs) = (0, 0);
-    // Each run resumes the work the last one left; when a run finishes all
-    // of it by itself, the next one places new orders too.
-    let mut add_orders = true;
-    while kills < 20 {
+    let (mut killed, mut runs, mut add_orders) = (0, 0, true);
+    let mut longest_ms = moments.end;
+    while killed < kills {
         runs += 1;
         assert!(
-            runs <= 100,
-            "seed {seed}: only {kills} kills in {runs} runs"
+            runs <= 5 * kills + 10,
+            "seed {seed}: only {killed} kills in {runs} runs"
         );
-        let mut args = vec!["--resume", "--fail-rate", "0.1", "--duplicate-rate", "0.2"];
+        let mut run_args = args.to_vec();
         if add_orders {
-            args = vec![
-                "--orders",
-                "150",
-                "--fail-rate",
-                "0.1",
-                "--duplicate-rate",
-                "0.2",
-            ];
+            run_args.extend(["--orders", orders]);
+        } else {
+            run_args.push("--resume");
         }
-        let mut child = spawn(&place, &args);
-        let moment = Duration::from_millis(rng.u64(20..1200));
+        let mut child = spawn(place, &run_args);
+        let moment = Duration::from_millis(rng.u64(moments.start..longest_ms));
         match wait_for(&mut child, moment) {
             None => {
                 child.kill().expect("SIGKILL");
                 child.wait().expect("reaped");
-                kills += 1;
+                killed += 1;
                 add_orders = false;
             }
             Some(status) => {
                 let output = child.wait_with_output().expect("output");
                 assert!(
                     status.success(),
-                    "seed {seed}: run {runs} ({args:?}) finished by itself and failed its check\nstdout:\n{}\nstderr:\n{}",
+                    "seed {seed}: run {runs} ({run_args:?}) finished by itself and failed its \
+                     check\nstdout:\n{}\nstderr:\n{}",
                     String::from_utf8_lossy(&output.stdout),
                     String::from_utf8_lossy(&output.stderr)
                 );
                 add_orders = true;
+                longest_ms = (longest_ms / 2).max(moments.start + 50);
             }
         }
     }
+    (seed, runs)
+}
+
+/// SIGKILL at seeded random moments, at least 20 times, then a resume.
+fn survives_sigkill(place: Place) {
+    let kills = 20;
+    let faults = ["--fail-rate", "0.1", "--duplicate-rate", "0.2"];
+    let (seed, runs) = kill_runs_at_random(&place, &faults, "150", kills, 20..1200);
     let output = finish(
         spawn(&place, &["--resume", "--json"]),
         Duration::from_secs(300),

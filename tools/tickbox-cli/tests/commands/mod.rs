@@ -974,27 +974,24 @@ async fn status_shows_subscriptions_and_stalled_messages<B: CliBackend>(db: Db) 
 /// Instantiates the generic tests for one backend.
 macro_rules! cli_tests {
     ($backend:ty, $db:expr) => {
-        macro_rules! case {
-            ($name:ident) => {
-                #[actix::test]
-                async fn $name() {
-                    super::$name::<$backend>($db).await;
-                }
-            };
-        }
-
-        case!(status_counts_what_the_tables_hold);
-        case!(status_shows_a_sane_lag_for_any_timestamp);
-        case!(dead_letters_are_listed_and_shown);
-        case!(replay_requeues_and_the_bus_redelivers);
-        case!(discard_requires_yes);
-        case!(a_parked_key_is_shown_and_skipping_its_dead_letter_lets_it_move_on);
-        case!(sweep_deletes_old_rows_and_keeps_recent_ones);
-        case!(subscriptions_lists_a_stopped_one_with_what_it_owes);
-        case!(subscriptions_retire_finishes_only_what_it_alone_owed);
-        case!(subscriptions_retire_with_json);
-        case!(subscriptions_retire_is_refused_while_a_process_serves_it);
-        case!(status_shows_subscriptions_and_stalled_messages);
+        crate::support::backend_cases!(
+            $backend,
+            $db,
+            [
+                status_counts_what_the_tables_hold,
+                status_shows_a_sane_lag_for_any_timestamp,
+                dead_letters_are_listed_and_shown,
+                replay_requeues_and_the_bus_redelivers,
+                discard_requires_yes,
+                a_parked_key_is_shown_and_skipping_its_dead_letter_lets_it_move_on,
+                sweep_deletes_old_rows_and_keeps_recent_ones,
+                subscriptions_lists_a_stopped_one_with_what_it_owes,
+                subscriptions_retire_finishes_only_what_it_alone_owed,
+                subscriptions_retire_with_json,
+                subscriptions_retire_is_refused_while_a_process_serves_it,
+                status_shows_subscriptions_and_stalled_messages,
+            ]
+        );
     };
 }
 

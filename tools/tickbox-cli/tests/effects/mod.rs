@@ -444,18 +444,15 @@ async fn a_module_without_effects_has_none<B: CliBackend>(db: Db) {
 /// Instantiates the generic tests for one backend.
 macro_rules! effects_tests {
     ($backend:ty, $db:expr) => {
-        macro_rules! case {
-            ($name:ident) => {
-                #[actix::test]
-                async fn $name() {
-                    super::$name::<$backend>($db).await;
-                }
-            };
-        }
-
-        case!(an_unknown_effect_is_listed_counted_and_settled_as_done);
-        case!(an_unknown_effect_settled_as_retry_is_called_again);
-        case!(a_module_without_effects_has_none);
+        crate::support::backend_cases!(
+            $backend,
+            $db,
+            [
+                an_unknown_effect_is_listed_counted_and_settled_as_done,
+                an_unknown_effect_settled_as_retry_is_called_again,
+                a_module_without_effects_has_none,
+            ]
+        );
     };
 }
 

@@ -487,3 +487,17 @@ pub(crate) async fn subscriptions<B: CliBackend>(db: &Db) -> Vec<Value> {
         other => panic!("an array: {other}"),
     }
 }
+
+/// Instantiates generic tests for one backend: each `name` becomes an
+/// actix test running `super::name::<Backend>(db)`.
+macro_rules! backend_cases {
+    ($backend:ty, $db:expr, [$($name:ident),* $(,)?]) => {
+        $(
+            #[actix::test]
+            async fn $name() {
+                super::$name::<$backend>($db).await;
+            }
+        )*
+    };
+}
+pub(crate) use backend_cases;
