@@ -44,7 +44,7 @@ impl Delivery {
     ///
     /// Errors: `call`'s error, recorded as failed, keeps its permanence
     /// (the handler's retry policy decides what follows). A refused call
-    /// (an effect nobody can vouch for: [`EffectState::Unknown`]) is a
+    /// (an effect nobody can vouch for: [`EffectState::Unknown`](crate::EffectState::Unknown)) is a
     /// permanent error, so the delivery is dead-lettered with the reason;
     /// a person settles the effect
     /// ([`ModuleHandle::settle_effect`](crate::ModuleHandle::settle_effect),
