@@ -236,6 +236,21 @@ pub enum Error {
         reason: String,
     },
 
+    /// A database call got no answer within its deadline (see
+    /// [`ModuleBuilder::call_deadline`](crate::ModuleBuilder::call_deadline)):
+    /// the database, or the network to it, went quiet. The call's connection
+    /// was closed, never returned to the pool; what the call was part of is
+    /// tried again (transient).
+    #[error("module `{module}`: {operation} had no answer within its deadline of {deadline:?}; its connection was closed")]
+    Deadline {
+        /// The module whose database it is.
+        module: String,
+        /// What the call was doing.
+        operation: String,
+        /// The deadline it missed.
+        deadline: std::time::Duration,
+    },
+
     /// The bus or module is shutting down or has stopped.
     #[error("{0} has stopped")]
     Stopped(&'static str),

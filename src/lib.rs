@@ -382,6 +382,7 @@ mod outbox;
 mod prometheus;
 mod retention;
 mod retry;
+mod send_async_fn;
 mod store;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
@@ -422,6 +423,7 @@ pub use outbox::subscription::Subscription;
 pub use retention::{Retention, SweepReport};
 pub use retry::RetryPolicy;
 pub use store::backend::Backend;
+pub use store::deadline::CallMetrics;
 pub use tx::Tx;
 
 #[cfg(feature = "amqp")]

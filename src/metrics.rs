@@ -30,6 +30,8 @@
 //! | `tickbox_dead_letters` | gauge | module |
 //! | `tickbox_outbox_stalled` | gauge | module |
 //! | `tickbox_subscription_lag_seconds` | gauge | module, subscriber, handler |
+//! | `tickbox_database_calls_stuck` | gauge | module |
+//! | `tickbox_database_deadlines_missed_total` | counter | module |
 //!
 //! The outbox gauges, the dead-letter count, the parked keys and the
 //! unknown effects are read from the database at an interval (indexed
@@ -41,6 +43,7 @@
 //! [`BusHandle::metrics`]: crate::BusHandle::metrics
 
 use crate::outbox::subscription::Subscription;
+use crate::store::deadline::CallMetrics;
 use serde::Serialize;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, Once};
@@ -54,7 +57,7 @@ pub(crate) const LATENCY_BUCKETS: [f64; 14] = [
 
 /// Registers descriptions (the `# HELP` lines) with the recorder, once per
 /// process.
-fn describe() {
+pub(crate) fn describe() {
     static ONCE: Once = Once::new();
     ONCE.call_once(describe_to_recorder);
 }
@@ -145,6 +148,14 @@ pub(crate) fn describe_to_recorder() {
         describe_gauge!(
             "tickbox_outbox_stalled",
             "Outbox messages pending for longer than the bus's stall threshold."
+        );
+        describe_gauge!(
+            "tickbox_database_calls_stuck",
+            "Calls to the module's database waiting longer than half their deadline now"
+        );
+        describe_counter!(
+            "tickbox_database_deadlines_missed_total",
+            "Calls to the module's database given up at their deadline (their connections closed)"
         );
         describe_gauge!(
             "tickbox_subscription_lag_seconds",
@@ -629,6 +640,9 @@ pub struct ModuleMetrics {
     /// What the handlers' effects did in this process, per handler and
     /// effect name ([`Delivery::effect`](crate::Delivery::effect)).
     pub effects: Vec<crate::EffectMetrics>,
+    /// Calls to the module's database that are stuck now or missed their
+    /// deadline ([`ModuleBuilder::call_deadline`](crate::ModuleBuilder::call_deadline)).
+    pub database_calls: CallMetrics,
 }
 
 impl ModuleMetrics {

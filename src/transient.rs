@@ -11,13 +11,14 @@ use diesel::result::{DatabaseErrorKind as Kind, Error as DieselError, SqlState, 
 
 impl Error {
     /// True for failures that may succeed when tried again: lost connections,
+    /// calls past their deadline,
     /// serialization failures, deadlocks, a busy SQLite database, a server
     /// shutting down or out of connections, an exhausted pool, an unreachable
     /// message broker.
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Database(e) => is_transient(e),
-            Error::Pool { .. } | Error::BrokerUnreachable { .. } => true,
+            Error::Pool { .. } | Error::Deadline { .. } | Error::BrokerUnreachable { .. } => true,
             _ => false,
         }
     }

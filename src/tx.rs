@@ -7,7 +7,6 @@ use crate::outbox::Outbox;
 use crate::store::backend::Backend;
 use crate::store::database::Database;
 use crate::store::schema::{Id, OutboxRow};
-use std::future::Future;
 use std::sync::Arc;
 use uuid::Uuid;
 
@@ -20,8 +19,17 @@ use uuid::Uuid;
 /// message being handled, which the handler receives as its
 /// [`Delivery`](crate::Delivery).
 pub struct Tx<B: Backend> {
-    /// The pooled connection the whole transaction runs on.
-    conn: B::Pooled,
+    /// The pooled connection the whole transaction runs on; taken out only
+    /// when the transaction is dropped half way.
+    conn: Option<B::Pooled>,
+    /// The database it came from, which closes it if the transaction is
+    /// dropped half way.
+    db: Arc<Database<B>>,
+    /// BEGIN was sent and neither COMMIT nor ROLLBACK has succeeded: a
+    /// transaction dropped in this state (its deadline passed, its task
+    /// was aborted) closes its connection instead of returning it to the
+    /// pool, and the server rolls it back.
+    open: bool,
     /// This process's turn to write, held to the end of a write
     /// transaction where the database takes one writer at a time.
     _turn: Option<tokio::sync::OwnedSemaphorePermit>,
@@ -53,30 +61,41 @@ pub(crate) enum Mode {
 
 impl<B: Backend> Tx<B> {
     /// Checks out a connection and begins a transaction.
-    pub(crate) async fn begin(db: &Database<B>, outbox: Arc<Outbox>, mode: Mode) -> Result<Self> {
+    pub(crate) async fn begin(
+        db: &Arc<Database<B>>,
+        outbox: Arc<Outbox>,
+        mode: Mode,
+    ) -> Result<Self> {
         let turn = match mode {
             Mode::Write => db.write_turn().await,
             Mode::Read => None,
         };
-        let mut conn = db.connection().await?;
-        match mode {
-            Mode::Write => B::begin(&mut conn).await?,
-            Mode::Read => B::begin_read(&mut conn).await?,
-        }
-        Ok(Tx {
-            conn,
+        let mut tx = Tx {
+            conn: Some(db.connection().await?),
+            db: db.clone(),
+            open: true,
             _turn: turn,
             outbox,
             cause: None,
             mode,
             published: Vec::new(),
             requeued: false,
-        })
+        };
+        let begun = match mode {
+            Mode::Write => B::begin(tx.conn()).await,
+            Mode::Read => B::begin_read(tx.conn()).await,
+        };
+        // A BEGIN that failed left no transaction: the connection goes back.
+        tx.open = begun.is_ok();
+        begun?;
+        Ok(tx)
     }
 
     /// The connection, for the module's own diesel queries.
     pub fn conn(&mut self) -> &mut B::Connection {
-        &mut self.conn
+        self.conn
+            .as_mut()
+            .expect("a transaction has its connection until it is dropped")
     }
 
     /// The name of the module whose database this transaction writes.
@@ -196,7 +215,7 @@ impl<B: Backend> Tx<B> {
             .collect();
         // Keyed messages are numbered in their key's order as they are
         // written (see `Keyed`).
-        let rows = match B::insert_outbox(&mut self.conn, rows).await {
+        let rows = match B::insert_outbox(self.conn(), rows).await {
             Ok(rows) => rows,
             Err(e) => {
                 self.rollback().await;
@@ -216,41 +235,40 @@ impl<B: Backend> Tx<B> {
             .as_ref()
             .filter(|_| unclaimed || self.requeued)
         {
-            if let Err(e) = B::notify(&mut self.conn, &wakeup.channel).await {
+            let channel = &wakeup.channel;
+            let conn = self
+                .conn
+                .as_mut()
+                .expect("a transaction has its connection until it is dropped");
+            if let Err(e) = B::notify(conn, channel).await {
                 self.rollback().await;
                 return Err(e.into());
             }
         }
-        B::commit(&mut self.conn).await?;
+        B::commit(self.conn()).await?;
+        self.open = false;
         self.outbox.announce(published);
         Ok(())
     }
 
-    /// Rolls back; a failed rollback leaves the connection marked broken, and
-    /// the pool discards it.
+    /// Rolls back; a failed rollback leaves the transaction open, and its
+    /// connection is closed when it is dropped.
     pub(crate) async fn rollback(mut self) {
-        if let Err(e) = B::rollback(&mut self.conn).await {
-            tracing::warn!(module = %self.outbox.module, error = %e, "rollback failed; the connection is discarded");
+        match B::rollback(self.conn()).await {
+            Ok(()) => self.open = false,
+            Err(e) => {
+                tracing::warn!(module = %self.outbox.module, error = %e, "rollback failed; the connection is closed")
+            }
         }
     }
 }
 
-/// An `async` closure that runs inside a module transaction, written
-/// `async move |tx| { … }`.
-///
-/// This trait only exists to require, on stable Rust, that the closure's
-/// future is `Send` (so the transaction can run in its own task, where an
-/// abandoned caller cannot leave it half done). It is implemented for every
-/// such closure; never implement it yourself.
-pub trait TxFn<T, R>: AsyncFnOnce(T) -> R + FnOnce(T) -> <Self as TxFn<T, R>>::Fut {
-    /// The closure's future.
-    type Fut: Future<Output = R>;
-}
-
-impl<F, T, Fut, R> TxFn<T, R> for F
-where
-    F: AsyncFnOnce(T) -> R + FnOnce(T) -> Fut,
-    Fut: Future<Output = R>,
-{
-    type Fut = Fut;
+impl<B: Backend> Drop for Tx<B> {
+    fn drop(&mut self) {
+        if self.open {
+            if let Some(conn) = self.conn.take() {
+                self.db.give_up(conn);
+            }
+        }
+    }
 }

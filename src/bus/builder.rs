@@ -107,7 +107,13 @@ impl<B: Backend> BusBuilder<B> {
         self
     }
 
-    /// How long [`BusHandle::stop`] waits for running deliveries (default 30 s).
+    /// How long [`BusHandle::stop`] may take (default 30 s), even when
+    /// every connection to the databases and the broker is dead: running
+    /// deliveries may finish within its first three quarters, and the last
+    /// quarter is left for marking what finished and giving up this bus's
+    /// claims. A delivery still running then is not committed by this bus
+    /// and is delivered again later (by the next start, or another process
+    /// once the claim's lease runs out).
     pub fn stop_timeout(mut self, timeout: Duration) -> Self {
         self.config.stop_timeout = timeout;
         self

@@ -263,32 +263,48 @@ impl<B: Backend> Dispatcher<B> {
         // (and on PostgreSQL wake other processes' buses). The running
         // statement and running deliveries may finish, within the timeout.
         outbox.set_claimant(bus.id, None);
-        if let Some(running) = statement.take() {
-            if let Ok(done) = running.await {
-                state.apply(done);
+        // The whole stop fits in the stop timeout, however dead the
+        // connections: deliveries get three quarters of it, and what is left
+        // goes to marking what finished and giving up the claims. What does
+        // not make it stays pending, for the next start or another process.
+        let stop_by = Instant::now() + bus.config.stop_timeout;
+        let deliveries_by = stop_by - bus.config.stop_timeout / 4;
+        if let Some(mut running) = statement.take() {
+            match tokio::time::timeout_at(deliveries_by, &mut running).await {
+                Ok(Ok(done)) => state.apply(done),
+                Ok(Err(_)) => {}
+                Err(_) => running.abort(),
             }
         }
-        let deadline = Instant::now() + bus.config.stop_timeout;
         while state.to_mark.len() + state.abandoned.len() < state.in_flight.len() {
             tokio::select! {
                 Some(done) = finished_rx.recv() => state.finish(done),
-                _ = sleep_until(deadline) => {
+                _ = sleep_until(deliveries_by) => {
                     tracing::warn!(module = %source.name(), running = state.in_flight.len(), "stop timeout: deliveries still running stay pending");
                     break;
                 }
             }
         }
-        while !state.to_mark.is_empty() {
-            let ids: Vec<Uuid> = state.to_mark.iter().take(MARK_BATCH).copied().collect();
-            let done = state.mark(ids).await;
-            let failed = matches!(done, Done::Marked(Err(_)));
-            state.apply(done);
-            if failed {
-                break;
+        let wrapped_up = tokio::time::timeout_at(stop_by, async {
+            while !state.to_mark.is_empty() {
+                let ids: Vec<Uuid> = state.to_mark.iter().take(MARK_BATCH).copied().collect();
+                let done = state.mark(ids).await;
+                let failed = matches!(done, Done::Marked(Err(_)));
+                state.apply(done);
+                if failed {
+                    break;
+                }
             }
+            state.release_claims().await;
+            state.stop_serving().await;
+        })
+        .await;
+        if wrapped_up.is_err() {
+            tracing::warn!(
+                module = %source.name(),
+                "stop timeout: marking and releasing claims did not finish; the messages stay pending and the claims expire by themselves"
+            );
         }
-        state.release_claims().await;
-        state.stop_serving().await;
         outbox.busy.store(0, Relaxed);
         retention.abort();
         if let Some(listener) = listener {
@@ -345,46 +361,47 @@ async fn mark<B: Backend>(
     served: Arc<[Uuid]>,
     others: bool,
 ) -> Done {
-    let result = async {
-        let mut conn = source.write_connection().await?;
-        let delete = source.core.retention.outbox == Some(Duration::ZERO);
-        let finish = subscription::finish(B::DIALECT, &ids, &served, now_us(), delete);
-        let changed = B::execute(&mut conn, finish).await?;
-        // The common case: every message finished. Otherwise, those still
-        // pending are owed elsewhere (the others were finished, or were
-        // already gone).
-        let rest: Vec<Uuid> = if changed >= ids.len() {
-            Vec::new()
-        } else {
-            let pending = subscription::pending_among(B::DIALECT, &ids);
-            B::load::<IdRow>(&mut conn, pending)
-                .await?
-                .into_iter()
-                .map(|row| row.id.0)
-                .collect()
-        };
-        if others {
-            let finished: Vec<Uuid> = ids
-                .iter()
-                .filter(|id| !rest.contains(id))
-                .copied()
-                .collect();
-            B::execute(&mut conn, subscription::forget_done(B::DIALECT, &finished)).await?;
-        }
-        if !rest.is_empty() {
-            B::execute(
-                &mut conn,
-                subscription::record_done(B::DIALECT, &rest, &served),
-            )
-            .await?;
-            B::execute(&mut conn, subscription::release(B::DIALECT, &rest, bus)).await?;
-            if let Some(wakeup) = &source.core.outbox.wakeup {
-                B::notify(&mut conn, &wakeup.channel).await?;
+    let delete = source.core.retention.outbox == Some(Duration::ZERO);
+    let wakeup = source.core.outbox.wakeup.clone();
+    let marked = ids.clone();
+    let result = source
+        .core
+        .db
+        .write_call("marking messages delivered", async move |conn| {
+            let ids = marked;
+            let finish = subscription::finish(B::DIALECT, &ids, &served, now_us(), delete);
+            let changed = B::execute(conn, finish).await?;
+            // The common case: every message finished. Otherwise, those
+            // still pending are owed elsewhere (the others were finished, or
+            // were already gone).
+            let rest: Vec<Uuid> = if changed >= ids.len() {
+                Vec::new()
+            } else {
+                let pending = subscription::pending_among(B::DIALECT, &ids);
+                B::load::<IdRow>(conn, pending)
+                    .await?
+                    .into_iter()
+                    .map(|row| row.id.0)
+                    .collect()
+            };
+            if others {
+                let finished: Vec<Uuid> = ids
+                    .iter()
+                    .filter(|id| !rest.contains(id))
+                    .copied()
+                    .collect();
+                B::execute(conn, subscription::forget_done(B::DIALECT, &finished)).await?;
             }
-        }
-        Ok::<_, crate::Error>(ids.len() - rest.len())
-    }
-    .await;
+            if !rest.is_empty() {
+                B::execute(conn, subscription::record_done(B::DIALECT, &rest, &served)).await?;
+                B::execute(conn, subscription::release(B::DIALECT, &rest, bus)).await?;
+                if let Some(wakeup) = &wakeup {
+                    B::notify(conn, &wakeup.channel).await?;
+                }
+            }
+            Ok::<_, crate::Error>(ids.len() - rest.len())
+        })
+        .await;
     Done::Marked(match result {
         Ok(finished) => Ok(Marked { ids, finished }),
         Err(error) => Err((ids, error.to_string())),
@@ -410,23 +427,41 @@ async fn upkeep<B: Backend>(
             false,
         )
         .await?;
-        let mut conn = source.write_connection().await?;
         let delete = source.core.retention.outbox == Some(Duration::ZERO);
-        let completed = B::load::<IdRow>(
-            &mut conn,
-            subscription::complete(B::DIALECT, subscription::Owed::PartlyDone, now, delete),
-        )
-        .await?
-        .len();
-        if others || completed > 0 {
-            B::execute(&mut conn, subscription::clear_done(B::DIALECT)).await?;
-        }
+        let completed = source
+            .core
+            .db
+            .write_call(
+                "finishing what every subscription is done with",
+                async |conn| {
+                    let completed = B::load::<IdRow>(
+                        conn,
+                        subscription::complete(
+                            B::DIALECT,
+                            subscription::Owed::PartlyDone,
+                            now,
+                            delete,
+                        ),
+                    )
+                    .await?
+                    .len();
+                    if others || completed > 0 {
+                        B::execute(conn, subscription::clear_done(B::DIALECT)).await?;
+                    }
+                    Ok(completed)
+                },
+            )
+            .await?;
         if completed > 0 {
             source.core.outbox.gauges.delivered(completed as u64);
         }
-        drop(conn);
-        let mut conn = source.connection().await?;
-        let stalled = watchdog::look::<B>(&mut conn, now, stalled_after).await?;
+        let stalled = source
+            .core
+            .db
+            .call("looking for stalled messages", async |conn| {
+                watchdog::look::<B>(conn, now, stalled_after).await
+            })
+            .await?;
         Ok::<_, crate::Error>(Upkeep { others, stalled })
     }
     .await;
@@ -484,12 +519,14 @@ impl<B: Backend> State<B> {
             let statement =
                 subscription::claim(B::DIALECT, B::SKIP_LOCKED, B::CLAIM_COLUMNS, &claim);
             return Some(tokio::spawn(async move {
-                let rows = async {
-                    let mut conn = source.write_connection().await?;
-                    Ok::<_, crate::Error>(B::load::<ClaimedRow>(&mut conn, statement).await?)
-                }
-                .await
-                .map_err(|e| e.to_string());
+                let rows = source
+                    .core
+                    .db
+                    .write_call("claiming outbox rows", async move |conn| {
+                        Ok(B::load::<ClaimedRow>(conn, statement).await?)
+                    })
+                    .await
+                    .map_err(|e| e.to_string());
                 Done::Claimed { rows, limit }
             }));
         }
@@ -497,13 +534,15 @@ impl<B: Backend> State<B> {
             let ids: Vec<Uuid> = self.in_flight.iter().copied().collect();
             let (bus, lease) = (self.bus.id, self.bus.config.claim_lease);
             return Some(tokio::spawn(async move {
-                let renewed = async {
-                    let mut conn = source.write_connection().await?;
-                    let now = now_us();
-                    let until = now + lease.as_micros() as i64;
-                    Ok::<_, crate::Error>(B::renew_claims(&mut conn, ids, bus, now, until).await?)
-                }
-                .await;
+                let renewed = source
+                    .core
+                    .db
+                    .write_call("renewing claims", async move |conn| {
+                        let now = now_us();
+                        let until = now + lease.as_micros() as i64;
+                        Ok(B::renew_claims(conn, ids, bus, now, until).await?)
+                    })
+                    .await;
                 Done::Renewed(renewed.map_err(|e| e.to_string()))
             }));
         }
@@ -655,11 +694,16 @@ impl<B: Backend> State<B> {
             return;
         }
         let statement = subscription::stopped(B::DIALECT, &self.served_ids, now_us());
-        let stopped = async {
-            let mut conn = self.source.write_connection().await?;
-            Ok::<_, crate::Error>(B::execute(&mut conn, statement).await?)
-        };
-        if let Err(error) = stopped.await {
+        let stopped = self
+            .source
+            .core
+            .db
+            .write_call(
+                "recording that the subscriptions stopped",
+                async move |conn| Ok(B::execute(conn, statement).await?),
+            )
+            .await;
+        if let Err(error) = stopped {
             tracing::warn!(module = %self.source.name(), %error, "recording that the subscriptions stopped failed");
         }
     }
@@ -706,10 +750,17 @@ impl<B: Backend> State<B> {
     /// abandoned deliveries, the messages not yet taken), so the next bus, in
     /// this process or another, takes them at once.
     async fn release_claims(&mut self) {
-        if let Ok(mut conn) = self.source.write_connection().await {
-            if let Err(error) = B::release_claims(&mut conn, self.bus.id).await {
-                tracing::warn!(module = %self.source.name(), %error, "releasing claims failed; they expire by themselves");
-            }
+        let bus = self.bus.id;
+        let released = self
+            .source
+            .core
+            .db
+            .write_call("releasing claims", async move |conn| {
+                Ok(B::release_claims(conn, bus).await?)
+            })
+            .await;
+        if let Err(error) = released {
+            tracing::warn!(module = %self.source.name(), %error, "releasing claims failed; they expire by themselves");
         }
     }
 }
@@ -781,16 +832,15 @@ async fn reject_row<B: Backend>(
         None,
     )
     .await
-        && until_done(
-            &bus,
-            &source,
-            "marking a malformed row delivered",
-            || async {
-                let mut conn = source.write_connection().await?;
-                B::mark_delivered(&mut conn, vec![id], now_us()).await?;
-                Ok(())
-            },
-        )
+        && until_done(&bus, &source, "marking a malformed row delivered", || {
+            source
+                .core
+                .db
+                .write_call("marking a malformed row delivered", async move |conn| {
+                    B::mark_delivered(conn, vec![id], now_us()).await?;
+                    Ok(())
+                })
+        })
         .await;
     let _ = finished.send(if done {
         Finished::Rejected(id)

@@ -69,7 +69,18 @@ async fn handle_batch<B: Backend>(handlers: Arc<Handlers<B>>, mut batch: Vec<Wai
         .map(|waiting| delivery_span(&handlers, &waiting.attempt))
         .collect();
     let counters = &handlers.entries[batch[0].attempt.handler].counters;
-    match in_one_transaction(&handlers, &batch, &spans).await {
+    let deadline = handlers.deadline(batch[0].attempt.handler);
+    let in_one = handlers
+        .db
+        .watch
+        .within(
+            "a batch of deliveries",
+            deadline,
+            in_one_transaction(&handlers, &batch, &spans),
+        )
+        .await
+        .unwrap_or_else(|missed| Err(DeliveryError::database(missed)));
+    match in_one {
         Ok(outcomes) => {
             counters.batch_committed();
             for ((waiting, span), outcome) in batch.into_iter().zip(spans).zip(outcomes) {

@@ -28,9 +28,16 @@ pub(crate) async fn guard<B: Backend>(
     let span = delivery_span(&handlers, &attempt);
     let started = Instant::now();
     let label = attempt.clone();
-    let result = run(handlers.clone(), attempt)
+    let deadline = handlers.deadline(attempt.handler);
+    // Past its deadline the delivery is dropped: its transaction, left
+    // open, closes its connection (the server rolls it back).
+    let result = handlers
+        .db
+        .watch
+        .within("a delivery", deadline, run(handlers.clone(), attempt))
         .instrument(span.clone())
-        .await;
+        .await
+        .unwrap_or_else(|missed| Err(DeliveryError::database(missed)));
     observe(&handlers, &label, &span, started, &result);
     result
 }

@@ -8,6 +8,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Module code that processes one message type.
 ///
@@ -82,6 +83,7 @@ pub trait Handler<B: Backend>: Send + Sync + 'static {
 pub struct HandlerOptions {
     pub(crate) retry: Option<RetryPolicy>,
     pub(crate) max_batch: usize,
+    pub(crate) deadline: Option<Duration>,
 }
 
 impl Default for HandlerOptions {
@@ -89,6 +91,7 @@ impl Default for HandlerOptions {
         HandlerOptions {
             retry: None,
             max_batch: 1,
+            deadline: None,
         }
     }
 }
@@ -97,6 +100,18 @@ impl HandlerOptions {
     /// The defaults: the bus's retry policy, one message per transaction.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// How long one delivery to this handler may take, from BEGIN to COMMIT
+    /// (default: the module's
+    /// [transaction deadline](crate::ModuleBuilder::transaction_deadline),
+    /// 30 s). Raise it for a handler whose own work is long; a delivery
+    /// past it is rolled back, its connection closed, and it is tried
+    /// again later like any transient failure. A batch takes the deadline
+    /// of its handler too.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = Some(deadline);
+        self
     }
 
     /// Retries this handler's failures with `policy` instead of the bus's.

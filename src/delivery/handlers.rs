@@ -12,6 +12,7 @@ use crate::store::backend::Backend;
 use crate::store::database::Database;
 use crate::tx::{Mode, Tx};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A registered handler.
 pub(crate) struct HandlerEntry<B: Backend> {
@@ -21,6 +22,9 @@ pub(crate) struct HandlerEntry<B: Backend> {
     pub(crate) handler: Arc<dyn ErasedHandler<B>>,
     /// Overrides the bus's retry policy for this handler.
     pub(crate) retry: Option<RetryPolicy>,
+    /// How long one of its deliveries may take, BEGIN to COMMIT, when it
+    /// says (the module's transaction deadline otherwise).
+    pub(crate) deadline: Option<Duration>,
     /// Most messages handled in one transaction (1: no batching).
     pub(crate) max_batch: usize,
     /// Where deliveries wait for a batch, when `max_batch` is above 1.
@@ -48,6 +52,13 @@ impl<B: Backend> Handlers<B> {
     /// Begins a delivery's write transaction on the module's database.
     pub(crate) async fn begin(&self) -> Result<Tx<B>> {
         Tx::begin(&self.db, self.outbox.clone(), Mode::Write).await
+    }
+
+    /// How long a delivery to handler `handler` (its index) may take.
+    pub(crate) fn deadline(&self, handler: usize) -> Duration {
+        self.entries[handler]
+            .deadline
+            .unwrap_or(self.db.deadlines.transaction)
     }
 
     /// The index of the handler named `name`.

@@ -158,7 +158,8 @@ impl<B: Backend> Journal<B> {
             .get_or_try_init(|| async {
                 let pool = B::open_journal(&self.settings).await?;
                 let module: Arc<str> = Arc::from(self.settings.module.as_str());
-                Ok::<_, Error>(pool.map(|pool| Arc::new(Database::new(module, pool))))
+                let deadlines = self.settings.deadlines;
+                Ok::<_, Error>(pool.map(|pool| Arc::new(Database::new(module, pool, deadlines))))
             })
             .await
             .cloned()
@@ -286,8 +287,11 @@ impl<B: Backend> Journal<B> {
             return Ok(Vec::new());
         };
         let states: Vec<&str> = states.iter().map(EffectState::as_str).collect();
-        let mut conn = db.connection().await?;
-        let rows = B::journal_entries(&mut conn, &states, offset, limit).await?;
+        let rows = db
+            .call("listing effects", async move |conn| {
+                Ok(B::journal_entries(conn, &states, offset, limit).await?)
+            })
+            .await?;
         rows.into_iter().map(EffectRecord::try_from).collect()
     }
 
@@ -347,8 +351,11 @@ impl<B: Backend> Journal<B> {
         let Some(db) = self.open().await? else {
             return Ok(Vec::new());
         };
-        let mut conn = db.connection().await?;
-        let counts = B::unknown_effects(&mut conn).await?;
+        let counts = db
+            .call("counting unknown effects", async |conn| {
+                Ok(B::unknown_effects(conn).await?)
+            })
+            .await?;
         Ok(counts.into_iter().map(|c| (c.handler, c.n)).collect())
     }
 
@@ -376,21 +383,25 @@ where
 {
     let module = db.module().to_string();
     tokio::spawn(async move {
-        let mut conn = db.write_connection().await?;
-        B::begin(&mut conn).await?;
-        match work(&mut conn).await {
-            Ok(value) => {
-                B::commit(&mut conn).await?;
-                Ok(value)
-            }
-            Err(error) => {
-                if let Err(rollback) = B::rollback(&mut conn).await {
-                    let module = db.module();
-                    tracing::warn!(%module, error = %rollback, "rolling back a journal transaction failed");
+        let module = db.module().to_string();
+        // A transaction left open past the deadline leaves with its
+        // connection, which is closed (and the server rolls it back).
+        db.write_call("an effects journal transaction", async move |conn| {
+            B::begin(conn).await?;
+            match work(conn).await {
+                Ok(value) => {
+                    B::commit(conn).await?;
+                    Ok(value)
                 }
-                Err(error)
+                Err(error) => {
+                    if let Err(rollback) = B::rollback(conn).await {
+                        tracing::warn!(%module, error = %rollback, "rolling back a journal transaction failed");
+                    }
+                    Err(error)
+                }
             }
-        }
+        })
+        .await
     })
     .await
     .map_err(|e| Error::Task {

@@ -15,6 +15,7 @@ use crate::outbox::Outbox;
 use crate::retention::Retention;
 use crate::store::backend::Backend;
 use crate::store::database::Database;
+use crate::store::deadline::{Deadlines, MIN_DEADLINE};
 use crate::store::settings::{MigrationSet, StoreSettings};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -70,6 +71,8 @@ impl<B: Backend> ModuleBuilder<B> {
                 schema: None,
                 pool_size: B::DEFAULT_POOL_SIZE,
                 checkout_timeout: Duration::from_secs(30),
+                deadlines: Deadlines::default(),
+                longest_transaction: Deadlines::default().transaction,
                 migrate: true,
                 app_migrations: None,
             },
@@ -116,6 +119,44 @@ impl<B: Backend> ModuleBuilder<B> {
         self
     }
 
+    /// How long one of tickbox's own calls to this module's database may
+    /// take (default 10 s): a claim, a mark, a scan page, the
+    /// subscriptions' upkeep, a gauge's reading, an operator's query. Half
+    /// way it is reported; at the deadline its connection is closed and the
+    /// call fails with [`Error::Deadline`] (transient: it runs again). Its
+    /// statements are short and indexed: raise it only for a database that
+    /// is slow to answer even when healthy.
+    pub fn call_deadline(mut self, deadline: Duration) -> Self {
+        self.settings.deadlines.call = deadline;
+        self
+    }
+
+    /// How long a transaction on this module's database may take, BEGIN
+    /// to COMMIT (default 30 s): one run through
+    /// [`ModuleHandle::transaction`] or [`ModuleHandle::read`], and one
+    /// delivery to a handler that sets no deadline of its own
+    /// ([`HandlerOptions::deadline`]). Past it the transaction is dropped,
+    /// its connection closed (the server rolls it back) and it fails with
+    /// [`Error::Deadline`]; a delivery is retried.
+    ///
+    /// On PostgreSQL the server is told to end a session idle inside a
+    /// transaction, or a statement running, for longer than the longest
+    /// of these deadlines plus 5 s, so that locks held by a client that
+    /// vanished are released.
+    pub fn transaction_deadline(mut self, deadline: Duration) -> Self {
+        self.settings.deadlines.transaction = deadline;
+        self
+    }
+
+    /// How long opening the database may take when the module starts:
+    /// connecting, and running tickbox's and the application's migrations
+    /// (default 5 minutes; raise it for migrations that build indexes on
+    /// big tables).
+    pub fn migration_deadline(mut self, deadline: Duration) -> Self {
+        self.settings.deadlines.migration = deadline;
+        self
+    }
+
     /// Largest encoded message this module may publish (default 256 KiB).
     pub fn max_payload_bytes(mut self, limit: usize) -> Self {
         self.max_payload_bytes = limit;
@@ -153,6 +194,7 @@ impl<B: Backend> ModuleBuilder<B> {
             name: Arc::from(name),
             handler: Arc::new(Typed(handler)),
             retry: options.retry,
+            deadline: options.deadline,
             max_batch: options.max_batch,
             batches: None,
             counters,
@@ -191,7 +233,12 @@ impl<B: Backend> ModuleBuilder<B> {
         self.open().await
     }
 
-    async fn open(self) -> Result<ModuleHandle<B>> {
+    async fn open(mut self) -> Result<ModuleHandle<B>> {
+        self.settings.longest_transaction = self
+            .handlers
+            .iter()
+            .filter_map(|entry| entry.deadline)
+            .fold(self.settings.deadlines.transaction, Duration::max);
         let name = self.settings.module.trim();
         if name.is_empty() {
             return Err(Error::Config("a module name must not be empty".into()));
@@ -216,8 +263,15 @@ impl<B: Backend> ModuleBuilder<B> {
                 "module `{name}`: the retention interval must be above zero"
             )));
         }
+        self.settings.deadlines.validate(name)?;
         let mut seen = HashSet::new();
         for entry in &self.handlers {
+            if entry.deadline.is_some_and(|d| d < MIN_DEADLINE) {
+                return Err(Error::Config(format!(
+                    "module `{name}`: handler `{}`: a deadline below {MIN_DEADLINE:?} would cut healthy deliveries",
+                    entry.name
+                )));
+            }
             if let Some(policy) = &entry.retry {
                 policy.validate()?;
             }
@@ -240,12 +294,15 @@ impl<B: Backend> ModuleBuilder<B> {
             }
         }
         let (pool, wakeup) = B::open(&self.settings).await?;
+        let name: Arc<str> = Arc::from(name);
+        let db = Arc::new(Database::new(name.clone(), pool, self.settings.deadlines));
         if !self.settings.migrate {
-            let mut conn = B::checkout(&pool).await.map_err(|reason| Error::Pool {
-                module: name.to_string(),
-                reason,
-            })?;
-            match B::count_tables(&mut conn).await? {
+            let tables = db
+                .call("counting tickbox's tables", async |conn| {
+                    Ok(B::count_tables(conn).await?)
+                })
+                .await?;
+            match tables {
                 0 => {
                     return Err(Error::NotATickboxDatabase {
                         module: name.to_string(),
@@ -272,12 +329,13 @@ impl<B: Backend> ModuleBuilder<B> {
                 (index, waiting)
             })
             .collect();
-        let name: Arc<str> = Arc::from(name);
-        let db = Arc::new(Database::new(name.clone(), pool));
         if self.settings.migrate && !handlers.is_empty() {
-            let names: Vec<&str> = handlers.iter().map(|entry| &*entry.name).collect();
-            let mut conn = db.write_connection().await?;
-            B::record_handler_starts(&mut conn, &names, now_us()).await?;
+            let names: Vec<Arc<str>> = handlers.iter().map(|entry| entry.name.clone()).collect();
+            db.write_call("recording the handlers' start", async move |conn| {
+                let names: Vec<&str> = names.iter().map(|name| &**name).collect();
+                Ok(B::record_handler_starts(conn, &names, now_us()).await?)
+            })
+            .await?;
         }
         let outbox = Arc::new(Outbox::new(
             name.clone(),

@@ -45,11 +45,15 @@ pub(crate) async fn sample_outbox_periodically<B: Backend>(
 /// parked keys and unknown effects into the module's gauges.
 async fn sample_outbox<B: Backend>(core: Arc<ModuleCore<B>>) {
     let sampled = async {
-        let mut conn = core.db.connection().await?;
-        let (pending, oldest) = B::outbox_backlog(&mut conn).await?;
-        let dead = B::count_dead_letters(&mut conn).await?;
-        let parked = B::parked_keys(&mut conn).await?;
-        drop(conn);
+        let ((pending, oldest), dead, parked) = core
+            .db
+            .call("reading the outbox gauges", async |conn| {
+                let backlog = B::outbox_backlog(conn).await?;
+                let dead = B::count_dead_letters(conn).await?;
+                let parked = B::parked_keys(conn).await?;
+                Ok((backlog, dead, parked))
+            })
+            .await?;
         let unknown = core.handlers.journal.unknown_per_handler().await?;
         for entry in &core.handlers.entries {
             let keys = parked

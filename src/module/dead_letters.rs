@@ -132,8 +132,12 @@ impl<B: Backend> ModuleHandle<B> {
             key_previous_at_us: envelope.keyed.as_ref().and_then(|k| k.previous_at_us),
             parked_behind: parked_behind.map(Id),
         };
-        let mut conn = self.write_connection().await?;
-        B::insert_dead_letter(&mut conn, row).await?;
+        self.core
+            .db
+            .write_call("recording a dead letter", async move |conn| {
+                Ok(B::insert_dead_letter(conn, row).await?)
+            })
+            .await?;
         if let Some(entry) = self
             .core
             .handlers
@@ -153,15 +157,26 @@ impl<B: Backend> ModuleHandle<B> {
     /// Dead letters of this module, oldest first: `limit` of them from
     /// `offset`.
     pub async fn dead_letters(&self, offset: u64, limit: u64) -> Result<Vec<DeadLetter>> {
-        let mut conn = self.connection().await?;
-        let rows = B::dead_letters(&mut conn, clamp(offset), clamp(limit)).await?;
+        let rows = self
+            .core
+            .db
+            .call("listing dead letters", async |conn| {
+                Ok(B::dead_letters(conn, clamp(offset), clamp(limit)).await?)
+            })
+            .await?;
         Ok(rows.into_iter().map(DeadLetter::from).collect())
     }
 
     /// One dead letter, if there is one for this message and handler.
     pub async fn dead_letter(&self, message_id: Uuid, handler: &str) -> Result<Option<DeadLetter>> {
-        let mut conn = self.connection().await?;
-        let row = B::dead_letter(&mut conn, message_id, handler.to_string()).await?;
+        let handler = handler.to_string();
+        let row = self
+            .core
+            .db
+            .call("reading a dead letter", async move |conn| {
+                Ok(B::dead_letter(conn, message_id, handler).await?)
+            })
+            .await?;
         Ok(row.map(DeadLetter::from))
     }
 
@@ -289,8 +304,13 @@ impl<B: Backend> ModuleHandle<B> {
             topic: &head.topic,
             key: &keyed.key,
         };
-        let mut conn = self.connection().await?;
-        let rows = B::key_dead_letters(&mut conn, scope).await?;
+        let rows = self
+            .core
+            .db
+            .call("listing a key's dead letters", async |conn| {
+                Ok(B::key_dead_letters(conn, scope).await?)
+            })
+            .await?;
         Ok(rows
             .into_iter()
             .map(DeadLetter::from)
@@ -335,8 +355,15 @@ impl<B: Backend> ModuleHandle<B> {
 
     /// Deletes a dead letter without delivering it; false if there was none.
     pub async fn discard_dead_letter(&self, message_id: Uuid, handler: &str) -> Result<bool> {
-        let mut conn = self.write_connection().await?;
-        Ok(B::delete_dead_letter(&mut conn, message_id, handler.to_string()).await? > 0)
+        let handler = handler.to_string();
+        let deleted = self
+            .core
+            .db
+            .write_call("discarding a dead letter", async move |conn| {
+                Ok(B::delete_dead_letter(conn, message_id, handler).await?)
+            })
+            .await?;
+        Ok(deleted > 0)
     }
 }
 

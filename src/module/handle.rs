@@ -7,9 +7,9 @@ use crate::message::Envelope;
 use crate::metrics::ModuleMetrics;
 use crate::module::actor::{Deliver, Module};
 use crate::module::core::ModuleCore;
+use crate::send_async_fn::SendAsyncFn;
 use crate::store::backend::Backend;
-use crate::store::database::WriteConnection;
-use crate::tx::{Mode, Tx, TxFn};
+use crate::tx::{Mode, Tx};
 use actix::{Actor, Addr};
 use futures_util::FutureExt;
 use std::panic::AssertUnwindSafe;
@@ -120,7 +120,7 @@ impl<B: Backend> ModuleHandle<B> {
     pub async fn transaction<R, E, F>(&self, f: F) -> std::result::Result<R, E>
     where
         for<'r> F: AsyncFnOnce(&'r mut Tx<B>) -> std::result::Result<R, E>
-            + TxFn<&'r mut Tx<B>, std::result::Result<R, E>, Fut: Send>
+            + SendAsyncFn<&'r mut Tx<B>, std::result::Result<R, E>, Fut: Send>
             + Send
             + 'static,
         R: Send + 'static,
@@ -136,7 +136,7 @@ impl<B: Backend> ModuleHandle<B> {
     pub async fn read<R, E, F>(&self, f: F) -> std::result::Result<R, E>
     where
         for<'r> F: AsyncFnOnce(&'r mut Tx<B>) -> std::result::Result<R, E>
-            + TxFn<&'r mut Tx<B>, std::result::Result<R, E>, Fut: Send>
+            + SendAsyncFn<&'r mut Tx<B>, std::result::Result<R, E>, Fut: Send>
             + Send
             + 'static,
         R: Send + 'static,
@@ -150,7 +150,7 @@ impl<B: Backend> ModuleHandle<B> {
     async fn run<R, E, F>(&self, mode: Mode, f: F) -> std::result::Result<R, E>
     where
         for<'r> F: AsyncFnOnce(&'r mut Tx<B>) -> std::result::Result<R, E>
-            + TxFn<&'r mut Tx<B>, std::result::Result<R, E>, Fut: Send>
+            + SendAsyncFn<&'r mut Tx<B>, std::result::Result<R, E>, Fut: Send>
             + Send
             + 'static,
         R: Send + 'static,
@@ -158,25 +158,17 @@ impl<B: Backend> ModuleHandle<B> {
     {
         let core = self.core.clone();
         let task = tokio::spawn(async move {
-            let mut tx = Tx::begin(&core.db, core.outbox.clone(), mode).await?;
-            match AssertUnwindSafe(f(&mut tx)).catch_unwind().await {
-                Ok(Ok(value)) if mode == Mode::Write => {
-                    tx.commit().await?;
-                    Ok(value)
-                }
-                Ok(Ok(value)) => {
-                    tx.rollback().await;
-                    Ok(value)
-                }
-                Ok(Err(error)) => {
-                    tx.rollback().await;
-                    Err(error)
-                }
-                Err(panic) => {
-                    tx.rollback().await;
-                    std::panic::resume_unwind(panic)
-                }
-            }
+            let db = core.db.clone();
+            let operation = match mode {
+                Mode::Write => "a transaction",
+                Mode::Read => "a read-only transaction",
+            };
+            // Past its deadline the transaction is dropped: left open, it
+            // closes its connection (the server rolls it back).
+            db.watch
+                .within(operation, db.deadlines.transaction, transact(core, mode, f))
+                .await
+                .unwrap_or_else(|missed| Err(missed.into()))
         });
         match task.await {
             Ok(result) => result,
@@ -192,11 +184,16 @@ impl<B: Backend> ModuleHandle<B> {
     /// (every [`ModuleBuilder::metrics_interval`](crate::ModuleBuilder::metrics_interval)),
     /// for monitoring.
     pub async fn store_stats(&self) -> Result<StoreStats> {
-        let mut conn = self.connection().await?;
-        let (outbox_pending, oldest_pending_us) = B::outbox_backlog(&mut conn).await?;
-        let (inbox_rows, dead_letters) = B::table_sizes(&mut conn).await?;
-        let parked_keys = B::parked_keys(&mut conn).await?;
-        drop(conn);
+        let ((outbox_pending, oldest_pending_us), (inbox_rows, dead_letters), parked_keys) = self
+            .core
+            .db
+            .call("reading the store's figures", async |conn| {
+                let backlog = B::outbox_backlog(conn).await?;
+                let sizes = B::table_sizes(conn).await?;
+                let parked = B::parked_keys(conn).await?;
+                Ok((backlog, sizes, parked))
+            })
+            .await?;
         let unknown_effects = self.core.handlers.journal.unknown_per_handler().await?;
         Ok(StoreStats {
             outbox_pending,
@@ -209,16 +206,6 @@ impl<B: Backend> ModuleHandle<B> {
                 .collect(),
             unknown_effects,
         })
-    }
-
-    /// A connection from the module's pool, outside any transaction.
-    pub(crate) async fn connection(&self) -> Result<B::Pooled> {
-        self.core.db.connection().await
-    }
-
-    /// A connection for statements that write, taken in this process's turn.
-    pub(crate) async fn write_connection(&self) -> Result<WriteConnection<B>> {
-        self.core.db.write_connection().await
     }
 
     /// Closes the module's connection pool: idle connections close now,
@@ -246,6 +233,7 @@ impl<B: Backend> ModuleHandle<B> {
                 .map(|h| h.counters.snapshot(&h.name, h.handler.topic()))
                 .collect(),
             effects: self.core.handlers.journal.counters.snapshot(),
+            database_calls: self.core.db.watch.snapshot(),
         }
     }
 
@@ -294,5 +282,43 @@ impl<B: Backend> ModuleHandle<B> {
             self.core.mailbox.lost();
             Err(DeliveryError::stopped(e.to_string()))
         })
+    }
+}
+
+/// Begins a transaction on the module's database, runs `f` in it, and
+/// commits a write transaction on `Ok`, rolls back otherwise (and always
+/// for reads).
+async fn transact<B, R, E, F>(
+    core: Arc<ModuleCore<B>>,
+    mode: Mode,
+    f: F,
+) -> std::result::Result<R, E>
+where
+    B: Backend,
+    for<'r> F: AsyncFnOnce(&'r mut Tx<B>) -> std::result::Result<R, E>
+        + SendAsyncFn<&'r mut Tx<B>, std::result::Result<R, E>, Fut: Send>
+        + Send
+        + 'static,
+    R: Send + 'static,
+    E: From<Error> + Send + 'static,
+{
+    let mut tx = Tx::begin(&core.db, core.outbox.clone(), mode).await?;
+    match AssertUnwindSafe(f(&mut tx)).catch_unwind().await {
+        Ok(Ok(value)) if mode == Mode::Write => {
+            tx.commit().await?;
+            Ok(value)
+        }
+        Ok(Ok(value)) => {
+            tx.rollback().await;
+            Ok(value)
+        }
+        Ok(Err(error)) => {
+            tx.rollback().await;
+            Err(error)
+        }
+        Err(panic) => {
+            tx.rollback().await;
+            std::panic::resume_unwind(panic)
+        }
     }
 }

@@ -52,14 +52,19 @@ impl<B: Backend> ModuleHandle<B> {
         }
         let delete = self.core.retention.outbox == Some(Duration::ZERO);
         let id = subscription_id(module, handler);
-        let mut conn = self.write_connection().await?;
-        for statement in retire(B::DIALECT, id) {
-            B::execute(&mut conn, statement).await?;
-        }
-        let owed = Owed::Topic(&subscription.topic);
-        let finished: Vec<Finished> =
-            B::load(&mut conn, complete(B::DIALECT, owed, now, delete)).await?;
-        B::execute(&mut conn, clear_done(B::DIALECT)).await?;
+        let finished: Vec<Finished> = self
+            .core
+            .db
+            .write_call("retiring a subscription", async |conn| {
+                for statement in retire(B::DIALECT, id) {
+                    B::execute(conn, statement).await?;
+                }
+                let owed = Owed::Topic(&subscription.topic);
+                let finished = B::load(conn, complete(B::DIALECT, owed, now, delete)).await?;
+                B::execute(conn, clear_done(B::DIALECT)).await?;
+                Ok(finished)
+            })
+            .await?;
         tracing::info!(outbox = %self.name(), module, handler, finished = finished.len(), "subscription retired");
         Ok(finished.len())
     }

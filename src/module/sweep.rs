@@ -28,9 +28,12 @@ impl<B: Backend> ModuleHandle<B> {
             report.inbox_rows =
                 in_batches(db, |conn| Box::pin(B::sweep_inbox(conn, before, BATCH))).await?;
             if let Some(journal) = self.core.handlers.journal.open().await? {
-                let mut conn = db.connection().await?;
-                let dead_lettered: Arc<[Uuid]> = B::dead_letter_ids(&mut conn).await?.into();
-                drop(conn);
+                let dead_lettered: Arc<[Uuid]> = db
+                    .call("listing dead letters", async |conn| {
+                        Ok(B::dead_letter_ids(conn).await?)
+                    })
+                    .await?
+                    .into();
                 report.effect_rows = in_batches(&journal, |conn| {
                     let keep = dead_lettered.clone();
                     Box::pin(async move { B::sweep_effects(conn, before, &keep, BATCH).await })
@@ -43,9 +46,10 @@ impl<B: Backend> ModuleHandle<B> {
                 in_batches(db, |conn| Box::pin(B::sweep_outbox(conn, before, BATCH))).await?;
         }
         // What subscriptions recorded done with messages since delivered.
-        let mut conn = self.write_connection().await?;
-        B::execute(&mut conn, clear_done(B::DIALECT)).await?;
-        drop(conn);
+        db.write_call("clearing subscriptions' done records", async |conn| {
+            Ok(B::execute(conn, clear_done(B::DIALECT)).await?)
+        })
+        .await?;
         if report != SweepReport::default() {
             tracing::info!(module = %self.name(), inbox_rows = report.inbox_rows, outbox_rows = report.outbox_rows, effect_rows = report.effect_rows, "retention sweep");
         }
@@ -62,14 +66,15 @@ fn cutoff(window: Duration) -> i64 {
 /// batch, yielding between batches.
 async fn in_batches<B: Backend, F>(db: &Database<B>, mut batch: F) -> Result<u64>
 where
-    F: for<'c> FnMut(&'c mut B::Connection) -> BoxFuture<'c, diesel::QueryResult<usize>>,
+    F: for<'c> FnMut(&'c mut B::Connection) -> BoxFuture<'c, diesel::QueryResult<usize>> + Send,
 {
     let mut total = 0;
     loop {
-        let deleted = {
-            let mut conn = db.write_connection().await?;
-            batch(&mut conn).await?
-        };
+        let deleted = db
+            .write_call("a retention sweep's batch", async |conn| {
+                Ok(batch(conn).await?)
+            })
+            .await?;
         total += deleted as u64;
         if (deleted as i64) < BATCH {
             return Ok(total);

@@ -99,40 +99,45 @@ pub(crate) async fn record<B: Backend>(
     alive_until_us: i64,
     refuse_conflicts: bool,
 ) -> Result<bool> {
-    let mut conn = outbox.write_connection().await?;
-    let recorded = B::subscriptions(&mut conn).await?;
-    if refuse_conflicts {
-        for mine in served {
-            let clash = recorded
-                .iter()
-                .find(|r| r.id.0 == mine.id && r.topic != mine.topic && r.alive_until_us > now_us);
-            if let Some(clash) = clash {
-                return Err(Error::SubscriptionConflict {
-                    outbox: outbox.module().to_string(),
-                    module: mine.module.to_string(),
-                    handler: mine.handler.to_string(),
-                    topic: mine.topic.to_string(),
-                    recorded: clash.topic.clone(),
-                });
+    let outbox_module = outbox.module().to_string();
+    let served: Vec<Served> = served.to_vec();
+    outbox
+        .write_call("recording subscriptions", async move |conn| {
+            let recorded = B::subscriptions(conn).await?;
+            if refuse_conflicts {
+                for mine in &served {
+                    let clash = recorded.iter().find(|r| {
+                        r.id.0 == mine.id && r.topic != mine.topic && r.alive_until_us > now_us
+                    });
+                    if let Some(clash) = clash {
+                        return Err(Error::SubscriptionConflict {
+                            outbox: outbox_module,
+                            module: mine.module.to_string(),
+                            handler: mine.handler.to_string(),
+                            topic: mine.topic.to_string(),
+                            recorded: clash.topic.clone(),
+                        });
+                    }
+                }
             }
-        }
-    }
-    let rows = served
-        .iter()
-        .map(|s| SubscriptionRow {
-            id: Id(s.id),
-            module: s.module.to_string(),
-            handler: s.handler.to_string(),
-            topic: s.topic.to_string(),
-            subscribed_at_us: now_us,
-            seen_at_us: now_us,
-            alive_until_us,
+            let rows = served
+                .iter()
+                .map(|s| SubscriptionRow {
+                    id: Id(s.id),
+                    module: s.module.to_string(),
+                    handler: s.handler.to_string(),
+                    topic: s.topic.to_string(),
+                    subscribed_at_us: now_us,
+                    seen_at_us: now_us,
+                    alive_until_us,
+                })
+                .collect();
+            B::record_subscriptions(conn, rows).await?;
+            Ok(recorded
+                .iter()
+                .any(|r| !served.iter().any(|s| s.id == r.id.0)))
         })
-        .collect();
-    B::record_subscriptions(&mut conn, rows).await?;
-    Ok(recorded
-        .iter()
-        .any(|r| !served.iter().any(|s| s.id == r.id.0)))
+        .await
 }
 
 /// Records that no running bus serves these subscriptions any more (its bus
@@ -166,9 +171,13 @@ pub(crate) struct Finished {
 /// The subscriptions recorded in `outbox`'s database, with the oldest
 /// message each still owes.
 pub(crate) async fn read<B: Backend>(outbox: &Database<B>) -> Result<Vec<Subscription>> {
-    let mut conn = outbox.connection().await?;
-    let rows = B::subscriptions(&mut conn).await?;
-    let oldest: Vec<OldestOwed> = B::load(&mut conn, oldest_owed(B::DIALECT)).await?;
+    let (rows, oldest) = outbox
+        .call("reading subscriptions", async |conn| {
+            let rows = B::subscriptions(conn).await?;
+            let oldest: Vec<OldestOwed> = B::load(conn, oldest_owed(B::DIALECT)).await?;
+            Ok((rows, oldest))
+        })
+        .await?;
     Ok(rows
         .into_iter()
         .map(|row| Subscription {
@@ -384,9 +393,11 @@ pub(crate) async fn report_claimed_elsewhere<B: Backend>(
     bus: Uuid,
     now_us: i64,
 ) -> Result<()> {
-    let mut conn = outbox.connection().await?;
-    let rows: Vec<ClaimedElsewhere> =
-        B::load(&mut conn, claimed_elsewhere(B::DIALECT, bus, now_us)).await?;
+    let rows: Vec<ClaimedElsewhere> = outbox
+        .call("reading other buses' claims", async |conn| {
+            Ok(B::load(conn, claimed_elsewhere(B::DIALECT, bus, now_us)).await?)
+        })
+        .await?;
     if let Some(ClaimedElsewhere {
         n,
         until_us: Some(until),

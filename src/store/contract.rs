@@ -100,6 +100,13 @@ pub trait Store: Sized + Send + Sync + 'static {
     /// Closes the pool: idle connections now, the others when returned.
     fn close(pool: &Self::Pool);
 
+    /// Closes a connection for good, taking it out of its pool.
+    fn discard(conn: Self::Pooled);
+
+    /// Closes the pool's idle connections; the pool stays open and makes
+    /// new ones as they are needed.
+    fn close_idle(pool: &Self::Pool);
+
     /// Takes a connection from the pool.
     fn checkout(pool: &Self::Pool) -> impl Future<Output = Result<Self::Pooled, String>> + Send;
 

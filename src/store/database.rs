@@ -1,10 +1,13 @@
 //! A module's database as the rest of tickbox uses it: connections from its
-//! pool, and this process's turn to write where the database takes one
-//! writer at a time.
+//! pool, calls within their deadlines, and this process's turn to write
+//! where the database takes one writer at a time.
 
 use crate::error::{Error, Result};
+use crate::send_async_fn::SendAsyncFn;
 use crate::store::backend::Backend;
+use crate::store::deadline::{CallWatch, Deadlines};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// A module's connection pool, shared by its transactions, its deliveries
@@ -18,15 +21,21 @@ pub(crate) struct Database<B: Backend> {
     /// (SQLite): this process's writers queue here, fairly, rather than
     /// sleep in the database's busy handler.
     write_gate: Option<Arc<Semaphore>>,
+    /// How long calls may take.
+    pub(crate) deadlines: Deadlines,
+    /// The calls that are stuck or missed their deadline.
+    pub(crate) watch: CallWatch,
 }
 
 impl<B: Backend> Database<B> {
     /// Wraps the pool of module `module`.
-    pub(crate) fn new(module: Arc<str>, pool: B::Pool) -> Self {
+    pub(crate) fn new(module: Arc<str>, pool: B::Pool, deadlines: Deadlines) -> Self {
         Database {
+            watch: CallWatch::new(module.clone()),
             module,
             pool,
             write_gate: B::ONE_WRITER.then(|| Arc::new(Semaphore::new(1))),
+            deadlines,
         }
     }
 
@@ -44,7 +53,8 @@ impl<B: Backend> Database<B> {
         }
     }
 
-    /// A connection from the pool, outside any transaction.
+    /// A connection from the pool, outside any transaction. The wait for a
+    /// free one (or a new one) is bounded by the module's checkout timeout.
     pub(crate) async fn connection(&self) -> Result<B::Pooled> {
         B::checkout(&self.pool).await.map_err(|reason| Error::Pool {
             module: self.module.to_string(),
@@ -52,38 +62,71 @@ impl<B: Backend> Database<B> {
         })
     }
 
-    /// A connection for statements that write, taken in this process's turn.
-    pub(crate) async fn write_connection(&self) -> Result<WriteConnection<B>> {
-        let turn = self.write_turn().await;
-        Ok(WriteConnection {
-            conn: self.connection().await?,
-            _turn: turn,
-        })
+    /// Runs one of tickbox's own calls, `f`, on a connection of the pool
+    /// within the module's call deadline; `operation` names it in the logs.
+    /// Past the deadline the connection is closed (with the pool's idle
+    /// ones) and the call fails with [`Error::Deadline`].
+    pub(crate) async fn call<T, F>(&self, operation: &str, f: F) -> Result<T>
+    where
+        for<'c> F: AsyncFnOnce(&'c mut B::Connection) -> Result<T>
+            + SendAsyncFn<&'c mut B::Connection, Result<T>, Fut: Send>,
+    {
+        let conn = self.connection().await?;
+        self.run(operation, self.deadlines.call, conn, f).await
+    }
+
+    /// Like [`Database::call`], for statements that write: taken in this
+    /// process's turn to write.
+    pub(crate) async fn write_call<T, F>(&self, operation: &str, f: F) -> Result<T>
+    where
+        for<'c> F: AsyncFnOnce(&'c mut B::Connection) -> Result<T>
+            + SendAsyncFn<&'c mut B::Connection, Result<T>, Fut: Send>,
+    {
+        let _turn = self.write_turn().await;
+        let conn = self.connection().await?;
+        self.run(operation, self.deadlines.call, conn, f).await
+    }
+
+    /// Runs `f` on `conn` within `deadline`; past it, gives the connection up.
+    async fn run<T, F>(
+        &self,
+        operation: &str,
+        deadline: Duration,
+        mut conn: B::Pooled,
+        f: F,
+    ) -> Result<T>
+    where
+        for<'c> F: AsyncFnOnce(&'c mut B::Connection) -> Result<T>
+            + SendAsyncFn<&'c mut B::Connection, Result<T>, Fut: Send>,
+    {
+        let done = self
+            .watch
+            .within(operation, deadline, f(&mut *conn))
+            .await
+            .and_then(|done| done);
+        if matches!(done, Err(Error::Deadline { .. })) {
+            self.give_up(conn);
+        }
+        done
+    }
+
+    /// Closes a connection for good instead of returning it to the pool: a
+    /// call on it went past its deadline, or a transaction on it was
+    /// abandoned half way. The pool's idle connections are closed with it,
+    /// since they most likely went the same (quiet) way; the pool opens new
+    /// ones as they are needed.
+    pub(crate) fn give_up(&self, conn: B::Pooled) {
+        B::discard(conn);
+        self.give_up_idle();
+    }
+
+    /// Closes the pool's idle connections.
+    fn give_up_idle(&self) {
+        B::close_idle(&self.pool);
     }
 
     /// Closes the pool: idle connections now, the others when returned.
     pub(crate) fn close(&self) {
         B::close(&self.pool);
-    }
-}
-
-/// A pooled connection holding this process's turn to write.
-pub(crate) struct WriteConnection<B: Backend> {
-    /// The connection.
-    conn: B::Pooled,
-    /// Released with the connection.
-    _turn: Option<OwnedSemaphorePermit>,
-}
-
-impl<B: Backend> std::ops::Deref for WriteConnection<B> {
-    type Target = B::Connection;
-    fn deref(&self) -> &B::Connection {
-        &self.conn
-    }
-}
-
-impl<B: Backend> std::ops::DerefMut for WriteConnection<B> {
-    fn deref_mut(&mut self) -> &mut B::Connection {
-        &mut self.conn
     }
 }

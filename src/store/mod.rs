@@ -5,6 +5,7 @@
 pub(crate) mod backend;
 pub(crate) mod contract;
 pub(crate) mod database;
+pub(crate) mod deadline;
 pub(crate) mod journal;
 pub(crate) mod migrations;
 pub(crate) mod ordering;

@@ -43,3 +43,25 @@ where
 {
     pool.get().await.map_err(|e| e.to_string())
 }
+
+/// Closes a connection for good: taken out of its pool, then dropped (a
+/// PostgreSQL connection's socket closes with it).
+pub(crate) fn discard<C>(conn: diesel_async::pooled_connection::deadpool::Object<C>)
+where
+    C: AsyncConnection + 'static,
+    diesel_async::pooled_connection::AsyncDieselConnectionManager<C>:
+        deadpool::managed::Manager<Type = C, Error = diesel_async::pooled_connection::PoolError>,
+{
+    drop(deadpool::managed::Object::take(conn));
+}
+
+/// Closes the pool's idle connections.
+pub(crate) fn close_idle<C>(pool: &diesel_async::pooled_connection::deadpool::Pool<C>)
+where
+    C: AsyncConnection + 'static,
+    diesel_async::pooled_connection::AsyncDieselConnectionManager<C>:
+        deadpool::managed::Manager<Type = C, Error = diesel_async::pooled_connection::PoolError>,
+{
+    let closed = pool.retain(|_, _| false);
+    drop(closed);
+}

@@ -14,7 +14,7 @@ use crate::store::contract::{
 };
 use crate::store::journal::JournalQueries;
 use crate::store::migrations::{refuse_clashing_versions, refuse_newer_migrations};
-use crate::store::pool::{build_pool, checkout};
+use crate::store::pool::{build_pool, checkout, close_idle, discard};
 use crate::store::schema::{tickbox_outbox, OutboxRow};
 use crate::store::settings::{StoreSettings, WakeupChannel};
 use crate::store::statement::{Dialect, Row, Statement};
@@ -93,18 +93,20 @@ fn schema_pool(
     url: String,
     schema: Option<String>,
 ) -> crate::Result<Pool<AsyncPgConnection>> {
+    let limits = session_limits(settings);
     build_pool(
         settings,
         url,
         Box::new(move |url| {
-            let schema = schema.clone();
+            let setup = match &schema {
+                Some(schema) => format!("{limits}; SET search_path TO {schema}"),
+                None => limits.clone(),
+            };
             Box::pin(async move {
                 let mut conn = connect(url).await?;
-                if let Some(schema) = schema {
-                    conn.batch_execute(&format!("SET search_path TO {schema}"))
-                        .await
-                        .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
-                }
+                conn.batch_execute(&setup)
+                    .await
+                    .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
                 Ok(conn)
             })
         }),
@@ -134,6 +136,12 @@ const LISTEN_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// How long the listener waits for its connection to open.
 const LISTEN_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often the listener checks that its connection still answers.
+const LISTEN_PING_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How long the listener waits for the answer to its check.
+const LISTEN_PING_DEADLINE: Duration = Duration::from_secs(10);
 
 /// The wake-up channel of the outbox in `schema`: notifications are per
 /// database, so the schema tells apart the outboxes of one database.
@@ -211,13 +219,130 @@ async fn listen_forever(wakeup: WakeupChannel, module: Arc<str>, wake: impl Fn()
 /// Connects like `AsyncPgConnection::establish`, but a failure keeps its
 /// cause: diesel-async reports only tokio-postgres's top line ("error
 /// connecting to server"), not why (refused, unknown host, no such
-/// database, authentication).
+/// database, authentication). The socket gets tickbox's defaults unless the
+/// URL sets its own ([`client_config`]).
 pub(crate) async fn connect(url: &str) -> diesel::ConnectionResult<AsyncPgConnection> {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+    let config = client_config(url)?;
+    let (client, connection) = config
+        .connect(tokio_postgres::NoTls)
         .await
         .map_err(|e| diesel::ConnectionError::BadConnection(with_causes(&e)))?;
     AsyncPgConnection::try_from_client_and_connection(client, connection).await
 }
+
+/// How long a connection attempt may take, unless the URL says
+/// (`connect_timeout`): a server that accepts but never answers (a quiet
+/// network) would otherwise hold the attempt for ever.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// TCP keepalive, unless the URL says (`keepalives_idle`,
+/// `keepalives_interval`, `keepalives_retries`): the kernel probes a
+/// connection idle this long, so a peer that vanished without a word (a
+/// host that died, a NAT entry that expired) is found out by the kernel
+/// within about half a minute instead of the system's two hours.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+const KEEPALIVE_RETRIES: u32 = 3;
+
+/// How long sent data may stay unacknowledged before the kernel closes the
+/// connection, unless the URL says (`tcp_user_timeout`): a server that is
+/// merely slow has acknowledged the query, so this cuts only a dead path.
+const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The client's settings from `url`, with tickbox's defaults for what the
+/// URL leaves out: a bounded connection attempt, TCP keepalive and a TCP
+/// user timeout. These help the kernel find a dead peer; a path that stays
+/// open but silent (a proxy or a NAT that keeps answering for a vanished
+/// server) is found by the calls' own deadlines
+/// ([`crate::store::deadline`]).
+fn client_config(url: &str) -> diesel::ConnectionResult<tokio_postgres::Config> {
+    let mut config: tokio_postgres::Config = url
+        .parse()
+        .map_err(|e| diesel::ConnectionError::InvalidConnectionUrl(with_causes(&e)))?;
+    let given: Vec<String> = url::Url::parse(url)
+        .map(|url| url.query_pairs().map(|(key, _)| key.into_owned()).collect())
+        .unwrap_or_default();
+    let unset = |key: &str| !given.iter().any(|given| given == key);
+    if unset("connect_timeout") {
+        config.connect_timeout(CONNECT_TIMEOUT);
+    }
+    if unset("keepalives_idle") {
+        config.keepalives_idle(KEEPALIVE_IDLE);
+    }
+    if unset("keepalives_interval") {
+        config.keepalives_interval(KEEPALIVE_INTERVAL);
+    }
+    if unset("keepalives_retries") {
+        config.keepalives_retries(KEEPALIVE_RETRIES);
+    }
+    if unset("tcp_user_timeout") {
+        config.tcp_user_timeout(TCP_USER_TIMEOUT);
+    }
+    Ok(config)
+}
+
+/// The server's limits on a session of a module's pool, so that a client
+/// that vanished (its connection quiet, never closed) does not hold locks
+/// for long: a transaction idle on the server for longer than any of the
+/// module's transactions may take (its deadline, plus a margin for the
+/// client to give up first) is ended and rolled back
+/// (`idle_in_transaction_session_timeout`), and so is a statement running
+/// that long (`statement_timeout`: no call waits for it longer anyway).
+fn session_limits(settings: &StoreSettings) -> String {
+    let limit = (settings.longest_transaction + SERVER_MARGIN).as_millis();
+    format!("SET statement_timeout = {limit}; SET idle_in_transaction_session_timeout = {limit}")
+}
+
+/// The server's limits on the session that migrates: idle inside a
+/// transaction, or idle at all (PostgreSQL 14 and later), for longer than
+/// the migration deadline, it is ended, releasing the migration lock.
+fn migration_session_limits(
+    conn: &mut AsyncConnectionWrapper<AsyncPgConnection>,
+    deadline: Duration,
+) -> crate::Result<String> {
+    #[derive(diesel::QueryableByName)]
+    struct Version {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        version: i32,
+    }
+    let version: Version = diesel::RunQueryDsl::get_result(
+        diesel::sql_query("SELECT current_setting('server_version_num')::int AS version"),
+        conn,
+    )?;
+    let limit = (deadline + SERVER_MARGIN).as_millis();
+    let mut limits = format!("SET idle_in_transaction_session_timeout = {limit}");
+    if version.version >= 140000 {
+        limits.push_str(&format!("; SET idle_session_timeout = {limit}"));
+    }
+    Ok(limits)
+}
+
+/// Connects like [`connect`], driving the connection in a task of its own
+/// that ends, closing the socket, when the returned sender is dropped: the
+/// way to free a thread blocked on the connection (migrations run on a
+/// blocking thread) when its path goes quiet.
+async fn connect_killable(
+    url: &str,
+) -> diesel::ConnectionResult<(AsyncPgConnection, tokio::sync::oneshot::Sender<()>)> {
+    let config = client_config(url)?;
+    let (client, connection) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .map_err(|e| diesel::ConnectionError::BadConnection(with_causes(&e)))?;
+    let (kill, killed) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = killed => {}
+            _ = connection => {}
+        }
+    });
+    let conn = AsyncPgConnection::try_from(client).await?;
+    Ok((conn, kill))
+}
+
+/// How much longer than a client's deadline the server waits before it
+/// ends a session: the client gives up first, and says why.
+const SERVER_MARGIN: Duration = Duration::from_secs(5);
 
 /// An error and its sources, one after another.
 fn with_causes(error: &dyn std::error::Error) -> String {
@@ -250,14 +375,33 @@ async fn listen_until_failure(wakeup: &WakeupChannel, module: &str, wake: &impl 
     tracing::debug!(%module, channel = %wakeup.channel, "listening for other processes' commits");
     // Commits made while nothing listened woke nobody: scan for them.
     wake();
-    let mut notifications = std::pin::pin!(conn.notifications_stream());
-    while let Some(notification) = notifications.next().await {
-        match notification {
-            Ok(_) => wake(),
-            Err(error) => return error.to_string(),
+    // A listening connection only receives: if its path goes quiet,
+    // nothing fails. So it is asked a question every so often, and one
+    // that has no answer within the deadline is given up (the loop above
+    // reconnects). Notifications that come meanwhile wait in its queue.
+    loop {
+        let asked_at = Instant::now() + LISTEN_PING_INTERVAL;
+        {
+            let mut notifications = std::pin::pin!(conn.notifications_stream());
+            loop {
+                tokio::select! {
+                    notification = notifications.next() => match notification {
+                        Some(Ok(_)) => wake(),
+                        Some(Err(error)) => return error.to_string(),
+                        None => return "the connection closed".to_string(),
+                    },
+                    _ = tokio::time::sleep_until(asked_at) => break,
+                }
+            }
+        }
+        match tokio::time::timeout(LISTEN_PING_DEADLINE, conn.batch_execute("SELECT 1")).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => return format!("checking the connection: {error}"),
+            Err(_) => return format!(
+                "the connection went quiet: no answer to a check within {LISTEN_PING_DEADLINE:?}"
+            ),
         }
     }
-    "the connection closed".to_string()
 }
 
 impl Backend for Postgres {
@@ -294,12 +438,15 @@ impl Store for Postgres {
         let migrate_schema = schema.clone();
         let migrate = settings.migrate;
         let app_migrations = settings.app_migrations;
-        let first = connect(&url).await.map_err(|e| Error::BadDatabaseUrl {
-            module: module.clone(),
-            url: redact_url(&url),
-            reason: e.to_string(),
-        })?;
-        let outbox_schema = tokio::task::spawn_blocking(move || {
+        let deadline = settings.deadlines.migration;
+        let (first, kill) = connect_killable(&url)
+            .await
+            .map_err(|e| Error::BadDatabaseUrl {
+                module: module.clone(),
+                url: redact_url(&url),
+                reason: e.to_string(),
+            })?;
+        let opening = tokio::task::spawn_blocking(move || {
             // Synchronous, for diesel's migration harness (its async one
             // panics inside actix); it blocks on the connection's runtime.
             let mut conn: AsyncConnectionWrapper<AsyncPgConnection> = first.into();
@@ -318,6 +465,12 @@ impl Store for Postgres {
             if !migrate {
                 return Ok(outbox_schema);
             }
+            // A client that vanishes while migrating must not hold the
+            // migration lock (a session lock) or a migration's locks for
+            // long: the server ends its session once idle past the deadline.
+            let limits = migration_session_limits(&mut conn, deadline)?;
+            SimpleConnection::batch_execute(&mut conn, &limits)
+                .map_err(|e| migration_error(e.to_string()))?;
             SimpleConnection::batch_execute(
                 &mut conn,
                 &format!("SELECT pg_advisory_lock({MIGRATION_LOCK})"),
@@ -351,9 +504,18 @@ impl Store for Postgres {
             migrated?;
             unlocked.map_err(|e| migration_error(e.to_string()))?;
             Ok::<_, Error>(outbox_schema)
-        })
-        .await
-        .map_err(|e| Error::Task {
+        });
+        // Past the deadline the connection is closed under the blocked
+        // thread, whose statement then fails and lets it end.
+        let Ok(opened) = tokio::time::timeout(deadline, opening).await else {
+            drop(kill);
+            return Err(Error::Deadline {
+                module: settings.module.clone(),
+                operation: "opening the database (connecting and migrating)".into(),
+                deadline,
+            });
+        };
+        let outbox_schema = opened.map_err(|e| Error::Task {
             what: format!("opening module `{}`", settings.module),
             reason: e.to_string(),
         })??;
@@ -380,11 +542,20 @@ impl Store for Postgres {
         let pool = schema_pool(&settings, url, schema)?;
         if !settings.migrate {
             // Attached: a schema an older tickbox migrated has no journal.
-            let mut conn = checkout(&pool).await.map_err(|reason| Error::Pool {
+            let deadline = settings.deadlines.call;
+            let checked = tokio::time::timeout(deadline, async {
+                let mut conn = checkout(&pool).await.map_err(|reason| Error::Pool {
+                    module: settings.module.clone(),
+                    reason,
+                })?;
+                Ok::<_, Error>(Self::has_journal(&mut conn).await?)
+            });
+            let has_journal = checked.await.map_err(|_| Error::Deadline {
                 module: settings.module.clone(),
-                reason,
-            })?;
-            if !Self::has_journal(&mut conn).await? {
+                operation: "looking for the effects journal".into(),
+                deadline,
+            })??;
+            if !has_journal {
                 return Err(Error::SchemaVersion {
                     module: settings.module.clone(),
                     reason: "has no effects journal (tickbox_effects): it was migrated by an \
@@ -399,6 +570,14 @@ impl Store for Postgres {
 
     fn close(pool: &Self::Pool) {
         pool.close();
+    }
+
+    fn discard(conn: Self::Pooled) {
+        discard(conn);
+    }
+
+    fn close_idle(pool: &Self::Pool) {
+        close_idle(pool);
     }
 
     async fn checkout(pool: &Self::Pool) -> Result<Self::Pooled, String> {

@@ -1,5 +1,6 @@
 //! Where and how a module opens its database.
 
+use crate::store::deadline::Deadlines;
 use std::time::Duration;
 
 /// Where and how a module opens its database.
@@ -16,6 +17,12 @@ pub struct StoreSettings {
     pub(crate) pool_size: usize,
     /// How long a checkout waits for a free connection.
     pub(crate) checkout_timeout: Duration,
+    /// How long calls to the database may take.
+    pub(crate) deadlines: Deadlines,
+    /// The longest a transaction of this module may take, its handlers'
+    /// own deadlines included: the server's limits on a session's statement
+    /// and on its idleness inside a transaction are set just above it.
+    pub(crate) longest_transaction: Duration,
     /// Run tickbox's migrations at open (false to attach to an existing
     /// database, as an operator's tool does).
     pub(crate) migrate: bool,

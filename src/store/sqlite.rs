@@ -11,7 +11,7 @@ use crate::store::contract::{
     start_key_statement, tick_inbox_statement, KeyScope, OwnedScope, Store, Tick,
 };
 use crate::store::migrations::{refuse_clashing_versions, refuse_newer_migrations};
-use crate::store::pool::{build_pool, checkout};
+use crate::store::pool::{build_pool, checkout, close_idle, discard};
 use crate::store::schema::{tickbox_outbox, OutboxRow};
 use crate::store::settings::{MigrationSet, StoreSettings, WakeupChannel};
 use crate::store::statement::{Dialect, Row, Statement};
@@ -268,6 +268,14 @@ impl Store for Sqlite {
 
     fn close(pool: &Self::Pool) {
         pool.close();
+    }
+
+    fn discard(conn: Self::Pooled) {
+        discard(conn);
+    }
+
+    fn close_idle(pool: &Self::Pool) {
+        close_idle(pool);
     }
 
     async fn checkout(pool: &Self::Pool) -> Result<Self::Pooled, String> {
