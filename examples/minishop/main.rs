@@ -686,7 +686,12 @@ async fn place_orders<B: Backend>(
     let mut placed = 0;
     let placing = async {
         while placed < n && !stop.is_cancelled() {
-            place_order(orders, tables::NewOrder::random()).await?;
+            // Ctrl-C does not wait for the order being placed: its
+            // transaction runs in its own task and commits or not, whole.
+            tokio::select! {
+                placing = place_order(orders, tables::NewOrder::random()) => placing?,
+                () = stop.cancelled() => break,
+            }
             placed += 1;
             run.keep_alive().await?;
             if progress.due() {
@@ -696,8 +701,15 @@ async fn place_orders<B: Backend>(
         Ok::<_, tickbox::Error>(())
     }
     .await;
-    // Recorded as ended however the placing ended.
-    let ended = run.end().await;
+    // Recorded as ended however the placing ended; when interrupted, only
+    // if the database answers soon (otherwise the run's lease ends it).
+    let ended = if stop.is_cancelled() {
+        tokio::time::timeout(Duration::from_secs(5), run.end())
+            .await
+            .unwrap_or(Ok(()))
+    } else {
+        run.end().await
+    };
     placing.and(ended)?;
     if progress.drawn() {
         progress.placing(placed, n, &bus.metrics());
@@ -737,6 +749,9 @@ async fn wait_until_done<B: Backend>(
     stop: &CancellationToken,
     progress: &mut Progress,
 ) -> tickbox::Result<Drain> {
+    if stop.is_cancelled() {
+        return Ok(Drain::Interrupted);
+    }
     let over_amqp = args.over_amqp();
     let mut counts = Counts::read(shop).await?;
     let orders = counts.orders.unwrap_or(0);

@@ -1,7 +1,16 @@
 //! Ctrl-C: the first asks the run to stop, through a `CancellationToken`
-//! that the placing and waiting loops watch; the second quits at once.
+//! that the placing and waiting loops watch; the second quits at once, and
+//! so does a stop that takes longer than [`STOP_DEADLINE`].
 
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+
+/// How long the run may take to stop after the first Ctrl-C, even with
+/// every connection dead: the bus's stop timeout (30 s, which bounds
+/// `BusHandle::stop`) and a little for the report. Past it the process
+/// quits like a second Ctrl-C: as safe as a crash, and `--resume` finishes
+/// the work.
+pub const STOP_DEADLINE: Duration = Duration::from_secs(40);
 
 /// A token cancelled by the first Ctrl-C (SIGINT) or SIGTERM: no more
 /// orders, the bus stops (running deliveries finish, the rest stays
@@ -22,12 +31,15 @@ async fn stop_on_signal(stop: CancellationToken) {
         "minishop: interrupted — placing no more orders and stopping the bus \
          (running deliveries finish, the rest stays pending); Ctrl-C again quits at once",
     );
-    if signal().await {
-        crate::progress::say(
+    tokio::select! {
+        true = signal() => crate::progress::say(
             "minishop: interrupted again — quitting now; --resume finishes the work",
-        );
-        std::process::exit(130);
+        ),
+        () = tokio::time::sleep(STOP_DEADLINE) => crate::progress::say(&format!(
+            "minishop: stopping took longer than {STOP_DEADLINE:?} — quitting now; --resume finishes the work",
+        )),
     }
+    std::process::exit(130);
 }
 
 /// Ctrl-C or, on Unix, SIGTERM (how service managers ask a process to

@@ -7,7 +7,6 @@ use crate::send_async_fn::SendAsyncFn;
 use crate::store::backend::Backend;
 use crate::store::deadline::{CallWatch, Deadlines};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// A module's connection pool, shared by its transactions, its deliveries
@@ -63,16 +62,16 @@ impl<B: Backend> Database<B> {
     }
 
     /// Runs one of tickbox's own calls, `f`, on a connection of the pool
-    /// within the module's call deadline; `operation` names it in the logs.
-    /// Past the deadline the connection is closed (with the pool's idle
-    /// ones) and the call fails with [`Error::Deadline`].
+    /// within the module's call deadline, which counts from the checkout
+    /// on; `operation` names it in the logs. Past the deadline the
+    /// connection is closed (with the pool's idle ones) and the call fails
+    /// with [`Error::Deadline`].
     pub(crate) async fn call<T, F>(&self, operation: &str, f: F) -> Result<T>
     where
         for<'c> F: AsyncFnOnce(&'c mut B::Connection) -> Result<T>
             + SendAsyncFn<&'c mut B::Connection, Result<T>, Fut: Send>,
     {
-        let conn = self.connection().await?;
-        self.run(operation, self.deadlines.call, conn, f).await
+        self.run(operation, None, f).await
     }
 
     /// Like [`Database::call`], for statements that write: taken in this
@@ -82,32 +81,41 @@ impl<B: Backend> Database<B> {
         for<'c> F: AsyncFnOnce(&'c mut B::Connection) -> Result<T>
             + SendAsyncFn<&'c mut B::Connection, Result<T>, Fut: Send>,
     {
-        let _turn = self.write_turn().await;
-        let conn = self.connection().await?;
-        self.run(operation, self.deadlines.call, conn, f).await
+        let turn = self.write_turn().await;
+        self.run(operation, turn, f).await
     }
 
-    /// Runs `f` on `conn` within `deadline`; past it, gives the connection up.
+    /// Checks out a connection and runs `f` on it, within the call
+    /// deadline; past it, gives the connection up.
     async fn run<T, F>(
         &self,
         operation: &str,
-        deadline: Duration,
-        mut conn: B::Pooled,
+        _turn: Option<OwnedSemaphorePermit>,
         f: F,
     ) -> Result<T>
     where
         for<'c> F: AsyncFnOnce(&'c mut B::Connection) -> Result<T>
             + SendAsyncFn<&'c mut B::Connection, Result<T>, Fut: Send>,
     {
-        let done = self
+        // The connection lives outside the timed part, so that a call cut
+        // short leaves it here to be closed rather than to the pool.
+        let mut conn: Option<B::Pooled> = None;
+        let called = self
             .watch
-            .within(operation, deadline, f(&mut *conn))
-            .await
-            .and_then(|done| done);
-        if matches!(done, Err(Error::Deadline { .. })) {
-            self.give_up(conn);
+            .within(operation, self.deadlines.call, async {
+                let conn = conn.insert(self.connection().await?);
+                f(&mut **conn).await
+            })
+            .await;
+        match called {
+            Ok(done) => done,
+            Err(missed) => {
+                if let Some(conn) = conn {
+                    self.give_up(conn);
+                }
+                Err(missed)
+            }
         }
-        done
     }
 
     /// Closes a connection for good instead of returning it to the pool: a

@@ -223,11 +223,29 @@ async fn listen_forever(wakeup: WakeupChannel, module: Arc<str>, wake: impl Fn()
 /// URL sets its own ([`client_config`]).
 pub(crate) async fn connect(url: &str) -> diesel::ConnectionResult<AsyncPgConnection> {
     let config = client_config(url)?;
-    let (client, connection) = config
-        .connect(tokio_postgres::NoTls)
-        .await
-        .map_err(|e| diesel::ConnectionError::BadConnection(with_causes(&e)))?;
+    let (client, connection) = open_session(&config).await?;
     AsyncPgConnection::try_from_client_and_connection(client, connection).await
+}
+
+/// Opens a session: the socket, then the server's greeting and the
+/// authentication, all within the connection attempt's time limit (the
+/// client library bounds only the socket's connection by it).
+async fn open_session(
+    config: &tokio_postgres::Config,
+) -> diesel::ConnectionResult<(
+    tokio_postgres::Client,
+    tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>,
+)> {
+    let limit = config
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(CONNECT_TIMEOUT);
+    match tokio::time::timeout(limit, config.connect(tokio_postgres::NoTls)).await {
+        Ok(opened) => opened.map_err(|e| diesel::ConnectionError::BadConnection(with_causes(&e))),
+        Err(_) => Err(diesel::ConnectionError::BadConnection(format!(
+            "the server did not complete the connection within {limit:?}"
+        ))),
+    }
 }
 
 /// How long a connection attempt may take, unless the URL says
@@ -325,10 +343,7 @@ async fn connect_killable(
     url: &str,
 ) -> diesel::ConnectionResult<(AsyncPgConnection, tokio::sync::oneshot::Sender<()>)> {
     let config = client_config(url)?;
-    let (client, connection) = config
-        .connect(tokio_postgres::NoTls)
-        .await
-        .map_err(|e| diesel::ConnectionError::BadConnection(with_causes(&e)))?;
+    let (client, connection) = open_session(&config).await?;
     let (kill, killed) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
         tokio::select! {
@@ -397,9 +412,11 @@ async fn listen_until_failure(wakeup: &WakeupChannel, module: &str, wake: &impl 
         match tokio::time::timeout(LISTEN_PING_DEADLINE, conn.batch_execute("SELECT 1")).await {
             Ok(Ok(())) => {}
             Ok(Err(error)) => return format!("checking the connection: {error}"),
-            Err(_) => return format!(
+            Err(_) => {
+                return format!(
                 "the connection went quiet: no answer to a check within {LISTEN_PING_DEADLINE:?}"
-            ),
+            )
+            }
         }
     }
 }
