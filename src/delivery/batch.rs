@@ -70,16 +70,15 @@ async fn handle_batch<B: Backend>(handlers: Arc<Handlers<B>>, mut batch: Vec<Wai
         .collect();
     let counters = &handlers.entries[batch[0].attempt.handler].counters;
     let deadline = handlers.deadline(batch[0].attempt.handler);
-    let in_one = handlers
-        .db
-        .watch
-        .within(
-            "a batch of deliveries",
-            deadline,
-            in_one_transaction(&handlers, &batch, &spans),
-        )
-        .await
-        .unwrap_or_else(|missed| Err(DeliveryError::database(missed)));
+    let in_one = {
+        let transaction = std::pin::pin!(in_one_transaction(&handlers, &batch, &spans));
+        handlers
+            .db
+            .watch
+            .within("a batch of deliveries", deadline, transaction)
+            .await
+            .unwrap_or_else(|missed| Err(DeliveryError::database(missed)))
+    };
     match in_one {
         Ok(outcomes) => {
             counters.batch_committed();

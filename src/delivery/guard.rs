@@ -31,11 +31,11 @@ pub(crate) async fn guard<B: Backend>(
     let deadline = handlers.deadline(attempt.handler);
     // Past its deadline the delivery is dropped: its transaction, left
     // open, closes its connection (the server rolls it back).
+    let delivery = std::pin::pin!(run(handlers.clone(), attempt).instrument(span.clone()));
     let result = handlers
         .db
         .watch
-        .within("a delivery", deadline, run(handlers.clone(), attempt))
-        .instrument(span.clone())
+        .within("a delivery", deadline, delivery)
         .await
         .unwrap_or_else(|missed| Err(DeliveryError::database(missed)));
     observe(&handlers, &label, &span, started, &result);

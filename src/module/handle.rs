@@ -165,8 +165,9 @@ impl<B: Backend> ModuleHandle<B> {
             };
             // Past its deadline the transaction is dropped: left open, it
             // closes its connection (the server rolls it back).
+            let transaction = std::pin::pin!(transact(core, mode, f));
             db.watch
-                .within(operation, db.deadlines.transaction, transact(core, mode, f))
+                .within(operation, db.deadlines.transaction, transaction)
                 .await
                 .unwrap_or_else(|missed| Err(missed.into()))
         });

@@ -100,13 +100,13 @@ impl<B: Backend> Database<B> {
         // The connection lives outside the timed part, so that a call cut
         // short leaves it here to be closed rather than to the pool.
         let mut conn: Option<B::Pooled> = None;
-        let called = self
-            .watch
-            .within(operation, self.deadlines.call, async {
+        let called = {
+            let call = std::pin::pin!(async {
                 let conn = conn.insert(self.connection().await?);
                 f(&mut **conn).await
-            })
-            .await;
+            });
+            self.watch.within(operation, self.deadlines.call, call).await
+        };
         match called {
             Ok(done) => done,
             Err(missed) => {

@@ -26,6 +26,7 @@
 
 use crate::error::{Error, Result};
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -129,13 +130,15 @@ impl CallWatch {
     /// connection the call was using.
     ///
     /// The common case costs one timer, cancelled when the call returns.
-    pub(crate) async fn within<T>(
+    /// The call comes pinned where its caller keeps it (`std::pin::pin!`),
+    /// so that its future, which may be large (a delivery's), is not moved
+    /// into this one's: a task's future is copied whole when it is spawned.
+    pub(crate) async fn within<F: Future>(
         &self,
         operation: &str,
         deadline: Duration,
-        call: impl Future<Output = T>,
-    ) -> Result<T> {
-        let mut call = std::pin::pin!(call);
+        mut call: Pin<&mut F>,
+    ) -> Result<F::Output> {
         let warn_after = deadline / 2;
         if let Ok(done) = tokio::time::timeout(warn_after, &mut call).await {
             return Ok(done);
