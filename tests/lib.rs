@@ -7,6 +7,11 @@
 //! ```text
 //! TICKBOX_PG_URL=postgres://postgres@127.0.0.1:5432/test cargo test --all-features
 //! ```
+//!
+//! The process tests run the minishop example as a child process:
+//! `processes` (crashes, several processes, a broker's faults),
+//! `effects_mail` (real e-mails), `quiet_network` (a network that goes
+//! quiet, through the fault proxy in `support::fault_proxy`).
 
 #[cfg(feature = "amqp")]
 mod amqp;
@@ -17,6 +22,8 @@ mod exposition;
 #[cfg(feature = "postgres")]
 mod postgres_wakeup;
 mod processes;
+#[cfg(feature = "postgres")]
+mod quiet_network;
 mod safeguards;
 mod suite;
 mod support;

@@ -2,10 +2,10 @@
 
 use tokio_util::sync::CancellationToken;
 
-/// A token cancelled by the first Ctrl-C: no more changes, the bus stops
-/// (running deliveries finish, the rest stays pending for `--resume`). A
-/// second Ctrl-C quits at once with exit code 130, which is as safe as a
-/// crash.
+/// A token cancelled by the first Ctrl-C: no more changes, no more retried
+/// statements, the bus stops (running deliveries finish, the rest stays
+/// pending for `--resume`). A second Ctrl-C quits at once with exit code
+/// 130, which is as safe as a crash.
 pub fn on_ctrl_c() -> CancellationToken {
     let stop = CancellationToken::new();
     let cancel = stop.clone();
@@ -14,6 +14,7 @@ pub fn on_ctrl_c() -> CancellationToken {
             return;
         }
         cancel.cancel();
+        crate::faults::stop_retrying();
         eprintln!("catalog: interrupted — stopping; Ctrl-C again quits at once");
         if tokio::signal::ctrl_c().await.is_ok() {
             eprintln!("catalog: quitting now; --resume finishes the work");

@@ -65,6 +65,13 @@ pub struct Args {
     #[arg(long, value_name = "N", conflicts_with = "resume")]
     orders: Option<u64>,
 
+    /// Wait this long between two orders: a steady pace for as long as the
+    /// orders last (N orders take at least N × MILLIS ms) instead of as
+    /// fast as the database takes them, e.g. to keep a run busy while its
+    /// network is disturbed
+    #[arg(long, value_name = "MILLIS", default_value = "0", value_parser = millis)]
+    pub order_interval: Duration,
+
     /// SQLite: one database file per module in DIR
     #[arg(long, value_name = "DIR", default_value = "./minishop-data")]
     data_dir: PathBuf,
@@ -413,6 +420,13 @@ fn seconds(value: &str) -> Result<Duration, String> {
     match value.parse::<f64>() {
         Ok(s) if s > 0.0 && s <= 1e9 => Ok(Duration::from_secs_f64(s)),
         _ => Err("takes a number of seconds greater than 0".into()),
+    }
+}
+
+fn millis(value: &str) -> Result<Duration, String> {
+    match value.parse::<u64>() {
+        Ok(ms) => Ok(Duration::from_millis(ms)),
+        _ => Err("takes a whole number of milliseconds".into()),
     }
 }
 

@@ -3,6 +3,7 @@
 //! database).
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tickbox::{Backend, Delivery, Handler, HandlerError, Tx};
 
@@ -39,9 +40,20 @@ impl<B: Backend, H: Handler<B>> Handler<B> for Flaky<H> {
     }
 }
 
+/// Whether the run was asked to stop (see [`stop_retrying`]).
+static STOPPING: AtomicBool = AtomicBool::new(false);
+
+/// From now on [`retrying`] tries each statement once: the run was asked to
+/// stop (Ctrl-C, SIGTERM), and a database out of reach must not hold the
+/// process for a minute of retries.
+pub fn stop_retrying() {
+    STOPPING.store(true, Ordering::Relaxed);
+}
+
 /// Runs `op` again while it fails with a transient database error (a lost
 /// or terminated connection, a busy database), with backoff, for up to a
-/// minute. Handlers need no such loop: the bus retries them.
+/// minute — or until the run is asked to stop ([`stop_retrying`]).
+/// Handlers need no such loop: the bus retries them.
 pub async fn retrying<T, F, Fut>(what: &str, mut op: F) -> tickbox::Result<T>
 where
     F: FnMut() -> Fut,
@@ -51,7 +63,11 @@ where
     let mut delay = Duration::from_millis(20);
     loop {
         match op().await {
-            Err(error) if error.is_transient() && Instant::now() < deadline => {
+            Err(error)
+                if error.is_transient()
+                    && Instant::now() < deadline
+                    && !STOPPING.load(Ordering::Relaxed) =>
+            {
                 tracing::warn!(%error, "{what} failed; trying again");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(1));

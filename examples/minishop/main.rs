@@ -35,6 +35,7 @@
 //! ```text
 //! cargo run --release --example minishop
 //! cargo run --release --example minishop -- --orders 2000 --duplicate-rate 0.3 --fail-rate 0.1
+//! cargo run --release --example minishop -- --orders 1200 --order-interval 50
 //! cargo run --release --example minishop -- --disturb
 //! cargo run --release --example minishop -- --smtp 127.0.0.1:2525
 //! cargo run --release --example minishop -- --smtp 127.0.0.1:2525 --email-policy at-most-once --crash-at after-send --crash-rate 0.2
@@ -671,12 +672,14 @@ async fn place_order<B: Backend>(
     .await
 }
 
-/// Places `n` orders, one transaction each, until done or Ctrl-C; how many
-/// it placed. The run is recorded while it places (see `flow::Placing`).
+/// Places `n` orders, one transaction each, `interval` apart
+/// (`--order-interval`), until done or Ctrl-C; how many it placed. The run
+/// is recorded while it places (see `flow::Placing`).
 async fn place_orders<B: Backend>(
     shop: &Shop<B>,
     bus: &BusHandle<B>,
     n: u64,
+    interval: Duration,
     stop: &CancellationToken,
     progress: &mut Progress,
 ) -> tickbox::Result<u64> {
@@ -696,6 +699,12 @@ async fn place_orders<B: Backend>(
             run.keep_alive().await?;
             if progress.due() {
                 progress.placing(placed, n, &bus.metrics());
+            }
+            if !interval.is_zero() && placed < n {
+                tokio::select! {
+                    () = tokio::time::sleep(interval) => {}
+                    () = stop.cancelled() => {}
+                }
             }
         }
         Ok::<_, tickbox::Error>(())
@@ -863,7 +872,15 @@ async fn run_shop<B: Backend>(
         }
         if to_place > 0 {
             let placing = Instant::now();
-            placed = place_orders(shop, &bus, to_place, stop, &mut progress).await?;
+            placed = place_orders(
+                shop,
+                &bus,
+                to_place,
+                args.order_interval,
+                stop,
+                &mut progress,
+            )
+            .await?;
             place_seconds = placing.elapsed().as_secs_f64();
             if placed < to_place {
                 return Ok(Drain::Interrupted);

@@ -13,9 +13,9 @@ use tokio_util::sync::CancellationToken;
 pub const STOP_DEADLINE: Duration = Duration::from_secs(40);
 
 /// A token cancelled by the first Ctrl-C (SIGINT) or SIGTERM: no more
-/// orders, the bus stops (running deliveries finish, the rest stays
-/// pending). The second quits at once with exit code 130, which is as safe
-/// as a crash.
+/// orders, no more retried statements, the bus stops (running deliveries
+/// finish, the rest stays pending). The second quits at once with exit
+/// code 130, which is as safe as a crash.
 pub fn on_ctrl_c() -> CancellationToken {
     let stop = CancellationToken::new();
     actix::spawn(stop_on_signal(stop.clone()));
@@ -27,6 +27,7 @@ async fn stop_on_signal(stop: CancellationToken) {
         return;
     }
     stop.cancel();
+    crate::faults::stop_retrying();
     crate::progress::say(
         "minishop: interrupted — placing no more orders and stopping the bus \
          (running deliveries finish, the rest stays pending); Ctrl-C again quits at once",

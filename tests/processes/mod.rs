@@ -15,7 +15,7 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// The minishop binary built with this test.
-fn minishop() -> PathBuf {
+pub(crate) fn minishop() -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary's path");
     let profile_dir = exe
         .parent()
@@ -124,7 +124,7 @@ impl Drop for Place {
 }
 
 /// Runs SQL with psql against `url`; panics with psql's words on failure.
-fn psql(url: &str, sql: &str) -> String {
+pub(crate) fn psql(url: &str, sql: &str) -> String {
     let output = Command::new("psql")
         .args([url, "-v", "ON_ERROR_STOP=1", "-qtAc", sql])
         .output()

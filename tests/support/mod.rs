@@ -1,5 +1,8 @@
 //! Shared test support: a fresh database per test on each backend, test
-//! messages and handlers, and waiting on conditions with a timeout.
+//! messages and handlers, and waiting on conditions with a timeout; a TCP
+//! proxy that injects network faults (`fault_proxy`).
+
+pub mod fault_proxy;
 
 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
 use serde::{Deserialize, Serialize};
