@@ -105,7 +105,9 @@ impl<B: Backend> Database<B> {
                 let conn = conn.insert(self.connection().await?);
                 f(&mut **conn).await
             });
-            self.watch.within(operation, self.deadlines.call, call).await
+            self.watch
+                .within(operation, self.deadlines.call, call)
+                .await
         };
         match called {
             Ok(done) => done,

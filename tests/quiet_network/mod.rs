@@ -50,12 +50,12 @@ const RESET: Duration = Duration::from_secs(2);
 const LATENCY: Duration = Duration::from_millis(50);
 const LATENCY_PHASE: Duration = Duration::from_secs(10);
 
-/// The longest a SIGTERM may take to end the process: the bus's stop
-/// timeout (30 s, `BusBuilder::stop_timeout`'s default, bounding how long
-/// running deliveries may take to finish), plus 5 s for what stopping does
-/// besides (the statement in flight giving up, recording the run's end,
-/// closing the pools) on a slow machine.
-const STOP_DEADLINE: Duration = Duration::from_secs(30 + 5);
+/// The longest a SIGTERM may take to end the process: minishop's own stop
+/// deadline (40 s, `STOP_DEADLINE` in examples/minishop/shutdown.rs: the
+/// bus's stop timeout of 30 s, which bounds `BusHandle::stop`, and 10 s for
+/// recording the run's end and the report; past it minishop quits as a
+/// second Ctrl-C would), plus 5 s for a slow machine to end the process.
+const STOP_DEADLINE: Duration = Duration::from_secs(40 + 5);
 
 /// The pace of the orders.
 const ORDER_INTERVAL_MS: &str = "50";
