@@ -256,6 +256,53 @@
 //!   ([`ModuleHandle::retire_subscription`]) once their services consume
 //!   from the broker, or their messages wait for them.
 //!
+//! # When the network goes quiet
+//!
+//! A connection can go silent without failing: a failover that moves the
+//! server's address, a NAT or load-balancer entry that expires, a host that
+//! dies without a word. Nothing then tells the client; a query waits for
+//! an answer that never comes, and the server keeps the session's locks.
+//! tickbox does not wait for ever:
+//!
+//! - **Every database call has a deadline** (`store/deadline`): tickbox's
+//!   own statements (claims, marks, scans, the subscriptions' upkeep, the
+//!   gauges, the operator's queries) [`ModuleBuilder::call_deadline`], 10 s
+//!   by default, from the checkout on; a transaction of application code
+//!   or a delivery, BEGIN to COMMIT,
+//!   [`ModuleBuilder::transaction_deadline`], 30 s, or the handler's own
+//!   ([`HandlerOptions::deadline`]); opening and migrating
+//!   [`ModuleBuilder::migration_deadline`], 5 minutes. Half way, a warning
+//!   names the module, the operation and the wait, and the call counts in
+//!   `tickbox_database_calls_stuck`. At the deadline the call fails with
+//!   [`Error::Deadline`], a transient failure (a delivery is retried
+//!   without using up an attempt; a scan or a mark runs again), and its
+//!   connection is closed, never returned to the pool — with the pool's
+//!   idle connections, which most likely went the same way
+//!   ([`CallMetrics`], `tickbox_database_deadlines_missed_total`).
+//! - **The server lets go too** (PostgreSQL): each session of a module's
+//!   pool is told to end a transaction idle for longer than the module's
+//!   longest transaction deadline plus 5 s
+//!   (`idle_in_transaction_session_timeout`), and a statement running that
+//!   long (`statement_timeout`), so the locks of a client that vanished are
+//!   released; the session that migrates ends once idle past the migration
+//!   deadline, releasing the migration lock.
+//! - **The kernel helps** where it can: connections get TCP keepalive
+//!   (idle 10 s, every 5 s, 3 probes) and a TCP user timeout of 20 s, and a
+//!   connection attempt (greeting and authentication included) gets 10 s,
+//!   unless the URL sets its own (`keepalives_idle`, `keepalives_interval`,
+//!   `keepalives_retries`, `tcp_user_timeout`, `connect_timeout`). A path
+//!   that stays open but silent (a proxy or a NAT answering for a vanished
+//!   server) is found by the deadlines alone.
+//! - **The listener checks its connection**: the bus's LISTEN connection
+//!   asks a question every 10 s and reconnects when no answer comes.
+//! - **Stopping is bounded**: [`BusHandle::stop`] returns within
+//!   [`BusBuilder::stop_timeout`] however dead the connections; what was in
+//!   flight was not committed and is delivered again later.
+//!
+//! With the defaults, a process whose network was silent for 25 s commits
+//! new work about 5 s after it returns (the `quiet_network` process tests
+//! run minishop through a fault proxy and check it).
+//!
 //! # External effects
 //!
 //! An external call (an e-mail, a payment, an HTTP request) is not part of
@@ -297,14 +344,16 @@
 //! whole module. No two files import each other.
 //!
 //! - `error`, `message`, `retry`, `retention` — the vocabulary: [`Error`],
-//!   [`Message`] and [`Envelope`], [`RetryPolicy`], [`Retention`].
+//!   [`Message`] and [`Envelope`], [`RetryPolicy`], [`Retention`];
+//!   `send_async_fn`: the async closures transactions and calls take.
 //! - `store/` — storage. `backend`: the public, sealed [`Backend`] and the
 //!   private `Store` trait each backend implements for what truly differs
 //!   (`sqlite`, `postgres`: opening, migrations, how a transaction begins,
 //!   the fast inbox and outbox inserts, LISTEN/NOTIFY); `queries`: what
 //!   reads the same on every backend, written once as `statement`s;
-//!   `schema`: the tables; `database`: a module's pool and write turn;
-//!   `settings`, `pool`, `migrations`.
+//!   `schema`: the tables; `database`: a module's pool, its calls and
+//!   write turn; `deadline`: how long a call may take, and what happens
+//!   when it takes longer; `settings`, `pool`, `migrations`.
 //! - `transient` — which failures are worth trying again
 //!   ([`Error::is_transient`]): by the error's kind and SQLSTATE, and by the
 //!   words a backend lists when it gives no code (SQLite's busy database).
