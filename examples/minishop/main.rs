@@ -691,9 +691,23 @@ async fn place_orders<B: Backend>(
         while placed < n && !stop.is_cancelled() {
             // Ctrl-C does not wait for the order being placed: its
             // transaction runs in its own task and commits or not, whole.
-            tokio::select! {
-                placing = place_order(orders, tables::NewOrder::random()) => placing?,
-                () = stop.cancelled() => break,
+            // The progress keeps moving while it waits for the database.
+            let order = place_order(orders, tables::NewOrder::random());
+            tokio::pin!(order);
+            let stopped = loop {
+                tokio::select! {
+                    placing = &mut order => {
+                        placing?;
+                        break false;
+                    }
+                    () = stop.cancelled() => break true,
+                    () = tokio::time::sleep(progress.every()) => {
+                        progress.placing(placed, n, &bus.metrics());
+                    }
+                }
+            };
+            if stopped {
+                break;
             }
             placed += 1;
             run.keep_alive().await?;

@@ -94,12 +94,16 @@ impl Progress {
     /// Whether it is time to show it again: on a terminal ten times a
     /// second, otherwise every 2 s.
     pub fn due(&self) -> bool {
-        let every = if self.tty {
+        self.last.is_none_or(|at| at.elapsed() >= self.every())
+    }
+
+    /// How often the progress is redrawn.
+    pub fn every(&self) -> Duration {
+        if self.tty {
             Duration::from_millis(100)
         } else {
             Duration::from_secs(2)
-        };
-        self.last.is_none_or(|at| at.elapsed() >= every)
+        }
     }
 
     /// Placing: orders placed so far by this run, and what the bus reports
@@ -119,8 +123,16 @@ impl Progress {
         };
         let published = placed + handled(RESERVE_STOCK) + handled(CONFIRM_ORDER);
         let pending = published.saturating_sub(metrics.delivered);
+        // Calls waiting on a database that does not answer (its network
+        // went quiet): said while it lasts.
+        let stuck: i64 = metrics.modules.iter().map(|m| m.database_calls.stuck).sum();
+        let waiting = if stuck > 0 {
+            format!("  waiting on the database: {stuck} calls")
+        } else {
+            String::new()
+        };
         let text = format!(
-            "{placed}/{total} orders  confirmed {}  e-mails {}  pending {pending}",
+            "{placed}/{total} orders  confirmed {}  e-mails {}  pending {pending}{waiting}",
             handled(CONFIRM_ORDER),
             handled(SEND_CONFIRMATION)
         );

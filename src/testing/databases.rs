@@ -100,6 +100,11 @@ impl TestDatabases {
     }
 }
 
+/// How long dropping a test's schemas may take: the statement's own lock
+/// timeout (5 s) and the connection's time.
+#[cfg(feature = "postgres")]
+const DROP_DEADLINE: Duration = Duration::from_secs(15);
+
 /// A prefix no other test run shares.
 fn prefix() -> String {
     format!("t{:08x}", fastrand::u32(..))
@@ -127,12 +132,19 @@ impl Drop for TestDatabases {
                     .enable_all()
                     .build()
                     .map_err(|e| e.to_string())?;
-                runtime.block_on(async {
+                // Within a deadline: a server out of reach must not hold
+                // the test (its schemas are left for later).
+                let dropping = async {
                     let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
                         .await
                         .map_err(|e| e.to_string())?;
                     tokio::spawn(connection);
                     client.batch_execute(&sql).await.map_err(|e| e.to_string())
+                };
+                runtime.block_on(async {
+                    tokio::time::timeout(DROP_DEADLINE, dropping)
+                        .await
+                        .unwrap_or_else(|_| Err(format!("no answer within {DROP_DEADLINE:?}")))
                 })
             })
             .join();
