@@ -190,7 +190,8 @@ impl Relay {
 
     /// A connection and a channel in confirm mode, the exchange declared.
     async fn connect(&self) -> Result<(Connection, Channel), Fault> {
-        let connection = topology::connect(&self.amqp, "tickbox relay").await?;
+        let name = format!("tickbox relay {}", self.exchange);
+        let connection = topology::connect(&self.amqp, &name).await?;
         let channel = connection
             .create_channel()
             .await

@@ -29,12 +29,15 @@ pub(crate) struct HandlerQueue {
     pub(crate) topic: &'static str,
 }
 
-/// Connects to the broker.
+/// Connects to the broker, asking for the heartbeat of `amqp`.
 pub(crate) async fn connect(amqp: &Amqp, name: &str) -> Result<Connection, Fault> {
+    let uri = amqp
+        .uri()
+        .map_err(|error| Fault::Refused(format!("connecting: {error}")))?;
     let properties = ConnectionProperties::default().with_connection_name(name.into());
     // A broker that takes the TCP connection but never answers the
     // handshake must not hold the caller for ever.
-    match tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(&amqp.url, properties)).await {
+    match tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect_uri(uri, properties)).await {
         Ok(connected) => connected.map_err(|e| Fault::of("connecting", &e)),
         Err(_) => Err(Fault::Unreachable(format!(
             "connecting: no answer to the handshake within {CONNECT_TIMEOUT:?}"

@@ -5,6 +5,10 @@
 //!
 //! Tests that inject faults into the broker have it alone
 //! ([`broker_alone`]); every other test using it holds it shared.
+//!
+//! `silence` checks the heartbeat that notices a broker gone silent.
+
+mod silence;
 
 use crate::suite::{fast_retries, pair, publish};
 use crate::support::*;
