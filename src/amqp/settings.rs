@@ -6,6 +6,7 @@
 //! | [`prefetch`](Amqp::prefetch) | 32 | enough to keep a handler busy without one consumer hoarding a queue |
 //! | [`confirm_timeout`](Amqp::confirm_timeout) | 10 s | a broker that has not confirmed by then is blocked or gone; the message stays in the outbox |
 //! | [`heartbeat`](Amqp::heartbeat) | 10 s | inside RabbitMQ's recommended 5–20 s: a silent connection is given up after about two intervals (20 s) instead of the 2 minutes of the broker's 60 s |
+//! | [`call_timeout`](Amqp::call_timeout) | 10 s | RabbitMQ gives a client 10 s for its handshake (`handshake_timeout`); no other call of tickbox's needs longer |
 //! | [`reconnect_backoff`](Amqp::reconnect_backoff) | 100 ms doubling to 5 s | a quick first retry after a blip, at most one attempt per 5 s against a broker that stays away |
 
 use crate::error::{redact_url, Error, Result};
@@ -16,8 +17,8 @@ use std::time::Duration;
 /// The heartbeat when neither [`Amqp::heartbeat`] nor the URL sets one.
 const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
 
-/// The longest heartbeat or confirm wait a bus accepts: past that, a dead
-/// connection would go unnoticed for most of an hour.
+/// The longest heartbeat, call deadline or confirm wait a bus accepts: past
+/// that, a dead connection would go unnoticed for most of an hour.
 const LONGEST_WAIT: Duration = Duration::from_secs(600);
 
 /// The RabbitMQ transport of a bus ([`BusBuilder::amqp`](crate::BusBuilder::amqp)):
@@ -46,6 +47,9 @@ pub struct Amqp {
     /// The heartbeat asked for in [`Amqp::heartbeat`]; `None` leaves it to
     /// the URL's `heartbeat` parameter, or [`DEFAULT_HEARTBEAT`].
     pub(crate) heartbeat: Option<Duration>,
+    /// How long any other call to the broker may take before its connection
+    /// is given up.
+    pub(crate) call_timeout: Duration,
     /// The first wait before connecting again; it doubles up to
     /// `reconnect_max`.
     pub(crate) reconnect_min: Duration,
@@ -61,6 +65,7 @@ impl std::fmt::Debug for Amqp {
             .field("prefetch", &self.prefetch)
             .field("confirm_timeout", &self.confirm_timeout)
             .field("heartbeat", &self.heartbeat)
+            .field("call_timeout", &self.call_timeout)
             .finish()
     }
 }
@@ -75,6 +80,7 @@ impl Amqp {
             prefetch: 32,
             confirm_timeout: Duration::from_secs(10),
             heartbeat: None,
+            call_timeout: Duration::from_secs(10),
             reconnect_min: Duration::from_millis(100),
             reconnect_max: Duration::from_secs(5),
         }
@@ -96,8 +102,9 @@ impl Amqp {
 
     /// How long a publish waits for the broker's confirm (default 10 s, at
     /// most 10 min); after that the message counts as not sent and stays in
-    /// the outbox, to be published again. A broker that has not confirmed
-    /// in 10 s is blocked (a resource alarm) or gone.
+    /// the outbox, to be published again, and the relay gives up its
+    /// connection and makes a new one. A broker that has not confirmed in
+    /// 10 s is blocked (a resource alarm) or gone.
     pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
         self.confirm_timeout = timeout;
         self
@@ -120,6 +127,21 @@ impl Amqp {
     /// `rabbitmqctl list_connections client_properties timeout`.
     pub fn heartbeat(mut self, interval: Duration) -> Self {
         self.heartbeat = Some(interval);
+        self
+    }
+
+    /// How long any call to the broker other than a publish's confirm may
+    /// take (default 10 s, at most 10 min): connecting, opening a channel, switching on
+    /// confirms, declaring and binding, setting the prefetch, consuming,
+    /// acknowledging, cancelling, reading a queue's depth. A call without an
+    /// answer by then gives up its connection, whose socket is closed, and
+    /// the relay or the consumer connects again. RabbitMQ itself gives a
+    /// client 10 s to finish its handshake (`handshake_timeout`); a broker
+    /// that needs longer for anything else is as good as gone. Closing a
+    /// channel or a connection waits at most 1 s before the socket is shut
+    /// regardless.
+    pub fn call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
         self
     }
 
@@ -179,7 +201,10 @@ impl Amqp {
         if self.prefetch == 0 {
             return Err(Error::Config("amqp: prefetch must be at least 1".into()));
         }
-        for (what, wait) in [("confirm timeout", self.confirm_timeout)] {
+        for (what, wait) in [
+            ("confirm timeout", self.confirm_timeout),
+            ("call timeout", self.call_timeout),
+        ] {
             if wait.is_zero() || wait > LONGEST_WAIT {
                 return Err(Error::Config(format!(
                     "amqp: the {what} must be above zero and at most {LONGEST_WAIT:?} (got {wait:?})"

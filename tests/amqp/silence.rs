@@ -1,5 +1,5 @@
-//! The heartbeat: what tickbox asks for is what the broker keeps, and
-//! settings out of range are refused at start.
+//! The heartbeat and the call deadlines: what tickbox asks for is what the
+//! broker keeps, and settings out of range are refused at start.
 
 use super::namespace;
 use crate::suite::{fast_retries, pair, publish};
@@ -98,7 +98,7 @@ async fn the_broker_keeps_the_heartbeat_tickbox_asks_for() {
 }
 
 #[actix::test]
-async fn a_heartbeat_or_confirm_timeout_out_of_range_is_refused_at_start() {
+async fn a_heartbeat_or_call_timeout_out_of_range_is_refused_at_start() {
     trace_init();
     let db = TestDb::new();
     let handler = Record::new(Then::Succeed);
@@ -115,6 +115,14 @@ async fn a_heartbeat_or_confirm_timeout_out_of_range_is_refused_at_start() {
         (
             Amqp::new(url_with("heartbeat=30")).heartbeat(seconds(5)),
             "set twice",
+        ),
+        (
+            Amqp::new(amqp_url()).call_timeout(Duration::ZERO),
+            "call timeout",
+        ),
+        (
+            Amqp::new(amqp_url()).call_timeout(seconds(86_400)),
+            "call timeout",
         ),
         (
             Amqp::new(amqp_url()).confirm_timeout(seconds(86_400)),
