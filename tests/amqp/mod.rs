@@ -6,8 +6,11 @@
 //! Tests that inject faults into the broker have it alone
 //! ([`broker_alone`]); every other test using it holds it shared.
 //!
-//! `silence` checks the heartbeat that notices a broker gone silent.
+//! `silence` breaks the network instead, through a proxy of its own
+//! (`network`): a broker gone silent is noticed, left behind and
+//! connected to again, and no socket is left over.
 
+mod network;
 mod silence;
 
 use crate::suite::{fast_retries, pair, publish};
