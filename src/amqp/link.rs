@@ -28,7 +28,6 @@ use std::fmt::Display;
 use std::future::Future;
 use std::io;
 use std::net::{Shutdown, TcpStream};
-use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -136,7 +135,7 @@ impl Link {
                         )
                     })??;
                 if let AsyncTcpStream::Plain(tcp) = &stream {
-                    keep.keep(tcp.get_ref())?;
+                    keep.keep(duplicate(tcp.get_ref())?)?;
                 }
                 Ok(stream)
             },
@@ -249,10 +248,9 @@ struct SocketSlot {
 }
 
 impl Socket {
-    /// Keeps a duplicate of `tcp`'s socket; refused if the connection was
-    /// given up while TCP was connecting.
-    fn keep(&self, tcp: &impl AsFd) -> io::Result<()> {
-        let duplicate = TcpStream::from(tcp.as_fd().try_clone_to_owned()?);
+    /// Keeps `duplicate`, a second descriptor of the connection's socket;
+    /// refused if the connection was given up while TCP was connecting.
+    fn keep(&self, duplicate: TcpStream) -> io::Result<()> {
         let mut slot = self.lock();
         if slot.shut {
             return Err(io::Error::new(
@@ -281,6 +279,18 @@ impl Socket {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// A second descriptor of `tcp`'s socket.
+#[cfg(unix)]
+fn duplicate(tcp: &impl std::os::fd::AsFd) -> io::Result<TcpStream> {
+    Ok(TcpStream::from(tcp.as_fd().try_clone_to_owned()?))
+}
+
+/// A second handle of `tcp`'s socket.
+#[cfg(windows)]
+fn duplicate(tcp: &impl std::os::windows::io::AsSocket) -> io::Result<TcpStream> {
+    Ok(TcpStream::from(tcp.as_socket().try_clone_to_owned()?))
 }
 
 /// Shuts its socket when dropped.
