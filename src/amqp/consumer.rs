@@ -7,6 +7,7 @@
 
 use crate::amqp::acks::{Ack, Acks};
 use crate::amqp::fault::Fault;
+use crate::amqp::link::{Caller, Link};
 use crate::amqp::settings::Amqp;
 use crate::amqp::state::ConsumerStats;
 use crate::amqp::topology::{self, HandlerQueue};
@@ -22,6 +23,7 @@ use futures_util::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{FieldTable, ShortString};
+use lapin::Channel;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use tokio::task::JoinSet;
@@ -37,7 +39,13 @@ pub(crate) async fn run<B: Backend>(
     queue: HandlerQueue,
     stats: Arc<ConsumerStats>,
 ) {
+    let caller = Caller::new(
+        format!("the consumer of {}/{}", stats.module, stats.handler),
+        "consumer",
+        stats.timed_out.clone(),
+    );
     let consumer = Consumer {
+        caller,
         stats,
         route: Route::Handler {
             module: module.clone(),
@@ -54,8 +62,14 @@ pub(crate) async fn run<B: Backend>(
         match consumer.consume(&mut connected_before, &mut backoff).await {
             Ok(()) => break,
             Err(fault) => {
+                // A missed deadline was told where it happened.
+                let told = matches!(fault, Fault::TimedOut(_));
                 let error = fault.into_error(consumer.amqp.redacted_url());
-                tracing::warn!(queue = %consumer.queue.name, %error, retry_in = ?backoff, "consuming stopped; connecting again");
+                if told {
+                    tracing::debug!(queue = %consumer.queue.name, %error, retry_in = ?backoff, "consuming stopped; connecting again");
+                } else {
+                    tracing::warn!(queue = %consumer.queue.name, %error, retry_in = ?backoff, "consuming stopped; connecting again");
+                }
             }
         }
         if until_stopped(&consumer.bus, sleep(backoff)).await.is_none() {
@@ -80,45 +94,78 @@ struct Consumer<B: Backend> {
     queue: HandlerQueue,
     /// Its figures, for the bus's snapshot.
     stats: Arc<ConsumerStats>,
+    /// The consumer as the maker of broker calls, named when one misses its
+    /// deadline.
+    caller: Arc<Caller>,
 }
 
 impl<B: Backend> Consumer<B> {
     /// Connects, declares the queue, and consumes until the bus stops
-    /// (`Ok`) or the broker is lost.
+    /// (`Ok`) or the broker is lost. The connection is closed either way,
+    /// and its socket released.
     async fn consume(
         &self,
         connected_before: &mut bool,
         backoff: &mut std::time::Duration,
     ) -> Result<(), Fault> {
-        let connection =
-            topology::connect(&self.amqp, &format!("tickbox {}", self.queue.name)).await?;
-        let channel = connection
-            .create_channel()
-            .await
-            .map_err(|e| Fault::of("opening a channel", &e))?;
-        channel
-            .basic_qos(self.amqp.prefetch, BasicQosOptions::default())
-            .await
-            .map_err(|e| Fault::of("setting the prefetch", &e))?;
-        topology::declare_exchange(&channel, &self.amqp).await?;
-        topology::declare_queue(&channel, &self.amqp, &self.queue).await?;
-        let mut deliveries = channel
-            .basic_consume(
-                ShortString::from(self.queue.name.as_str()),
-                ShortString::from(""),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|e| Fault::of(&format!("consuming `{}`", self.queue.name), &e))?;
-        if *connected_before {
-            self.stats.reconnects.fetch_add(1, Relaxed);
-            metrics::counter!("tickbox_amqp_reconnects_total", "role" => "consumer").increment(1);
-            tracing::info!(queue = %self.queue.name, "consuming again");
+        let name = format!("tickbox {}", self.queue.name);
+        let link = Link::open(&self.amqp, &name, self.caller.clone()).await?;
+        let channel = match link.channel().await {
+            Ok(channel) => channel,
+            Err(fault) => {
+                link.give_up(None, &fault, "failed").await;
+                return Err(fault);
+            }
+        };
+        let ended = match self.subscribe(&link, &channel).await {
+            Ok(deliveries) => {
+                if *connected_before {
+                    self.stats.reconnects.fetch_add(1, Relaxed);
+                    metrics::counter!("tickbox_amqp_reconnects_total", "role" => "consumer")
+                        .increment(1);
+                    tracing::info!(queue = %self.queue.name, "consuming again");
+                }
+                *connected_before = true;
+                *backoff = self.amqp.reconnect_min;
+                self.take(&link, &channel, deliveries).await
+            }
+            Err(fault) => Err(fault),
+        };
+        match &ended {
+            Ok(()) => link.close(Some(channel), "stopping").await,
+            Err(fault) => link.give_up(Some(channel), fault, "reconnecting").await,
         }
-        *connected_before = true;
-        *backoff = self.amqp.reconnect_min;
+        ended
+    }
 
+    /// Sets the prefetch, declares the exchange and the queue, and starts
+    /// consuming.
+    async fn subscribe(&self, link: &Link, channel: &Channel) -> Result<lapin::Consumer, Fault> {
+        let qos = channel.basic_qos(self.amqp.prefetch, BasicQosOptions::default());
+        link.call("setting the prefetch", qos).await?;
+        topology::declare_exchange(link, channel, &self.amqp).await?;
+        topology::declare_queue(link, channel, &self.amqp, &self.queue).await?;
+        let consume = channel.basic_consume(
+            ShortString::from(self.queue.name.as_str()),
+            ShortString::from(""),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        );
+        link.call(format!("consuming `{}`", self.queue.name), consume)
+            .await
+    }
+
+    /// Takes deliveries and runs them through the handler until the bus
+    /// stops (`Ok`) or the broker is lost. Every call to the broker in here
+    /// runs within the call timeout: the acknowledgements of one flush
+    /// under one timer, the queue's depth every scan interval (which also
+    /// notices a silent broker while no message comes).
+    async fn take(
+        &self,
+        link: &Link,
+        channel: &Channel,
+        mut deliveries: lapin::Consumer,
+    ) -> Result<(), Fault> {
         let labels = [
             ("module", self.stats.module.clone()),
             ("handler", self.stats.handler.clone()),
@@ -140,13 +187,14 @@ impl<B: Backend> Consumer<B> {
                     self.count_in_flight(&running, &in_flight);
                 }
                 _ = tokio::time::sleep_until(ack_due.unwrap_or_else(Instant::now)), if ack_due.is_some() => {
-                    if let Err(fault) = send(&channel, acks.flush(Instant::now(), false)).await {
+                    let flush = send(channel, acks.flush(Instant::now(), false));
+                    if let Err(fault) = link.call("acknowledging", flush).await {
                         break Err(fault);
                     }
                 }
                 _ = tokio::time::sleep_until(next_depth) => {
                     next_depth = Instant::now() + self.bus.config.scan_interval;
-                    match topology::depth(&channel, &self.queue.name).await {
+                    match topology::depth(link, channel, &self.queue.name).await {
                         Ok(n) => {
                             depth.set(f64::from(n));
                             self.stats.depth.store(u64::from(n), Relaxed);
@@ -174,10 +222,8 @@ impl<B: Backend> Consumer<B> {
             // Stopping: take no more, let the running deliveries finish
             // (within the stop timeout) and acknowledge them; what is left
             // goes back to the queue when the connection closes.
-            let tag = deliveries.tag();
-            let _ = channel
-                .basic_cancel(tag, BasicCancelOptions::default())
-                .await;
+            let cancel = channel.basic_cancel(deliveries.tag(), BasicCancelOptions::default());
+            let _ = link.call("cancelling the consumer", cancel).await;
             let _ = tokio::time::timeout(self.bus.config.stop_timeout, async {
                 while let Some(joined) = running.join_next().await {
                     if let Ok((tag, ack)) = joined {
@@ -186,7 +232,8 @@ impl<B: Backend> Consumer<B> {
                 }
             })
             .await;
-            let _ = send(&channel, acks.flush(Instant::now(), true)).await;
+            let flush = send(channel, acks.flush(Instant::now(), true));
+            let _ = link.call("acknowledging", flush).await;
         } else {
             // The channel is gone: running deliveries finish by themselves
             // (their acknowledgements fail, and the messages come again).
@@ -194,7 +241,6 @@ impl<B: Backend> Consumer<B> {
         }
         in_flight.set(0.0);
         self.stats.in_flight.store(0, Relaxed);
-        topology::close(connection, Some(channel), "stopping").await;
         ended
     }
 
@@ -206,12 +252,9 @@ impl<B: Backend> Consumer<B> {
 }
 
 /// Sends `acks` on the channel the deliveries came on.
-async fn send(channel: &lapin::Channel, acks: Vec<Ack>) -> Result<(), Fault> {
+async fn send(channel: &Channel, acks: Vec<Ack>) -> lapin::Result<()> {
     for Ack { tag, multiple } in acks {
-        channel
-            .basic_ack(tag, BasicAckOptions { multiple })
-            .await
-            .map_err(|e| Fault::of("acknowledging", &e))?;
+        channel.basic_ack(tag, BasicAckOptions { multiple }).await?;
     }
     Ok(())
 }

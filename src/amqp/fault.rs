@@ -4,19 +4,23 @@
 use crate::error::Error;
 use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
 use lapin::ErrorKind;
+use std::fmt::Display;
 
 /// A broker failure, before it is told with the broker's URL.
 #[derive(Debug)]
 pub(crate) enum Fault {
     /// The broker is down, restarting, or the connection was lost.
     Unreachable(String),
+    /// A call got no answer within its deadline: the broker, or the network
+    /// to it, has gone silent. Logged and counted where it happened.
+    TimedOut(String),
     /// The broker refused what was asked.
     Refused(String),
 }
 
 impl Fault {
     /// Sorts an error the client returned while `doing` something.
-    pub(crate) fn of(doing: &str, error: &lapin::Error) -> Fault {
+    pub(crate) fn of(doing: impl Display, error: &lapin::Error) -> Fault {
         let reason = format!("{doing}: {error}");
         match error.kind() {
             ErrorKind::ProtocolError(amqp) => match amqp.kind() {
@@ -44,10 +48,17 @@ impl Fault {
         }
     }
 
+    /// Whether the connection is lost: it is to be made again.
+    pub(crate) fn is_lost(&self) -> bool {
+        matches!(self, Fault::Unreachable(_) | Fault::TimedOut(_))
+    }
+
     /// The error, naming the broker at `url` (its password removed).
     pub(crate) fn into_error(self, url: String) -> Error {
         match self {
-            Fault::Unreachable(reason) => Error::BrokerUnreachable { url, reason },
+            Fault::Unreachable(reason) | Fault::TimedOut(reason) => {
+                Error::BrokerUnreachable { url, reason }
+            }
             Fault::Refused(reason) => Error::BrokerRefused { url, reason },
         }
     }

@@ -3,7 +3,11 @@
 //! outbox and a handler.
 //!
 //! - `settings` — [`Amqp`](settings::Amqp), what a bus needs to reach the
-//!   broker.
+//!   broker and how long it waits for it (heartbeat, call and confirm
+//!   deadlines; their defaults and why are listed there).
+//! - `link` — one connection to the broker, whose socket is released
+//!   whenever it is given up, and the deadline every broker call runs
+//!   under.
 //! - `topology` — the exchange, the queues and their bindings, declared by
 //!   tickbox, and their names.
 //! - `wire` — an [`Envelope`](crate::Envelope) as an AMQP message and back.
@@ -18,6 +22,7 @@
 pub(crate) mod acks;
 pub(crate) mod consumer;
 pub(crate) mod fault;
+pub(crate) mod link;
 pub(crate) mod relay;
 pub(crate) mod settings;
 pub(crate) mod state;

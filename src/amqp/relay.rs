@@ -6,15 +6,18 @@
 //! the duplicate).
 
 use crate::amqp::fault::Fault;
+use crate::amqp::link::{Caller, Link};
 use crate::amqp::settings::Amqp;
 use crate::amqp::{topology, wire};
 use crate::error::Error;
 use crate::message::Envelope;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::ShortString;
-use lapin::{Channel, Confirmation, Connection};
+use lapin::{Channel, Confirmation};
 use std::collections::HashMap;
+use std::fmt;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 
@@ -26,18 +29,24 @@ pub(crate) struct Relay {
     exchange: ShortString,
     /// The connection and its confirm-mode channel, made on first use and
     /// again after a failure.
-    link: Mutex<Link>,
+    slot: Mutex<Slot>,
     /// Publishes waiting for their confirm, per outbox (module).
     unconfirmed: HashMap<String, Unconfirmed>,
     /// Connections made again after one was lost.
     reconnects: AtomicU64,
+    /// The relay as the maker of broker calls, named when one misses its
+    /// deadline.
+    caller: Arc<Caller>,
+    /// Its calls that missed their deadline.
+    timed_out: Arc<AtomicU64>,
 }
 
 /// The relay's connection, or when to try again.
 #[derive(Default)]
-struct Link {
-    /// The connection and its channel, while they work.
-    open: Option<(Connection, Channel)>,
+struct Slot {
+    /// The connection and its channel, while they work. Shared with the
+    /// calls under way; the socket is shut when the last of them lets go.
+    open: Option<(Arc<Link>, Channel)>,
     /// Connected at least once (a later connection is a reconnect).
     connected_before: bool,
     /// The last connection attempt failed: no new one before then.
@@ -75,11 +84,12 @@ pub(crate) enum NotSent {
 impl Relay {
     /// A relay for the outboxes of `modules`; it connects on first use.
     pub(crate) fn new(amqp: Amqp, modules: &[String]) -> Self {
+        let timed_out = Arc::new(AtomicU64::new(0));
         Relay {
             exchange: ShortString::from(amqp.exchange()),
-            link: Mutex::new(Link {
+            slot: Mutex::new(Slot {
                 backoff: amqp.reconnect_min,
-                ..Link::default()
+                ..Slot::default()
             }),
             unconfirmed: modules
                 .iter()
@@ -92,6 +102,8 @@ impl Relay {
                 })
                 .collect(),
             reconnects: AtomicU64::new(0),
+            caller: Caller::new("the relay".into(), "relay", timed_out.clone()),
+            timed_out,
             amqp,
         }
     }
@@ -104,19 +116,27 @@ impl Relay {
     /// Publishes one message of `module`'s outbox and waits for the broker's
     /// confirm.
     pub(crate) async fn publish(&self, module: &str, envelope: &Envelope) -> Result<(), NotSent> {
-        let channel = self.channel().await.map_err(NotSent::Fault)?;
+        let (link, channel) = self.channel().await.map_err(NotSent::Fault)?;
         let unconfirmed = self.unconfirmed.get(module);
         unconfirmed.inspect(|n| n.add(1));
-        let sent = self.confirm(&channel, envelope).await;
+        let sent = self.confirm(module, &channel, envelope).await;
         unconfirmed.inspect(|n| n.add(-1));
-        if let Err(NotSent::Fault(Fault::Unreachable(_))) = &sent {
-            self.forget(&channel).await;
+        if let Err(NotSent::Fault(fault)) = &sent {
+            if fault.is_lost() {
+                self.forget(&link, fault).await;
+            }
         }
         sent
     }
 
-    /// Publishes and waits for the confirm, at most the confirm timeout.
-    async fn confirm(&self, channel: &Channel, envelope: &Envelope) -> Result<(), NotSent> {
+    /// Publishes and waits for the confirm, at most the confirm timeout:
+    /// one timer per message, which the confirm needed anyway.
+    async fn confirm(
+        &self,
+        module: &str,
+        channel: &Channel,
+        envelope: &Envelope,
+    ) -> Result<(), NotSent> {
         let published = async {
             channel
                 .basic_publish(
@@ -132,18 +152,22 @@ impl Relay {
                 .await?
                 .await
         };
-        match tokio::time::timeout(self.amqp.confirm_timeout, published).await {
-            Err(_) => Err(NotSent::Fault(Fault::Unreachable(format!(
-                "no publisher confirm within {:?}",
-                self.amqp.confirm_timeout
-            )))),
-            Ok(Err(error)) => Err(NotSent::Fault(Fault::of("publishing", &error))),
-            Ok(Ok(Confirmation::Ack(None))) => Ok(()),
-            Ok(Ok(Confirmation::Ack(Some(_)))) => Err(NotSent::Unroutable),
-            Ok(Ok(Confirmation::Nack(_))) => Err(NotSent::Fault(Fault::Unreachable(
+        let doing = Publishing {
+            module,
+            topic: &envelope.topic,
+        };
+        match self
+            .caller
+            .within(self.amqp.confirm_timeout, doing, published)
+            .await
+        {
+            Err(fault) => Err(NotSent::Fault(fault)),
+            Ok(Confirmation::Ack(None)) => Ok(()),
+            Ok(Confirmation::Ack(Some(_))) => Err(NotSent::Unroutable),
+            Ok(Confirmation::Nack(_)) => Err(NotSent::Fault(Fault::Unreachable(
                 "the broker did not take the message (nack)".into(),
             ))),
-            Ok(Ok(Confirmation::NotRequested)) => Err(NotSent::Fault(Fault::Refused(
+            Ok(Confirmation::NotRequested) => Err(NotSent::Fault(Fault::Refused(
                 "the channel is not in confirm mode".into(),
             ))),
         }
@@ -151,15 +175,19 @@ impl Relay {
 
     /// The confirm-mode channel, connecting first if needed (no sooner than
     /// the backoff after a failed attempt).
-    async fn channel(&self) -> Result<Channel, Fault> {
-        let mut link = self.link.lock().await;
-        if let Some((_, channel)) = &link.open {
+    async fn channel(&self) -> Result<(Arc<Link>, Channel), Fault> {
+        let mut slot = self.slot.lock().await;
+        if let Some((link, channel)) = &slot.open {
             if channel.status().connected() {
-                return Ok(channel.clone());
+                return Ok((link.clone(), channel.clone()));
             }
-            link.open = None;
+            // lapin has given the channel or its connection up (the broker
+            // closed it, the heartbeat failed).
+            if let Some((link, channel)) = slot.open.take() {
+                tokio::spawn(async move { link.close(Some(channel), "reconnecting").await });
+            }
         }
-        if let Some(at) = link.retry_at {
+        if let Some(at) = slot.retry_at {
             if Instant::now() < at {
                 return Err(Fault::Unreachable(
                     "waiting to connect to the broker again".into(),
@@ -167,73 +195,89 @@ impl Relay {
             }
         }
         match self.connect().await {
-            Ok((connection, channel)) => {
-                if link.connected_before {
+            Ok((link, channel)) => {
+                if slot.connected_before {
                     self.reconnects.fetch_add(1, Relaxed);
                     metrics::counter!("tickbox_amqp_reconnects_total", "role" => "relay")
                         .increment(1);
                     tracing::info!(broker = %self.redacted_url(), "the relay is connected to the broker again");
                 }
-                link.connected_before = true;
-                link.retry_at = None;
-                link.backoff = self.amqp.reconnect_min;
-                link.open = Some((connection, channel.clone()));
-                Ok(channel)
+                slot.connected_before = true;
+                slot.retry_at = None;
+                slot.backoff = self.amqp.reconnect_min;
+                let link = Arc::new(link);
+                slot.open = Some((link.clone(), channel.clone()));
+                Ok((link, channel))
             }
             Err(fault) => {
-                link.retry_at = Some(Instant::now() + link.backoff);
-                link.backoff = (link.backoff * 2).min(self.amqp.reconnect_max);
+                slot.retry_at = Some(Instant::now() + slot.backoff);
+                slot.backoff = (slot.backoff * 2).min(self.amqp.reconnect_max);
                 Err(fault)
             }
         }
     }
 
     /// A connection and a channel in confirm mode, the exchange declared.
-    async fn connect(&self) -> Result<(Connection, Channel), Fault> {
-        let connection = topology::connect(&self.amqp, "tickbox relay").await?;
-        let channel = connection
-            .create_channel()
-            .await
-            .map_err(|e| Fault::of("opening a channel", &e))?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(|e| Fault::of("switching on publisher confirms", &e))?;
-        topology::declare_exchange(&channel, &self.amqp).await?;
-        Ok((connection, channel))
+    async fn connect(&self) -> Result<(Link, Channel), Fault> {
+        let name = format!("tickbox relay {}", self.exchange);
+        let link = Link::open(&self.amqp, &name, self.caller.clone()).await?;
+        let ready = async {
+            let channel = link.channel().await?;
+            let confirms = channel.confirm_select(ConfirmSelectOptions::default());
+            link.call("switching on publisher confirms", confirms)
+                .await?;
+            topology::declare_exchange(&link, &channel, &self.amqp).await?;
+            Ok(channel)
+        };
+        match ready.await {
+            Ok(channel) => Ok((link, channel)),
+            Err(fault) => {
+                link.give_up(None, &fault, "failed").await;
+                Err(fault)
+            }
+        }
     }
 
-    /// Drops the link if `failed` is its channel, so the next publish
-    /// connects again.
-    async fn forget(&self, failed: &Channel) {
-        let mut link = self.link.lock().await;
-        if link
+    /// Gives the link up after `fault` if `failed` is still the relay's
+    /// link (another publish may have replaced it already), so the next
+    /// publish connects again.
+    async fn forget(&self, failed: &Arc<Link>, fault: &Fault) {
+        let mut slot = self.slot.lock().await;
+        if slot
             .open
             .as_ref()
-            .is_some_and(|(_, channel)| channel.id() == failed.id())
+            .is_some_and(|(link, _)| Arc::ptr_eq(link, failed))
         {
-            if let Some((connection, channel)) = link.open.take() {
-                // A broker that blocks publishers reads nothing more from
-                // the connection, not even its close: do not wait for it.
-                tokio::spawn(topology::close(connection, Some(channel), "reconnecting"));
+            if let Some((link, channel)) = slot.open.take() {
+                if let Fault::TimedOut(_) = fault {
+                    // The broker does not answer: no goodbye.
+                    link.shut();
+                } else {
+                    // Closing waits a little for the broker's answer: not
+                    // with the slot held. The socket is shut whatever the
+                    // answer.
+                    tokio::spawn(async move { link.close(Some(channel), "reconnecting").await });
+                }
             }
         }
     }
 
     /// Closes the relay's channel and connection, when the bus stops.
     pub(crate) async fn close(&self) {
-        let open = self.link.lock().await.open.take();
-        if let Some((connection, channel)) = open {
-            topology::close(connection, Some(channel), "stopping").await;
+        let open = self.slot.lock().await.open.take();
+        if let Some((link, channel)) = open {
+            link.close(Some(channel), "stopping").await;
         }
     }
 
     /// The messages waiting in `queue`, read from the broker now.
     pub(crate) async fn depth(&self, queue: &str) -> Result<u32, Fault> {
-        let channel = self.channel().await?;
-        let depth = topology::depth(&channel, queue).await;
-        if depth.is_err() {
-            self.forget(&channel).await;
+        let (link, channel) = self.channel().await?;
+        let depth = topology::depth(&link, &channel, queue).await;
+        if let Err(fault) = &depth {
+            if fault.is_lost() {
+                self.forget(&link, fault).await;
+            }
         }
         depth
     }
@@ -249,6 +293,29 @@ impl Relay {
     /// Connections made again after one was lost.
     pub(crate) fn reconnects(&self) -> u64 {
         self.reconnects.load(Relaxed)
+    }
+
+    /// Its calls that got no answer from the broker in time.
+    pub(crate) fn calls_timed_out(&self) -> u64 {
+        self.timed_out.load(Relaxed)
+    }
+}
+
+/// What a publish is doing, for a fault or the log: formatted only then.
+struct Publishing<'a> {
+    /// The outbox's module.
+    module: &'a str,
+    /// The message's topic.
+    topic: &'a str,
+}
+
+impl fmt::Display for Publishing<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "publishing a message of topic `{}` from the outbox of `{}`",
+            self.topic, self.module
+        )
     }
 }
 

@@ -1,8 +1,25 @@
-//! What a bus needs to reach a RabbitMQ broker.
+//! What a bus needs to reach a RabbitMQ broker, and how long it waits for
+//! it.
+//!
+//! | setting | default | why |
+//! | --- | --- | --- |
+//! | [`prefetch`](Amqp::prefetch) | 32 | enough to keep a handler busy without one consumer hoarding a queue |
+//! | [`confirm_timeout`](Amqp::confirm_timeout) | 10 s | a broker that has not confirmed by then is blocked or gone; the message stays in the outbox |
+//! | [`heartbeat`](Amqp::heartbeat) | 10 s | inside RabbitMQ's recommended 5–20 s: a silent connection is given up after about two intervals (20 s) instead of the 2 minutes of the broker's 60 s |
+//! | [`call_timeout`](Amqp::call_timeout) | 10 s | RabbitMQ gives a client 10 s for its handshake (`handshake_timeout`); no other call of tickbox's needs longer |
+//! | [`reconnect_backoff`](Amqp::reconnect_backoff) | 100 ms doubling to 5 s | a quick first retry after a blip, at most one attempt per 5 s against a broker that stays away |
 
 use crate::error::{redact_url, Error, Result};
+use lapin::uri::AMQPUri;
 use std::str::FromStr;
 use std::time::Duration;
+
+/// The heartbeat when neither [`Amqp::heartbeat`] nor the URL sets one.
+const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
+
+/// The longest heartbeat, call deadline or confirm wait a bus accepts: past
+/// that, a dead connection would go unnoticed for most of an hour.
+const LONGEST_WAIT: Duration = Duration::from_secs(600);
 
 /// The RabbitMQ transport of a bus ([`BusBuilder::amqp`](crate::BusBuilder::amqp)):
 /// the broker's URL and the names tickbox declares there.
@@ -27,6 +44,12 @@ pub struct Amqp {
     /// How long a publish waits for the broker's confirm before it counts as
     /// not sent.
     pub(crate) confirm_timeout: Duration,
+    /// The heartbeat asked for in [`Amqp::heartbeat`]; `None` leaves it to
+    /// the URL's `heartbeat` parameter, or [`DEFAULT_HEARTBEAT`].
+    pub(crate) heartbeat: Option<Duration>,
+    /// How long any other call to the broker may take before its connection
+    /// is given up.
+    pub(crate) call_timeout: Duration,
     /// The first wait before connecting again; it doubles up to
     /// `reconnect_max`.
     pub(crate) reconnect_min: Duration,
@@ -41,6 +64,8 @@ impl std::fmt::Debug for Amqp {
             .field("namespace", &self.namespace)
             .field("prefetch", &self.prefetch)
             .field("confirm_timeout", &self.confirm_timeout)
+            .field("heartbeat", &self.heartbeat)
+            .field("call_timeout", &self.call_timeout)
             .finish()
     }
 }
@@ -54,6 +79,8 @@ impl Amqp {
             namespace: String::new(),
             prefetch: 32,
             confirm_timeout: Duration::from_secs(10),
+            heartbeat: None,
+            call_timeout: Duration::from_secs(10),
             reconnect_min: Duration::from_millis(100),
             reconnect_max: Duration::from_secs(5),
         }
@@ -73,11 +100,48 @@ impl Amqp {
         self
     }
 
-    /// How long a publish waits for the broker's confirm (default 10 s);
-    /// after that the message counts as not sent and stays in the outbox, to
-    /// be published again.
+    /// How long a publish waits for the broker's confirm (default 10 s, at
+    /// most 10 min); after that the message counts as not sent and stays in
+    /// the outbox, to be published again, and the relay gives up its
+    /// connection and makes a new one. A broker that has not confirmed in
+    /// 10 s is blocked (a resource alarm) or gone.
     pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
         self.confirm_timeout = timeout;
+        self
+    }
+
+    /// The AMQP heartbeat of tickbox's connections (default 10 s, whole
+    /// seconds from 1 s to 10 min). Each side sends a heartbeat when it has
+    /// sent nothing else for half the interval, and gives a connection up
+    /// when it has heard nothing at all for two intervals: a broker gone
+    /// silent (a dead host, a network that drops everything) is noticed
+    /// after about 20 s with the default, where the broker's own proposal
+    /// of 60 s would take 2 minutes. RabbitMQ recommends 5 to 20 s; below 5 s
+    /// a busy broker or a paused process risks being taken for dead. A
+    /// broker configured for a shorter heartbeat than this gets its way: the
+    /// client agrees to the lower of the two.
+    ///
+    /// The broker's URL may set it too (`amqp://…/%2f?heartbeat=15`): either
+    /// one is used, and the bus refuses to start if both are given and
+    /// differ. The broker shows what was agreed:
+    /// `rabbitmqctl list_connections client_properties timeout`.
+    pub fn heartbeat(mut self, interval: Duration) -> Self {
+        self.heartbeat = Some(interval);
+        self
+    }
+
+    /// How long any call to the broker other than a publish's confirm may
+    /// take (default 10 s, at most 10 min): connecting, opening a channel, switching on
+    /// confirms, declaring and binding, setting the prefetch, consuming,
+    /// acknowledging, cancelling, reading a queue's depth. A call without an
+    /// answer by then gives up its connection, whose socket is closed, and
+    /// the relay or the consumer connects again. RabbitMQ itself gives a
+    /// client 10 s to finish its handshake (`handshake_timeout`); a broker
+    /// that needs longer for anything else is as good as gone. Closing a
+    /// channel or a connection waits at most 1 s before the socket is shut
+    /// regardless.
+    pub fn call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
         self
     }
 
@@ -125,11 +189,8 @@ impl Amqp {
                 "amqp: {url}: TLS (amqps://) is not built into this tickbox; use amqp://"
             )));
         }
-        if let Err(reason) = lapin::uri::AMQPUri::from_str(&self.url) {
-            return Err(Error::Config(format!(
-                "amqp: bad broker URL {url}: {reason}"
-            )));
-        }
+        let uri = AMQPUri::from_str(&self.url)
+            .map_err(|reason| Error::Config(format!("amqp: bad broker URL {url}: {reason}")))?;
         let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
         if !self.namespace.chars().all(allowed) {
             return Err(Error::Config(format!(
@@ -140,9 +201,19 @@ impl Amqp {
         if self.prefetch == 0 {
             return Err(Error::Config("amqp: prefetch must be at least 1".into()));
         }
-        if self.confirm_timeout.is_zero() || self.reconnect_min.is_zero() {
+        for (what, wait) in [
+            ("confirm timeout", self.confirm_timeout),
+            ("call timeout", self.call_timeout),
+        ] {
+            if wait.is_zero() || wait > LONGEST_WAIT {
+                return Err(Error::Config(format!(
+                    "amqp: the {what} must be above zero and at most {LONGEST_WAIT:?} (got {wait:?})"
+                )));
+            }
+        }
+        if self.reconnect_min.is_zero() {
             return Err(Error::Config(
-                "amqp: the confirm timeout and the reconnect backoff must be above zero".into(),
+                "amqp: the reconnect backoff must be above zero".into(),
             ));
         }
         if self.reconnect_max < self.reconnect_min {
@@ -150,6 +221,46 @@ impl Amqp {
                 "amqp: the longest reconnect wait is below the first".into(),
             ));
         }
+        self.heartbeat_of(&uri)?;
         Ok(())
+    }
+
+    /// The heartbeat to ask for, in seconds: [`Amqp::heartbeat`], else the
+    /// URL's `heartbeat` parameter, else [`DEFAULT_HEARTBEAT`].
+    fn heartbeat_of(&self, uri: &AMQPUri) -> Result<u16> {
+        let from_url = uri.query.heartbeat.map(|s| Duration::from_secs(s.into()));
+        let interval = match (self.heartbeat, from_url) {
+            (Some(set), Some(in_url)) if set != in_url => {
+                return Err(Error::Config(format!(
+                    "amqp: the heartbeat is set twice, to {set:?} (Amqp::heartbeat) and to \
+                     {in_url:?} (the URL's heartbeat parameter): keep one"
+                )))
+            }
+            (set, in_url) => set.or(in_url).unwrap_or(DEFAULT_HEARTBEAT),
+        };
+        if interval < Duration::from_secs(1)
+            || interval > LONGEST_WAIT
+            || interval.subsec_nanos() != 0
+        {
+            return Err(Error::Config(format!(
+                "amqp: the heartbeat must be whole seconds from 1 s to {LONGEST_WAIT:?} \
+                 (got {interval:?}; 5 to 20 s is RabbitMQ's advice, and 0 would leave a \
+                 silent connection unnoticed for minutes)"
+            )));
+        }
+        Ok(interval.as_secs() as u16)
+    }
+
+    /// The broker's URL as the client takes it, asking for the heartbeat.
+    /// Only after [`validate`](Self::validate) succeeded.
+    pub(crate) fn uri(&self) -> Result<AMQPUri> {
+        let mut uri = AMQPUri::from_str(&self.url).map_err(|reason| {
+            Error::Config(format!(
+                "amqp: bad broker URL {}: {reason}",
+                self.redacted_url()
+            ))
+        })?;
+        uri.query.heartbeat = Some(self.heartbeat_of(&uri)?);
+        Ok(uri)
     }
 }

@@ -21,6 +21,8 @@ pub(crate) struct ConsumerStats {
     pub(crate) depth: AtomicU64,
     /// Connections made again after one was lost.
     pub(crate) reconnects: AtomicU64,
+    /// Its calls to the broker that got no answer in time.
+    pub(crate) timed_out: Arc<AtomicU64>,
 }
 
 impl ConsumerStats {
@@ -33,6 +35,7 @@ impl ConsumerStats {
             in_flight: AtomicUsize::new(0),
             depth: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
+            timed_out: Arc::default(),
         }
     }
 }
@@ -77,6 +80,12 @@ impl BrokerState {
                     .iter()
                     .map(|c| c.reconnects.load(Relaxed))
                     .sum::<u64>(),
+            calls_timed_out: self.relay.calls_timed_out()
+                + self
+                    .consumers
+                    .iter()
+                    .map(|c| c.timed_out.load(Relaxed))
+                    .sum::<u64>(),
             unconfirmed: self
                 .relay
                 .unconfirmed()
@@ -107,6 +116,11 @@ pub struct AmqpMetrics {
     /// Connections made again after the broker was lost (relay and
     /// consumers).
     pub reconnects: u64,
+    /// Calls to the broker (relay and consumers) that got no answer within
+    /// their deadline (`Amqp::call_timeout`, `Amqp::confirm_timeout`), each
+    /// of which gave up its connection. Also exported as
+    /// `tickbox_amqp_calls_timed_out_total{role}`.
+    pub calls_timed_out: u64,
     /// Each outbox's publishes waiting for the broker's confirm.
     pub unconfirmed: Vec<RelayMetrics>,
     /// Each handler's consumer.

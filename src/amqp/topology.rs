@@ -7,15 +7,13 @@
 //! exactly what its handler receives.
 
 use crate::amqp::fault::Fault;
+use crate::amqp::link::{Caller, Link};
 use crate::amqp::settings::Amqp;
 use crate::error::Result;
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
-use std::time::Duration;
-
-/// How long connecting may take before the broker counts as unreachable.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+use lapin::{Channel, ExchangeKind};
+use std::sync::Arc;
 
 /// AMQP's limit on exchange and queue names and routing keys, in bytes.
 const MAX_NAME_BYTES: usize = 255;
@@ -27,19 +25,6 @@ pub(crate) struct HandlerQueue {
     pub(crate) name: String,
     /// The topic bound to it.
     pub(crate) topic: &'static str,
-}
-
-/// Connects to the broker.
-pub(crate) async fn connect(amqp: &Amqp, name: &str) -> Result<Connection, Fault> {
-    let properties = ConnectionProperties::default().with_connection_name(name.into());
-    // A broker that takes the TCP connection but never answers the
-    // handshake must not hold the caller for ever.
-    match tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(&amqp.url, properties)).await {
-        Ok(connected) => connected.map_err(|e| Fault::of("connecting", &e)),
-        Err(_) => Err(Fault::Unreachable(format!(
-            "connecting: no answer to the handshake within {CONNECT_TIMEOUT:?}"
-        ))),
-    }
 }
 
 /// Checks that the names fit AMQP's limits.
@@ -67,25 +52,30 @@ pub(crate) fn check_names(amqp: &Amqp, queues: &[HandlerQueue]) -> Result<(), St
     Ok(())
 }
 
-/// Declares the exchange.
-pub(crate) async fn declare_exchange(channel: &Channel, amqp: &Amqp) -> Result<(), Fault> {
+/// Declares the exchange on `link`'s `channel`.
+pub(crate) async fn declare_exchange(
+    link: &Link,
+    channel: &Channel,
+    amqp: &Amqp,
+) -> Result<(), Fault> {
     let exchange = amqp.exchange();
-    channel
-        .exchange_declare(
-            ShortString::from(exchange.as_str()),
-            ExchangeKind::Topic,
-            ExchangeDeclareOptions {
-                durable: true,
-                ..ExchangeDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
+    let declare = channel.exchange_declare(
+        ShortString::from(exchange.as_str()),
+        ExchangeKind::Topic,
+        ExchangeDeclareOptions {
+            durable: true,
+            ..ExchangeDeclareOptions::default()
+        },
+        FieldTable::default(),
+    );
+    link.call(format!("declaring the exchange `{exchange}`"), declare)
         .await
-        .map_err(|e| Fault::of(&format!("declaring the exchange `{exchange}`"), &e))
 }
 
-/// Declares a handler's queue and binds it to the exchange.
+/// Declares a handler's queue on `link`'s `channel` and binds it to the
+/// exchange.
 pub(crate) async fn declare_queue(
+    link: &Link,
     channel: &Channel,
     amqp: &Amqp,
     queue: &HandlerQueue,
@@ -95,98 +85,93 @@ pub(crate) async fn declare_queue(
         "x-queue-type".into(),
         AMQPValue::LongString("quorum".into()),
     );
-    channel
-        .queue_declare(
-            ShortString::from(queue.name.as_str()),
-            QueueDeclareOptions {
-                durable: true,
-                ..QueueDeclareOptions::default()
-            },
-            arguments,
-        )
+    let declare = channel.queue_declare(
+        ShortString::from(queue.name.as_str()),
+        QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        },
+        arguments,
+    );
+    link.call(format!("declaring the queue `{}`", queue.name), declare)
+        .await?;
+    let bind = channel.queue_bind(
+        ShortString::from(queue.name.as_str()),
+        ShortString::from(amqp.exchange().as_str()),
+        ShortString::from(queue.topic),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    );
+    link.call(format!("binding the queue `{}`", queue.name), bind)
         .await
-        .map_err(|e| Fault::of(&format!("declaring the queue `{}`", queue.name), &e))?;
-    channel
-        .queue_bind(
-            ShortString::from(queue.name.as_str()),
-            ShortString::from(amqp.exchange().as_str()),
-            ShortString::from(queue.topic),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| Fault::of(&format!("binding the queue `{}`", queue.name), &e))
 }
 
 /// The messages waiting in a queue, read with a passive declare (which
-/// changes nothing).
-pub(crate) async fn depth(channel: &Channel, queue: &str) -> Result<u32, Fault> {
-    status(channel, queue).await.map(|(messages, _)| messages)
+/// changes nothing) on `link`'s `channel`.
+pub(crate) async fn depth(link: &Link, channel: &Channel, queue: &str) -> Result<u32, Fault> {
+    status(link, channel, queue)
+        .await
+        .map(|(messages, _)| messages)
 }
 
 /// The messages waiting in a queue and its consumers, read with a passive
-/// declare.
-pub(crate) async fn status(channel: &Channel, queue: &str) -> Result<(u32, u32), Fault> {
-    channel
-        .queue_declare(
-            ShortString::from(queue),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
+/// declare on `link`'s `channel`.
+pub(crate) async fn status(
+    link: &Link,
+    channel: &Channel,
+    queue: &str,
+) -> Result<(u32, u32), Fault> {
+    let declare = channel.queue_declare(
+        ShortString::from(queue),
+        QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        },
+        FieldTable::default(),
+    );
+    link.call(format!("reading the queue `{queue}`"), declare)
         .await
         .map(|declared| (declared.message_count(), declared.consumer_count()))
-        .map_err(|e| Fault::of(&format!("reading the queue `{queue}`"), &e))
 }
 
 /// Declares everything once at bus start, so that a broker that is
 /// unreachable or refuses stops the start with a clear error.
 pub(crate) async fn declare_all(amqp: &Amqp, queues: &[HandlerQueue]) -> Result<(), Fault> {
     check_names(amqp, queues).map_err(Fault::Refused)?;
-    on_channel(amqp, "tickbox topology", async |channel| {
-        declare_exchange(channel, amqp).await?;
+    on_channel(amqp, "tickbox topology", async |link, channel| {
+        declare_exchange(link, channel, amqp).await?;
         for queue in queues {
-            declare_queue(channel, amqp, queue).await?;
+            declare_queue(link, channel, amqp, queue).await?;
         }
         Ok(())
     })
     .await
 }
 
-/// Connects, opens a channel, runs `work` on it, and closes both.
+/// Connects as `name`, opens a channel, runs `work` on it, and closes both.
+/// Its calls' missed deadlines are logged, and counted only in the exported
+/// counter (`role` `topology`): no bus runs yet to show them.
 async fn on_channel<T>(
     amqp: &Amqp,
     name: &str,
-    work: impl AsyncFnOnce(&Channel) -> Result<T, Fault>,
+    work: impl AsyncFnOnce(&Link, &Channel) -> Result<T, Fault>,
 ) -> Result<T, Fault> {
-    let connection = connect(amqp, name).await?;
-    let channel = match connection.create_channel().await {
+    let caller = Caller::new(name.to_string(), "topology", Arc::default());
+    let link = Link::open(amqp, name, caller).await?;
+    let channel = match link.channel().await {
         Ok(channel) => channel,
-        Err(error) => {
-            close(connection, None, "no channel").await;
-            return Err(Fault::of("opening a channel", &error));
+        Err(fault) => {
+            link.give_up(None, &fault, "no channel").await;
+            return Err(fault);
         }
     };
-    let done = work(&channel).await;
-    close(connection, Some(channel), "done").await;
+    let done = work(&link, &channel).await;
+    match &done {
+        Ok(_) => link.close(Some(channel), "done").await,
+        Err(fault) => link.give_up(Some(channel), fault, "failed").await,
+    }
     done
 }
-
-/// Closes `channel`, then its connection, giving up on each after a second
-/// (a broker that blocks publishers reads nothing more, not even a close).
-/// The channel goes first: lapin closes a dropped channel by itself, and if
-/// its connection is closing by then, it reports a connection error.
-pub(crate) async fn close(connection: Connection, channel: Option<Channel>, why: &'static str) {
-    if let Some(channel) = channel.filter(|channel| channel.status().connected()) {
-        let _ = tokio::time::timeout(CLOSE_TIMEOUT, channel.close(200, why.into())).await;
-    }
-    let _ = tokio::time::timeout(CLOSE_TIMEOUT, connection.close(200, why.into())).await;
-}
-
-/// How long closing a channel or a connection may take.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl Amqp {
     /// Reads the queue of handler `handler` of module `module` on the broker
@@ -197,8 +182,8 @@ impl Amqp {
         self.validate()?;
         let queue = self.queue(module, handler);
         let url = self.redacted_url();
-        let read = on_channel(self, "tickbox queue status", async |channel| {
-            status(channel, &queue).await
+        let read = on_channel(self, "tickbox queue status", async |link, channel| {
+            status(link, channel, &queue).await
         })
         .await;
         let (messages, consumers) = read.map_err(|fault| fault.into_error(url))?;

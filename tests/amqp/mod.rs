@@ -5,6 +5,13 @@
 //!
 //! Tests that inject faults into the broker have it alone
 //! ([`broker_alone`]); every other test using it holds it shared.
+//!
+//! `silence` breaks the network instead, through a proxy of its own
+//! (`network`): a broker gone silent is noticed, left behind and
+//! connected to again, and no socket is left over.
+
+mod network;
+mod silence;
 
 use crate::suite::{fast_retries, pair, publish};
 use crate::support::*;
