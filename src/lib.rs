@@ -244,12 +244,20 @@
 //! - **Faults**: a broker restart, closed connections or a killed process
 //!   pause delivery, which resumes by itself: the relay and each consumer
 //!   connect again with backoff (lapin's own recovery is not relied on);
-//!   unacknowledged messages come again and the inbox skips them.
+//!   unacknowledged messages come again and the inbox skips them. A
+//!   connection that goes quiet is found out too: connections ask for a
+//!   10 s heartbeat (`Amqp::heartbeat`, or the URL's `heartbeat`), every
+//!   broker call has a deadline (`Amqp::call_deadline`, 10 s; a publish's
+//!   confirm, `Amqp::confirm_timeout`), and a consumer's periodic depth
+//!   reading notices a silent broker even when no message comes. A call
+//!   past its deadline gives its connection up, and every connection given
+//!   up — a timed-out attempt, a replaced link — has its socket closed.
 //! - **Figures**: `BusMetrics::amqp` (publishes awaiting confirms per
 //!   outbox, each consumer's in-flight messages and queue depth, sampled
 //!   every scan interval with a passive declare, reconnects), exported as
 //!   `tickbox_amqp_unconfirmed`, `tickbox_amqp_in_flight`,
-//!   `tickbox_amqp_queue_depth`, `tickbox_amqp_reconnects_total`. The
+//!   `tickbox_amqp_queue_depth`, `tickbox_amqp_reconnects_total`, and the
+//!   broker calls given up at their deadline, `tickbox_amqp_calls_timed_out_total`. The
 //!   broker's URL is shown with its password redacted everywhere.
 //! - An outbox moved from in-process delivery to the broker keeps the
 //!   subscriptions its local handlers recorded: retire them

@@ -8,8 +8,10 @@ use std::time::Duration;
 /// then spread by ±`jitter` so that deliveries failing together do not retry
 /// in lockstep. After `max_attempts` failed attempts the delivery becomes a
 /// dead letter. Transient database failures (a lost connection, a busy
-/// database) are retried with the same backoff but do not use up attempts:
-/// an outage pauses delivery instead of burying messages.
+/// database, a call past its deadline) and an unreachable broker are
+/// retried with the same backoff, but waiting at most 5 s, and do not use
+/// up attempts: an outage pauses delivery instead of burying messages, and
+/// delivery resumes within seconds of its end.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RetryPolicy {
     /// Delay before the first retry.

@@ -99,7 +99,7 @@ pub(crate) struct Link {
     /// Who uses it.
     caller: Arc<Caller>,
     /// How long each call on it may take.
-    call_timeout: Duration,
+    call_deadline: Duration,
     /// Its socket, shut when the link is closed, given up or dropped.
     socket: ShutOnDrop,
     /// Dropped with the link: ends the task that shuts the socket when
@@ -121,7 +121,7 @@ impl Link {
         // then or not.
         let socket = ShutOnDrop(Socket::default());
         let keep = socket.0.clone();
-        let limit = amqp.call_timeout;
+        let limit = amqp.call_deadline;
         let connecting = Connection::connector(
             uri,
             runtime,
@@ -151,7 +151,7 @@ impl Link {
         Ok(Link {
             connection,
             caller,
-            call_timeout: limit,
+            call_deadline: limit,
             socket,
             _watching: watching,
         })
@@ -163,7 +163,7 @@ impl Link {
         doing: impl Display,
         call: impl Future<Output = lapin::Result<T>>,
     ) -> Result<T, Fault> {
-        self.caller.within(self.call_timeout, doing, call).await
+        self.caller.within(self.call_deadline, doing, call).await
     }
 
     /// Opens a channel.

@@ -6,7 +6,7 @@
 //! | [`prefetch`](Amqp::prefetch) | 32 | enough to keep a handler busy without one consumer hoarding a queue |
 //! | [`confirm_timeout`](Amqp::confirm_timeout) | 10 s | a broker that has not confirmed by then is blocked or gone; the message stays in the outbox |
 //! | [`heartbeat`](Amqp::heartbeat) | 10 s | inside RabbitMQ's recommended 5–20 s: a silent connection is given up after about two intervals (20 s) instead of the 2 minutes of the broker's 60 s |
-//! | [`call_timeout`](Amqp::call_timeout) | 10 s | RabbitMQ gives a client 10 s for its handshake (`handshake_timeout`); no other call of tickbox's needs longer |
+//! | [`call_deadline`](Amqp::call_deadline) | 10 s | RabbitMQ gives a client 10 s for its handshake (`handshake_timeout`); no other call of tickbox's needs longer |
 //! | [`reconnect_backoff`](Amqp::reconnect_backoff) | 100 ms doubling to 5 s | a quick first retry after a blip, at most one attempt per 5 s against a broker that stays away |
 
 use crate::error::{redact_url, Error, Result};
@@ -49,7 +49,7 @@ pub struct Amqp {
     pub(crate) heartbeat: Option<Duration>,
     /// How long any other call to the broker may take before its connection
     /// is given up.
-    pub(crate) call_timeout: Duration,
+    pub(crate) call_deadline: Duration,
     /// The first wait before connecting again; it doubles up to
     /// `reconnect_max`.
     pub(crate) reconnect_min: Duration,
@@ -65,7 +65,7 @@ impl std::fmt::Debug for Amqp {
             .field("prefetch", &self.prefetch)
             .field("confirm_timeout", &self.confirm_timeout)
             .field("heartbeat", &self.heartbeat)
-            .field("call_timeout", &self.call_timeout)
+            .field("call_deadline", &self.call_deadline)
             .finish()
     }
 }
@@ -80,7 +80,7 @@ impl Amqp {
             prefetch: 32,
             confirm_timeout: Duration::from_secs(10),
             heartbeat: None,
-            call_timeout: Duration::from_secs(10),
+            call_deadline: Duration::from_secs(10),
             reconnect_min: Duration::from_millis(100),
             reconnect_max: Duration::from_secs(5),
         }
@@ -140,8 +140,8 @@ impl Amqp {
     /// that needs longer for anything else is as good as gone. Closing a
     /// channel or a connection waits at most 1 s before the socket is shut
     /// regardless.
-    pub fn call_timeout(mut self, timeout: Duration) -> Self {
-        self.call_timeout = timeout;
+    pub fn call_deadline(mut self, timeout: Duration) -> Self {
+        self.call_deadline = timeout;
         self
     }
 
@@ -203,7 +203,7 @@ impl Amqp {
         }
         for (what, wait) in [
             ("confirm timeout", self.confirm_timeout),
-            ("call timeout", self.call_timeout),
+            ("call timeout", self.call_deadline),
         ] {
             if wait.is_zero() || wait > LONGEST_WAIT {
                 return Err(Error::Config(format!(

@@ -117,7 +117,7 @@ pub struct AmqpMetrics {
     /// consumers).
     pub reconnects: u64,
     /// Calls to the broker (relay and consumers) that got no answer within
-    /// their deadline (`Amqp::call_timeout`, `Amqp::confirm_timeout`), each
+    /// their deadline (`Amqp::call_deadline`, `Amqp::confirm_timeout`), each
     /// of which gave up its connection. Also exported as
     /// `tickbox_amqp_calls_timed_out_total{role}`.
     pub calls_timed_out: u64,

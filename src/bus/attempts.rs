@@ -138,7 +138,14 @@ pub(crate) async fn deliver_to_route<B: Backend>(
                 RouteEnd::Stopped
             };
         }
-        let delay = policy.delay(attempt);
+        // A failure of the database or the broker (an outage) says nothing
+        // about the message: it is tried again at least every few seconds,
+        // so that delivery resumes soon after the outage ends.
+        let delay = if error.counts_as_attempt() {
+            policy.delay(attempt)
+        } else {
+            policy.delay(attempt).min(OUTAGE_RETRY_MAX)
+        };
         bus.note_retry(
             envelope.id,
             format!(
@@ -152,6 +159,13 @@ pub(crate) async fn deliver_to_route<B: Backend>(
         }
     }
 }
+
+/// The longest wait before trying a delivery again after a failure that
+/// uses up no attempt (a lost connection, a call past its deadline, an
+/// unreachable broker): each try is bounded by its deadlines, so trying
+/// every few seconds costs little, and delivery resumes within this long
+/// of an outage's end.
+const OUTAGE_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Records a dead letter, retrying while the database fails. False if the
 /// bus stopped first.

@@ -10,7 +10,6 @@
 //! (`network`): a broker gone silent is noticed, left behind and
 //! connected to again, and no socket is left over.
 
-mod network;
 mod silence;
 
 use crate::suite::{fast_retries, pair, publish};

@@ -4,22 +4,24 @@
 //! make new ones once the network answers again; and every socket given up
 //! is closed — none is left behind, however often it happens.
 
-use super::network::{sockets_to, Proxy, SilentPort};
 use super::{changes_and_distinct, namespace};
 use crate::suite::{fast_retries, pair, publish};
+use crate::support::fault_proxy::{sockets_to, FaultProxy, Mode};
 use crate::support::*;
 use std::time::Duration;
 use tickbox::{Amqp, Bus, BusHandle, Error, ModuleHandle, Sqlite};
 use tokio::time::Instant;
 
-/// The broker's `host:port`.
-fn broker_address() -> String {
+/// The broker's address.
+fn broker_address() -> std::net::SocketAddr {
+    use std::net::ToSocketAddrs;
     let url = url::Url::parse(&amqp_url()).expect("the broker's URL");
-    format!(
-        "{}:{}",
-        url.host_str().expect("a host"),
-        url.port().unwrap_or(5672)
-    )
+    let host = url.host_str().expect("a host");
+    (host, url.port().unwrap_or(5672))
+        .to_socket_addrs()
+        .expect("the broker's host resolves")
+        .next()
+        .expect("an address")
 }
 
 /// The broker's URL, with its host and port replaced by loopback `port`.
@@ -41,7 +43,7 @@ fn url_with(parameter: &str) -> String {
 fn impatient(url: String, namespace: &str) -> Amqp {
     Amqp::new(url)
         .namespace(namespace)
-        .call_timeout(Duration::from_secs(1))
+        .call_deadline(Duration::from_secs(1))
         .confirm_timeout(Duration::from_secs(2))
         .heartbeat(Duration::from_secs(5))
         .reconnect_backoff(Duration::from_millis(50), Duration::from_millis(500))
@@ -112,12 +114,13 @@ async fn connections_given_up_release_their_sockets() {
 
     // A port that takes the connection and never speaks AMQP: each start
     // gives its attempt up after the call timeout, and closes it.
-    let silent = SilentPort::open().await;
+    let silent = FaultProxy::start(broker_address()).await;
+    silent.set(Mode::Blackhole);
     for _ in 0..3 {
         let error = Bus::builder()
             .module(&orders)
             .module(&warehouse)
-            .amqp(impatient(url_to(silent.port), &namespace))
+            .amqp(impatient(url_to(silent.port()), &namespace))
             .start()
             .await
             .err()
@@ -128,13 +131,13 @@ async fn connections_given_up_release_their_sockets() {
         );
     }
     eventually("the attempts' sockets are closed", WAIT, || async {
-        sockets_to(silent.port) == 0
+        sockets_to(silent.port()) == 0
     })
     .await;
 
     // Through a proxy: the relay's connection and the consumer's.
-    let proxy = Proxy::start(broker_address()).await;
-    let settings = impatient(url_to(proxy.port), &namespace);
+    let proxy = FaultProxy::start(broker_address()).await;
+    let settings = impatient(url_to(proxy.port()), &namespace);
     let bus = bus(
         &orders,
         &warehouse,
@@ -148,7 +151,7 @@ async fn connections_given_up_release_their_sockets() {
     eventually(
         "the relay and the consumer hold a socket each",
         WAIT,
-        || async { sockets_to(proxy.port) == baseline },
+        || async { sockets_to(proxy.port()) == baseline },
     )
     .await;
 
@@ -160,7 +163,7 @@ async fn connections_given_up_release_their_sockets() {
         handled(&orders, &warehouse, n, WAIT).await;
     }
     eventually("closed connections leave no socket", WAIT, || async {
-        sockets_to(proxy.port) == baseline
+        sockets_to(proxy.port()) == baseline
     })
     .await;
     let reconnects = bus.metrics().amqp.expect("broker figures").reconnects;
@@ -171,7 +174,7 @@ async fn connections_given_up_release_their_sockets() {
     // consumer (reading its queue's depth) miss their deadlines, give their
     // connections up, and their attempts to connect again miss theirs.
     let taken = proxy.accepted();
-    proxy.go_silent();
+    proxy.set(Mode::Blackhole);
     n += 1;
     publish(&orders, n).await;
     eventually("attempts to connect go unanswered", WAIT, || async {
@@ -182,11 +185,11 @@ async fn connections_given_up_release_their_sockets() {
     assert!(timed_out >= 4, "calls past their deadline: {timed_out}");
 
     // It answers again, for new connections only.
-    proxy.forward_again();
+    proxy.set(Mode::Pass);
     n += 1;
     handled(&orders, &warehouse, n, Duration::from_secs(30)).await;
     eventually("connections given up leave no socket", WAIT, || async {
-        sockets_to(proxy.port) == baseline
+        sockets_to(proxy.port()) == baseline
     })
     .await;
     eventually("every message is handled once", WAIT, || async {
@@ -196,7 +199,7 @@ async fn connections_given_up_release_their_sockets() {
 
     bus.stop().await;
     eventually("a stopped bus holds no socket", WAIT, || async {
-        sockets_to(proxy.port) == 0
+        sockets_to(proxy.port()) == 0
     })
     .await;
 }
@@ -210,8 +213,8 @@ async fn a_silent_network_is_noticed_and_left_behind_with_the_default_settings()
     let handler = Record::new(Then::Succeed);
     let (orders, warehouse) = pair::<Sqlite>(&db, &handler).await;
     let namespace = namespace();
-    let proxy = Proxy::start(broker_address()).await;
-    let settings = Amqp::new(url_to(proxy.port)).namespace(&*namespace);
+    let proxy = FaultProxy::start(broker_address()).await;
+    let settings = Amqp::new(url_to(proxy.port())).namespace(&*namespace);
     let bus = bus(&orders, &warehouse, settings, None).await;
     let mut n = 0;
     handled(&orders, &warehouse, n, WAIT).await;
@@ -219,7 +222,7 @@ async fn a_silent_network_is_noticed_and_left_behind_with_the_default_settings()
     eventually(
         "the relay and the consumer hold a socket each",
         WAIT,
-        || async { sockets_to(proxy.port) == baseline },
+        || async { sockets_to(proxy.port()) == baseline },
     )
     .await;
     assert_eq!(
@@ -230,7 +233,7 @@ async fn a_silent_network_is_noticed_and_left_behind_with_the_default_settings()
 
     // Silent for 25 s, as a network that drops everything for a while.
     let silent_until = Instant::now() + Duration::from_secs(25);
-    proxy.go_silent();
+    proxy.set(Mode::Blackhole);
     n += 1;
     publish(&orders, n).await;
     eventually(
@@ -243,11 +246,11 @@ async fn a_silent_network_is_noticed_and_left_behind_with_the_default_settings()
     tokio::time::sleep_until(silent_until).await;
 
     // New work is handled within 30 s of the network's return.
-    proxy.forward_again();
+    proxy.set(Mode::Pass);
     n += 1;
     handled(&orders, &warehouse, n, Duration::from_secs(30)).await;
     eventually("connections given up leave no socket", WAIT, || async {
-        sockets_to(proxy.port) == baseline
+        sockets_to(proxy.port()) == baseline
     })
     .await;
     bus.stop().await;
@@ -283,7 +286,7 @@ async fn the_broker_keeps_the_heartbeat_tickbox_asks_for() {
 }
 
 #[actix::test]
-async fn a_heartbeat_or_call_timeout_out_of_range_is_refused_at_start() {
+async fn a_heartbeat_or_call_deadline_out_of_range_is_refused_at_start() {
     trace_init();
     let db = TestDb::new();
     let handler = Record::new(Then::Succeed);
@@ -302,11 +305,11 @@ async fn a_heartbeat_or_call_timeout_out_of_range_is_refused_at_start() {
             "set twice",
         ),
         (
-            Amqp::new(amqp_url()).call_timeout(Duration::ZERO),
+            Amqp::new(amqp_url()).call_deadline(Duration::ZERO),
             "call timeout",
         ),
         (
-            Amqp::new(amqp_url()).call_timeout(seconds(86_400)),
+            Amqp::new(amqp_url()).call_deadline(seconds(86_400)),
             "call timeout",
         ),
         (

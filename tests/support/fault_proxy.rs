@@ -568,3 +568,41 @@ mod tests {
         assert!(matches!(refused, Ok(Err(_))), "{refused:?}");
     }
 }
+
+/// This process's TCP sockets whose far end is loopback port `port`.
+pub fn sockets_to(port: u16) -> usize {
+    let mine: std::collections::HashSet<u64> = std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_string_lossy().into_owned();
+            target
+                .strip_prefix("socket:[")?
+                .strip_suffix(']')?
+                .parse()
+                .ok()
+        })
+        .collect();
+    let mut count = 0;
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            // sl local_address rem_address st tx:rx tr:when retrnsmt uid
+            // timeout inode …
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(remote), Some(inode)) = (fields.get(2), fields.get(9)) else {
+                continue;
+            };
+            let remote_port = remote
+                .rsplit_once(':')
+                .and_then(|(_, port)| u16::from_str_radix(port, 16).ok());
+            let inode: u64 = inode.parse().unwrap_or(0);
+            if remote_port == Some(port) && inode != 0 && mine.contains(&inode) {
+                count += 1;
+            }
+        }
+    }
+    count
+}
