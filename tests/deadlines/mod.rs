@@ -4,7 +4,13 @@
 //! is tried again; bad deadline settings are refused at start.
 //!
 //! On SQLite a handler that never finishes stands for a connection that
-//! went quiet.
+//! went quiet. The PostgreSQL tests (`postgres`) reach the server through
+//! the fault proxy (`support::fault_proxy`) and blackhole it under a
+//! running transaction or delivery; they read the server's own view of
+//! the abandoned sessions straight from it, not through the proxy.
+
+#[cfg(feature = "postgres")]
+mod postgres;
 
 use crate::support::*;
 use diesel_async::SimpleAsyncConnection;
