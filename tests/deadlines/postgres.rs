@@ -270,7 +270,8 @@ async fn a_transaction_on_a_quiet_connection_fails_at_its_deadline_and_the_serve
         "the server still holds the abandoned transaction"
     );
     // The client closed the dead connection, and the pool's idle ones
-    // with it.
+    // with it. (Not every one: see
+    // `after_a_heal_the_effects_journal_answers_at_once_too`.)
     eventually("the dead connections are closed", WAIT, || async {
         proxy.open_dead() < dead
     })
@@ -553,9 +554,10 @@ async fn stopping_the_bus_takes_at_most_its_stop_timeout_while_every_connection_
     .await;
 
     // Nothing was lost: the next bus delivers the message, once. (Calls the
-    // stop cut short may have left dead connections in the pools. The first
-    // call to take one fails at its deadline, transient, and is tried
-    // again.)
+    // stop cut short may have left dead connections in the pools: see
+    // `a_call_its_caller_stops_waiting_for_does_not_give_its_connection_back`.
+    // The first call to take one fails at its deadline, transient, and is
+    // tried again.)
     let started = Instant::now();
     let bus = loop {
         let starting = dbs
@@ -581,4 +583,134 @@ async fn stopping_the_bus_takes_at_most_its_stop_timeout_while_every_connection_
         "one inbox row, one change, no dead letter"
     );
     assert_eq!(stall.calls.load(SeqCst), 2);
+}
+
+// ---------------------------------------------------------------------------
+// Defects the tests above ran into, each reproduced on its own. They fail
+// until the library is fixed, so they are ignored; run them with
+// `cargo test --all-features --test lib deadlines -- --ignored`.
+
+#[actix::test]
+#[ignore = "defect: a call its caller stops waiting for past half its deadline stays counted stuck for good"]
+async fn a_call_its_caller_stops_waiting_for_is_not_left_counted_stuck() {
+    trace_init();
+    let dbs = TestDatabases::postgres(pg_url());
+    let proxy = FaultProxy::start(server_addr()).await;
+    let server = Server::connect().await;
+    let orders = start(&server, &dbs, behind(&dbs, &proxy, "orders")).await;
+    orders.store_stats().await.expect("the pool is warm");
+
+    proxy.set(Mode::Blackhole);
+    // The caller stops waiting past half the deadline, as an application's
+    // own timeout does, or the bus's stop timeout when it cuts the
+    // dispatcher's last statements short.
+    let gave_up = timeout(CALL_DEADLINE * 3 / 4, orders.store_stats()).await;
+    assert!(gave_up.is_err(), "the call had an answer: {gave_up:?}");
+    proxy.set(Mode::Pass);
+
+    let calls = orders.metrics().database_calls;
+    assert_eq!(calls.stuck, 0, "no call is waiting: {calls:?}");
+}
+
+#[actix::test]
+#[ignore = "defect: a call its caller stops waiting for gives its quiet connection back to the pool"]
+async fn a_call_its_caller_stops_waiting_for_does_not_give_its_connection_back() {
+    trace_init();
+    let dbs = TestDatabases::postgres(pg_url());
+    let proxy = FaultProxy::start(server_addr()).await;
+    let server = Server::connect().await;
+    // One connection: the next call takes the one the dropped call had, if
+    // it went back to the pool.
+    let orders = start(
+        &server,
+        &dbs,
+        behind(&dbs, &proxy, "orders")
+            .pool_size(1)
+            .transaction_deadline(CALL_DEADLINE),
+    )
+    .await;
+    orders.store_stats().await.expect("the pool is warm");
+
+    proxy.set(Mode::Blackhole);
+    let gave_up = timeout(CALL_DEADLINE / 4, orders.store_stats()).await;
+    assert!(gave_up.is_err(), "the call had an answer: {gave_up:?}");
+    proxy.set(Mode::Pass);
+
+    let asked = Instant::now();
+    let read: Result<i64, Error> = orders
+        .read(async |tx| {
+            let sql = "SELECT count(*) AS n FROM tickbox_outbox".to_string();
+            Ok(<Postgres as TestBackend>::count(tx.conn(), sql).await?)
+        })
+        .await;
+    assert!(
+        read.is_ok() && asked.elapsed() < CALL_DEADLINE / 2,
+        "after the heal the next transaction took {:?} and ended {read:?}: it was given the \
+         connection of the call dropped in the quiet network",
+        asked.elapsed()
+    );
+}
+
+#[actix::test]
+#[ignore = "defect: the effects journal's calls are not in ModuleMetrics::database_calls"]
+async fn the_effects_journals_calls_are_counted_with_the_modules() {
+    trace_init();
+    let dbs = TestDatabases::postgres(pg_url());
+    let proxy = FaultProxy::start(server_addr()).await;
+    let server = Server::connect().await;
+    let orders = start(&server, &dbs, behind(&dbs, &proxy, "orders")).await;
+    orders
+        .effects(&[], 0, 10)
+        .await
+        .expect("the journal is open");
+
+    proxy.set(Mode::Blackhole);
+    let listed = orders.effects(&[], 0, 10).await;
+    assert!(
+        matches!(listed, Err(Error::Deadline { .. })),
+        "the journal's call had no answer: {listed:?}"
+    );
+    let calls = orders.metrics().database_calls;
+    assert_eq!(
+        calls.deadlines_missed, 1,
+        "the journal's call that missed its deadline is counted: {calls:?}"
+    );
+}
+
+#[actix::test]
+#[ignore = "defect: a call that misses its deadline closes its pool's idle connections, not those of the effects journal's pool"]
+async fn after_a_heal_the_effects_journal_answers_at_once_too() {
+    trace_init();
+    let dbs = TestDatabases::postgres(pg_url());
+    let proxy = FaultProxy::start(server_addr()).await;
+    let server = Server::connect().await;
+    let orders = start(
+        &server,
+        &dbs,
+        behind(&dbs, &proxy, "orders").transaction_deadline(CALL_DEADLINE),
+    )
+    .await;
+    orders.store_stats().await.expect("both pools are warm");
+
+    proxy.set(Mode::Blackhole);
+    // A transaction misses its deadline: the module closes the idle
+    // connections that went quiet with it.
+    let missed: Result<(), Error> = orders
+        .transaction(async |tx| {
+            tx.conn().batch_execute("SELECT 1").await?;
+            Ok(())
+        })
+        .await;
+    assert!(matches!(missed, Err(Error::Deadline { .. })), "{missed:?}");
+    proxy.set(Mode::Pass);
+
+    let asked = Instant::now();
+    let stats = orders.store_stats().await;
+    assert!(
+        stats.is_ok() && asked.elapsed() < CALL_DEADLINE / 2,
+        "after the heal the store's figures took {:?} and ended {stats:?}; {} connections \
+         left dead by the blackhole are still open",
+        asked.elapsed(),
+        proxy.open_dead()
+    );
 }
