@@ -8,6 +8,9 @@
 //! TICKBOX_PG_URL=postgres://postgres@127.0.0.1:5432/test cargo test --all-features
 //! ```
 //!
+//! `deadlines` cuts transactions and deliveries that get no answer, and
+//! refuses deadlines too short to be safe.
+//!
 //! The process tests run the minishop example as a child process:
 //! `processes` (crashes, several processes, a broker's faults),
 //! `effects_mail` (real e-mails), `quiet_network` (a network that goes
@@ -15,6 +18,7 @@
 
 #[cfg(feature = "amqp")]
 mod amqp;
+mod deadlines;
 mod effects_mail;
 mod examples;
 #[cfg(feature = "prometheus")]
