@@ -427,10 +427,32 @@ fn share_the_work(place: Place, split: &[&str]) {
         .map(|modules| spawn_part(&place, modules, false))
         .collect();
     let placing = split.iter().filter(|m| m.contains("orders")).count() as u64;
-    for (child, modules) in children.into_iter().zip(split) {
-        let what = format!("the process running {modules} (of {split:?})");
-        let output = finish(child, Duration::from_secs(300), &what);
-        let result = check_result(&output, &what);
+    // Every process ends before any is checked, so that a failure shows
+    // what the others said too (one that died at start leaves the rest
+    // waiting for its handlers).
+    let outputs: Vec<(String, Output)> = children
+        .into_iter()
+        .zip(split)
+        .map(|(child, modules)| {
+            let what = format!("the process running {modules} (of {split:?})");
+            let output = finish(child, Duration::from_secs(300), &what);
+            (what, output)
+        })
+        .collect();
+    for (what, output) in &outputs {
+        if !output.status.success() {
+            let said: Vec<String> = outputs
+                .iter()
+                .map(|(what, output)| {
+                    let stderr = String::from_utf8_lossy(&output.stderr);
+                    let tail: Vec<&str> = stderr.lines().rev().take(15).collect();
+                    let tail: Vec<&str> = tail.into_iter().rev().collect();
+                    format!("{what} ({}):\n{}", output.status, tail.join("\n"))
+                })
+                .collect();
+            eprintln!("what every process said last:\n{}", said.join("\n\n"));
+        }
+        let result = check_result(output, what);
         assert_eq!(
             result["orders"],
             placing * ORDERS_EACH,
