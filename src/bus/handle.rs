@@ -74,6 +74,9 @@ impl<B: Backend> BusHandle<B> {
     /// consumers — or until `timeout`; true if it became idle. Dead letters
     /// do not count as work.
     ///
+    /// A reading that fails for a while (a database or broker that does not
+    /// answer, a call past its deadline) is tried again until `timeout`.
+    ///
     /// The outboxes are read one after another; the answer is trusted only
     /// if nothing was delivered or held in memory while they were read. Over
     /// a broker the bus must also look idle for half a second on end: the
@@ -90,8 +93,8 @@ impl<B: Backend> BusHandle<B> {
         loop {
             let (busy, delivered) = self.activity();
             let idle = busy == 0
-                && self.pending().await? == 0
-                && self.queued().await? == 0
+                && untried_if_transient(self.pending().await)? == Some(0)
+                && untried_if_transient(self.queued().await)? == Some(0)
                 && self.activity() == (0, delivered);
             if idle {
                 let since = *idle_since.get_or_insert_with(tokio::time::Instant::now);
@@ -155,5 +158,18 @@ impl<B: Backend> BusHandle<B> {
             total += module.store_stats().await?.outbox_pending;
         }
         Ok(total)
+    }
+}
+
+/// A reading that failed for a while (a database or broker that does not
+/// answer now) as no reading: the caller tries again.
+fn untried_if_transient<T>(reading: Result<T>) -> Result<Option<T>> {
+    match reading {
+        Ok(value) => Ok(Some(value)),
+        Err(error) if error.is_transient() => {
+            tracing::debug!(%error, "waiting for the bus to be idle: a reading failed; trying again");
+            Ok(None)
+        }
+        Err(error) => Err(error),
     }
 }

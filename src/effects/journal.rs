@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::message::now_us;
 use crate::store::backend::Backend;
 use crate::store::database::Database;
+use crate::store::deadline::CallWatch;
 use crate::store::journal::{EffectChange, EffectId};
 use crate::store::schema::{EffectRow, Id};
 use crate::store::settings::StoreSettings;
@@ -140,15 +141,19 @@ pub(crate) struct Journal<B: Backend> {
     db: OnceCell<Option<Arc<Database<B>>>>,
     /// What this process's effects did.
     pub(crate) counters: EffectCounters,
+    /// The module's calls, which the journal's are counted with.
+    watch: Arc<CallWatch>,
 }
 
 impl<B: Backend> Journal<B> {
-    /// The journal of the module opened with `settings`, not opened yet.
-    pub(crate) fn new(settings: StoreSettings) -> Self {
+    /// The journal of the module opened with `settings`, not opened yet;
+    /// its calls are watched with the module's, by `watch`.
+    pub(crate) fn new(settings: StoreSettings, watch: Arc<CallWatch>) -> Self {
         Journal {
             counters: EffectCounters::new(&settings.module),
             settings,
             db: OnceCell::new(),
+            watch,
         }
     }
 
@@ -159,7 +164,10 @@ impl<B: Backend> Journal<B> {
                 let pool = B::open_journal(&self.settings).await?;
                 let module: Arc<str> = Arc::from(self.settings.module.as_str());
                 let deadlines = self.settings.deadlines;
-                Ok::<_, Error>(pool.map(|pool| Arc::new(Database::new(module, pool, deadlines))))
+                let watch = self.watch.clone();
+                Ok::<_, Error>(
+                    pool.map(|pool| Arc::new(Database::new(module, pool, deadlines, watch))),
+                )
             })
             .await
             .cloned()

@@ -15,7 +15,7 @@ use crate::outbox::Outbox;
 use crate::retention::Retention;
 use crate::store::backend::Backend;
 use crate::store::database::Database;
-use crate::store::deadline::{Deadlines, MIN_DEADLINE};
+use crate::store::deadline::{CallWatch, Deadlines, MIN_DEADLINE};
 use crate::store::settings::{MigrationSet, StoreSettings};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -295,7 +295,13 @@ impl<B: Backend> ModuleBuilder<B> {
         }
         let (pool, wakeup) = B::open(&self.settings).await?;
         let name: Arc<str> = Arc::from(name);
-        let db = Arc::new(Database::new(name.clone(), pool, self.settings.deadlines));
+        let watch = Arc::new(CallWatch::new(name.clone()));
+        let db = Arc::new(Database::new(
+            name.clone(),
+            pool,
+            self.settings.deadlines,
+            watch.clone(),
+        ));
         if !self.settings.migrate {
             let tables = db
                 .call("counting tickbox's tables", async |conn| {
@@ -349,10 +355,13 @@ impl<B: Backend> ModuleBuilder<B> {
         // journal that cannot be opened stops the module here rather than
         // failing its deliveries.
         let makes_effects = self.settings.migrate && !handlers.is_empty();
-        let journal = Arc::new(Journal::new(StoreSettings {
-            migrate: makes_effects,
-            ..self.settings.clone()
-        }));
+        let journal = Arc::new(Journal::new(
+            StoreSettings {
+                migrate: makes_effects,
+                ..self.settings.clone()
+            },
+            watch,
+        ));
         if makes_effects {
             journal.open().await?;
         }

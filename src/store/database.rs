@@ -22,15 +22,23 @@ pub(crate) struct Database<B: Backend> {
     write_gate: Option<Arc<Semaphore>>,
     /// How long calls may take.
     pub(crate) deadlines: Deadlines,
-    /// The calls that are stuck or missed their deadline.
-    pub(crate) watch: CallWatch,
+    /// The module's calls that are stuck or missed their deadline, shared
+    /// by its pools (the module's and its effects journal's).
+    pub(crate) watch: Arc<CallWatch>,
 }
 
 impl<B: Backend> Database<B> {
-    /// Wraps the pool of module `module`.
-    pub(crate) fn new(module: Arc<str>, pool: B::Pool, deadlines: Deadlines) -> Self {
+    /// Wraps the pool of module `module`, whose calls `watch` watches.
+    pub(crate) fn new(
+        module: Arc<str>,
+        pool: B::Pool,
+        deadlines: Deadlines,
+        watch: Arc<CallWatch>,
+    ) -> Self {
+        let idle = pool.clone();
+        watch.watch_pool(Box::new(move || B::close_idle(&idle)));
         Database {
-            watch: CallWatch::new(module.clone()),
+            watch,
             module,
             pool,
             write_gate: B::ONE_WRITER.then(|| Arc::new(Semaphore::new(1))),
@@ -98,45 +106,62 @@ impl<B: Backend> Database<B> {
             + SendAsyncFn<&'c mut B::Connection, Result<T>, Fut: Send>,
     {
         // The connection lives outside the timed part, so that a call cut
-        // short leaves it here to be closed rather than to the pool.
-        let mut conn: Option<B::Pooled> = None;
+        // short — by its deadline, or by a caller that stopped waiting —
+        // leaves it here to be closed rather than to the pool.
+        let mut conn = InFlight {
+            db: self,
+            conn: None,
+        };
         let called = {
             let call = std::pin::pin!(async {
-                let conn = conn.insert(self.connection().await?);
+                let conn = conn.conn.insert(self.connection().await?);
                 f(&mut **conn).await
             });
             self.watch
                 .within(operation, self.deadlines.call, call)
                 .await
         };
-        match called {
-            Ok(done) => done,
-            Err(missed) => {
-                if let Some(conn) = conn {
-                    self.give_up(conn);
-                }
-                Err(missed)
-            }
+        if called.is_ok() {
+            conn.returned();
         }
+        called.and_then(|done| done)
     }
 
     /// Closes a connection for good instead of returning it to the pool: a
     /// call on it went past its deadline, or a transaction on it was
-    /// abandoned half way. The pool's idle connections are closed with it,
-    /// since they most likely went the same (quiet) way; the pool opens new
-    /// ones as they are needed.
+    /// abandoned half way. The idle connections of the module's pools are
+    /// closed with it, since they most likely went the same (quiet) way;
+    /// the pools open new ones as they are needed.
     pub(crate) fn give_up(&self, conn: B::Pooled) {
         B::discard(conn);
-        self.give_up_idle();
-    }
-
-    /// Closes the pool's idle connections.
-    fn give_up_idle(&self) {
-        B::close_idle(&self.pool);
+        self.watch.close_idle();
     }
 
     /// Closes the pool: idle connections now, the others when returned.
     pub(crate) fn close(&self) {
         B::close(&self.pool);
+    }
+}
+
+/// A connection a call is using: closed for good if the call does not end
+/// (its deadline passed, or its caller dropped it), returned to the pool
+/// once it has.
+struct InFlight<'a, B: Backend> {
+    db: &'a Database<B>,
+    conn: Option<B::Pooled>,
+}
+
+impl<B: Backend> InFlight<'_, B> {
+    /// The call ended, well or not: the connection goes back to the pool.
+    fn returned(mut self) {
+        drop(self.conn.take());
+    }
+}
+
+impl<B: Backend> Drop for InFlight<'_, B> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.db.give_up(conn);
+        }
     }
 }

@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 /// How long a module's database calls may take.
@@ -81,10 +81,13 @@ impl Deadlines {
 /// machine would be cut.
 pub(crate) const MIN_DEADLINE: Duration = Duration::from_millis(100);
 
-/// Watches one database's calls: how many are stuck now, how many missed
-/// their deadline. Shared by everything that calls the database.
+/// Watches one module's database calls — its pool's and its effects
+/// journal's: how many are stuck now, how many missed their deadline; and
+/// closes the idle connections of all its pools when one call misses (they
+/// share the path to the server, which went quiet). Shared by everything
+/// that calls the module's databases.
 pub(crate) struct CallWatch {
-    /// The module that owns the database, for the logs.
+    /// The module that owns the databases, for the logs.
     module: Arc<str>,
     /// Calls past half their deadline and still waiting.
     stuck: AtomicI64,
@@ -92,6 +95,30 @@ pub(crate) struct CallWatch {
     missed: AtomicU64,
     stuck_gauge: metrics::Gauge,
     missed_counter: metrics::Counter,
+    /// Closes the idle connections of one of the module's pools, each.
+    idle_closers: Mutex<Vec<IdleCloser>>,
+}
+
+/// Closes the idle connections of a pool.
+type IdleCloser = Box<dyn Fn() + Send + Sync>;
+
+/// Counts a call as stuck while it lives: dropped however the call ends —
+/// finished, past its deadline, or dropped by its caller.
+struct Stuck<'a>(&'a CallWatch);
+
+impl<'a> Stuck<'a> {
+    fn new(watch: &'a CallWatch) -> Self {
+        watch.stuck.fetch_add(1, Relaxed);
+        watch.stuck_gauge.increment(1.0);
+        Stuck(watch)
+    }
+}
+
+impl Drop for Stuck<'_> {
+    fn drop(&mut self) {
+        self.0.stuck.fetch_sub(1, Relaxed);
+        self.0.stuck_gauge.decrement(1.0);
+    }
 }
 
 /// What a database's calls look like now.
@@ -113,7 +140,29 @@ impl CallWatch {
             missed: AtomicU64::new(0),
             stuck_gauge: metrics::gauge!("tickbox_database_calls_stuck", &labels),
             missed_counter: metrics::counter!("tickbox_database_deadlines_missed_total", &labels),
+            idle_closers: Mutex::new(Vec::new()),
             module,
+        }
+    }
+
+    /// Registers one of the module's pools, by what closes its idle
+    /// connections.
+    pub(crate) fn watch_pool(&self, close_idle: IdleCloser) {
+        self.idle_closers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(close_idle);
+    }
+
+    /// Closes the idle connections of every pool of the module.
+    pub(crate) fn close_idle(&self) {
+        for close in self
+            .idle_closers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+        {
+            close();
         }
     }
 
@@ -143,8 +192,7 @@ impl CallWatch {
         if let Ok(done) = tokio::time::timeout(warn_after, &mut call).await {
             return Ok(done);
         }
-        self.stuck.fetch_add(1, Relaxed);
-        self.stuck_gauge.increment(1.0);
+        let stuck = Stuck::new(self);
         tracing::warn!(
             module = %self.module,
             operation,
@@ -153,8 +201,7 @@ impl CallWatch {
             "a database call has had no answer for a while; the connection may have gone quiet"
         );
         let late = tokio::time::timeout(deadline - warn_after, &mut call).await;
-        self.stuck.fetch_sub(1, Relaxed);
-        self.stuck_gauge.decrement(1.0);
+        drop(stuck);
         match late {
             Ok(done) => {
                 tracing::info!(module = %self.module, operation, "the slow database call finished");

@@ -88,21 +88,11 @@ async fn start(
     module
 }
 
-/// Waits until the bus has nothing left to do. A call that fails at its
-/// deadline on a connection a blackhole left in a pool (transient, as a
-/// caller must expect after the network went quiet) is asked again.
+/// Waits until the bus has nothing left to do (`wait_idle` asks again when
+/// a reading fails for a while, as right after the network went quiet).
 async fn until_drained(bus: &BusHandle<Postgres>) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        match bus.wait_idle(WAIT).await {
-            Ok(true) => return,
-            Ok(false) => panic!("the bus still had work after {WAIT:?}"),
-            Err(error) if error.is_transient() && Instant::now() < deadline => {
-                tracing::info!(%error, "asking again whether the bus is idle")
-            }
-            Err(error) => panic!("wait_idle: {error}"),
-        }
-    }
+    let idle = bus.wait_idle(WAIT).await.expect("wait_idle");
+    assert!(idle, "the bus still had work after {WAIT:?}");
 }
 
 /// The server, asked directly.
@@ -553,28 +543,16 @@ async fn stopping_the_bus_takes_at_most_its_stop_timeout_while_every_connection_
     )
     .await;
 
-    // Nothing was lost: the next bus delivers the message, once. (Calls the
-    // stop cut short may have left dead connections in the pools: see
-    // `a_call_its_caller_stops_waiting_for_does_not_give_its_connection_back`.
-    // The first call to take one fails at its deadline, transient, and is
-    // tried again.)
-    let started = Instant::now();
-    let bus = loop {
-        let starting = dbs
-            .bus()
-            .module(&orders)
-            .module(&warehouse)
-            .instance(instance.clone())
-            .start()
-            .await;
-        match starting {
-            Ok(bus) => break bus,
-            Err(error) if error.is_transient() && started.elapsed() < WAIT => {
-                tracing::info!(%error, "starting the next bus again")
-            }
-            Err(error) => panic!("the next bus starts: {error}"),
-        }
-    };
+    // Nothing was lost: the next bus delivers the message, once. The calls
+    // the stop cut short closed their connections, so it starts at once.
+    let bus = dbs
+        .bus()
+        .module(&orders)
+        .module(&warehouse)
+        .instance(instance.clone())
+        .start()
+        .await
+        .expect("the next bus starts");
     until_drained(&bus).await;
     bus.stop().await;
     assert_eq!(
@@ -586,12 +564,10 @@ async fn stopping_the_bus_takes_at_most_its_stop_timeout_while_every_connection_
 }
 
 // ---------------------------------------------------------------------------
-// Defects the tests above ran into, each reproduced on its own. They fail
-// until the library is fixed, so they are ignored; run them with
-// `cargo test --all-features --test lib deadlines -- --ignored`.
+// Calls cut short from outside, and the effects journal's pool: what the
+// tests above first ran into, each on its own.
 
 #[actix::test]
-#[ignore = "defect: a call its caller stops waiting for past half its deadline stays counted stuck for good"]
 async fn a_call_its_caller_stops_waiting_for_is_not_left_counted_stuck() {
     trace_init();
     let dbs = TestDatabases::postgres(pg_url());
@@ -613,7 +589,6 @@ async fn a_call_its_caller_stops_waiting_for_is_not_left_counted_stuck() {
 }
 
 #[actix::test]
-#[ignore = "defect: a call its caller stops waiting for gives its quiet connection back to the pool"]
 async fn a_call_its_caller_stops_waiting_for_does_not_give_its_connection_back() {
     trace_init();
     let dbs = TestDatabases::postgres(pg_url());
@@ -652,7 +627,6 @@ async fn a_call_its_caller_stops_waiting_for_does_not_give_its_connection_back()
 }
 
 #[actix::test]
-#[ignore = "defect: the effects journal's calls are not in ModuleMetrics::database_calls"]
 async fn the_effects_journals_calls_are_counted_with_the_modules() {
     trace_init();
     let dbs = TestDatabases::postgres(pg_url());
@@ -678,7 +652,6 @@ async fn the_effects_journals_calls_are_counted_with_the_modules() {
 }
 
 #[actix::test]
-#[ignore = "defect: a call that misses its deadline closes its pool's idle connections, not those of the effects journal's pool"]
 async fn after_a_heal_the_effects_journal_answers_at_once_too() {
     trace_init();
     let dbs = TestDatabases::postgres(pg_url());
