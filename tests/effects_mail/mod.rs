@@ -1,30 +1,26 @@
 //! Real e-mails through the effects journal: minishop sends each order's
-//! confirmation to an SMTP server (`--smtp`), here a sink the test runs
-//! (`tests/support/smtp_sink.py`, on Python's aiosmtpd), which writes down
-//! the Message-ID of every e-mail it accepts. The process is made to crash
-//! in its own code between sending an e-mail and recording it
-//! (`--crash-at after-send`), or between recording it and committing the
-//! delivery (`--crash-at after-journal`), or is killed with SIGKILL at
-//! random moments; it is run again with `--resume` until it finishes. Then
-//! what the sink received is held against what minishop's journal says:
+//! confirmation to an SMTP server (`--smtp`), here a sink the test runs on
+//! loopback in its own process (`support::smtp_sink`), which keeps every
+//! e-mail it accepts, recorded before it replies 250; the test reads their
+//! Message-IDs. The process is made to crash in its own code between
+//! sending an e-mail and recording it (`--crash-at after-send`), or between
+//! recording it and committing the delivery (`--crash-at after-journal`),
+//! or is killed with SIGKILL at random moments; it is run again with
+//! `--resume` until it finishes. Then what the sink received is held
+//! against what minishop's journal says:
 //!
 //! - at least once with a key: exactly one distinct Message-ID per
 //!   confirmed order, a crash after sending made up for by sending the
 //!   same Message-ID again, a crash after recording by the journal's result;
 //! - at most once: no Message-ID twice, and the e-mails sent and unknown
 //!   add up to the confirmed orders.
-//!
-//! The sink needs aiosmtpd: `TICKBOX_PYTHON` names the Python to run it
-//! with; otherwise the virtual environment `.ci/run` makes
-//! (`target/smtp-sink-venv`), otherwise `python3`.
 
 use crate::processes::{finish, kill_runs_at_random, result_json, spawn, Place};
+use crate::support::smtp_sink::SmtpSink;
 use serde_json::Value;
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
 /// Orders each crash test places.
@@ -48,94 +44,43 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(120);
 // ---------------------------------------------------------------------------
 // The SMTP sink
 
-/// An SMTP server on loopback that accepts every e-mail and appends its
-/// Message-ID to a file; stopped when dropped (and by itself when the test
-/// process ends: it stops when its stdin closes).
-struct SmtpSink {
-    child: Child,
-    port: u16,
-    /// Holds the file of Message-IDs and the sink's stderr.
-    dir: tempfile::TempDir,
+/// The test support's SMTP sink, on a runtime of its own (the tests block
+/// their thread on child processes).
+struct MailServer {
+    /// Dropped first: its tasks are aborted while the runtime still runs.
+    sink: SmtpSink,
+    _runtime: tokio::runtime::Runtime,
 }
 
-impl SmtpSink {
-    /// Starts the sink on a free port and waits, at most 30 s, until it
-    /// listens.
-    fn start() -> SmtpSink {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/smtp_sink.py");
-        let stderr = std::fs::File::create(dir.path().join("sink.err")).expect("sink.err");
-        let python = python();
-        let mut child = Command::new(&python)
-            .arg(script)
-            .arg(dir.path().join("received"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .unwrap_or_else(|e| panic!("{} does not start: {e}", python.display()));
-        let stdout = child.stdout.take().expect("the sink's stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
-        let Some(port) = line
-            .strip_prefix("ready ")
-            .and_then(|port| port.trim().parse().ok())
-        else {
-            let _ = child.kill();
-            let _ = child.wait();
-            let stderr = std::fs::read_to_string(dir.path().join("sink.err")).unwrap_or_default();
-            panic!(
-                "the SMTP sink ({} {script}) did not say `ready PORT` within 30 s (it said \
-                 {line:?}); it needs Python's aiosmtpd: python3 -m pip install aiosmtpd, or \
-                 TICKBOX_PYTHON naming a Python that has it (.ci/run makes one)\nstderr:\n{stderr}",
-                python.display()
-            );
-        };
-        SmtpSink { child, port, dir }
+impl MailServer {
+    /// Starts the sink on a free port of loopback; it listens when this
+    /// returns.
+    fn start() -> MailServer {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("the SMTP sink's runtime");
+        let sink = runtime.block_on(SmtpSink::start());
+        MailServer {
+            sink,
+            _runtime: runtime,
+        }
     }
 
     /// Its address, for `--smtp`.
     fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        self.sink.addr().to_string()
     }
 
-    /// The Message-IDs received so far, in order, repeats included.
+    /// The Message-IDs received so far, in order, repeats included; `-`
+    /// for an e-mail without one.
     fn received(&self) -> Vec<String> {
-        std::fs::read_to_string(self.dir.path().join("received"))
-            .unwrap_or_default()
-            .lines()
-            .map(String::from)
+        self.sink
+            .received()
+            .iter()
+            .map(|mail| mail.message_id().unwrap_or_else(|| "-".into()))
             .collect()
-    }
-}
-
-impl Drop for SmtpSink {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The Python that runs the sink: `TICKBOX_PYTHON`, else `.ci/run`'s
-/// virtual environment under the target directory, else `python3`.
-fn python() -> PathBuf {
-    if let Some(python) = std::env::var_os("TICKBOX_PYTHON") {
-        return python.into();
-    }
-    // target/<profile>/deps/<test binary>
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let venv = exe
-        .ancestors()
-        .nth(3)
-        .map(|target| target.join("smtp-sink-venv/bin/python3"));
-    match venv {
-        Some(venv) if venv.exists() => venv,
-        _ => "python3".into(),
     }
 }
 
@@ -237,7 +182,7 @@ impl Crashed {
 /// point.
 /// At least one run must have aborted.
 fn crash_until_done(place: &Place, policy: &str, crash_at: &str) -> Crashed {
-    let sink = SmtpSink::start();
+    let sink = MailServer::start();
     let addr = sink.addr();
     let (mut runs, mut aborts) = (0, 0);
     loop {
@@ -371,7 +316,7 @@ fn never_resends_at_most_once(place: Place) {
 /// then at least once: one distinct Message-ID per confirmed order; at
 /// most once: none twice, and the sent and unknown add up to the orders.
 fn survives_sigkill_sending(place: Place, policy: &str) {
-    let sink = SmtpSink::start();
+    let sink = MailServer::start();
     let addr = sink.addr();
     let kills = 6;
     let args = ["--smtp", &addr, "--email-policy", policy];

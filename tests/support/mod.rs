@@ -1,8 +1,10 @@
 //! Shared test support: a fresh database per test on each backend, test
 //! messages and handlers, and waiting on conditions with a timeout; a TCP
-//! proxy that injects network faults (`fault_proxy`).
+//! proxy that injects network faults (`fault_proxy`); an SMTP server that
+//! keeps every e-mail it accepts (`smtp_sink`).
 
 pub mod fault_proxy;
+pub mod smtp_sink;
 
 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
 use serde::{Deserialize, Serialize};
