@@ -212,7 +212,7 @@ pub(crate) async fn handle_in<B: Backend>(
         .await;
     Err(match called {
         Ok(Ok(())) if handlers.outbox.trackers.inject_failure() => DeliveryError::new(
-            FailureKind::Handler,
+            FailureKind::Injected,
             "a failure injected by the test session, after the handler's work and before COMMIT",
         ),
         Ok(Ok(())) => return Ok(Outcome::Handled),

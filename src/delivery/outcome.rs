@@ -60,6 +60,12 @@ pub enum FailureKind {
     /// parked behind it, and delivered when that one is replayed or
     /// skipped.
     Parked,
+    /// A failure the test kit's session injected
+    /// ([`Session::inject_failures`](crate::testing::Session::inject_failures)),
+    /// after the handler's work and before COMMIT: rolled back and tried
+    /// again like a handler's error, but without using up an attempt, so
+    /// that injected failures alone never dead-letter a message.
+    Injected,
 }
 
 impl DeliveryError {
@@ -97,11 +103,15 @@ impl DeliveryError {
     }
 
     /// Whether this failure uses up one of the retry policy's attempts:
-    /// transient database failures, the broker's failures and stops do not.
+    /// transient database failures, the broker's failures, stops and
+    /// failures a test session injected do not.
     pub fn counts_as_attempt(&self) -> bool {
         match self.kind {
             FailureKind::Database => !self.transient,
-            FailureKind::Stopped | FailureKind::Broker | FailureKind::Early => false,
+            FailureKind::Stopped
+            | FailureKind::Broker
+            | FailureKind::Early
+            | FailureKind::Injected => false,
             _ => true,
         }
     }

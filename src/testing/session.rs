@@ -231,7 +231,10 @@ impl<B: Backend> Session<B> {
 
     /// Fails each successful handler attempt with this probability, after
     /// the handler's work and before COMMIT, as a crash there would (the
-    /// bus retries it). Implies [`allow_failures`](Session::allow_failures).
+    /// bus retries it). An injected failure uses up no attempt of the retry
+    /// policy ([`FailureKind::Injected`](crate::FailureKind::Injected)), so
+    /// injected failures alone never dead-letter a message, however high
+    /// the probability. Implies [`allow_failures`](Session::allow_failures).
     pub fn inject_failures(self, probability: f64) -> Self {
         self.state
             .set_rules(|rules| rules.failure_rate = probability);
