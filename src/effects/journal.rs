@@ -135,10 +135,10 @@ pub(crate) fn decide(found: &EffectRow, policy: EffectPolicy, now_us: i64) -> Re
 pub(crate) struct Journal<B: Backend> {
     /// Where to open it.
     settings: StoreSettings,
-    /// Its connections, once opened; `None` inside when the module's
-    /// database is only attached and has no journal (no effect was ever
-    /// recorded).
-    db: OnceCell<Option<Arc<Database<B>>>>,
+    /// Its connections, once opened. A journal not found (the module's
+    /// database is only attached and no effect was ever recorded, or
+    /// another process is making it) is looked for again next time.
+    db: OnceCell<Arc<Database<B>>>,
     /// What this process's effects did.
     pub(crate) counters: EffectCounters,
     /// The module's calls, which the journal's are counted with.
@@ -157,25 +157,32 @@ impl<B: Backend> Journal<B> {
         }
     }
 
-    /// Opens the journal unless it is open; `None` when there is none.
+    /// Opens the journal unless it is open; `None` when there is none (yet).
     pub(crate) async fn open(&self) -> Result<Option<Arc<Database<B>>>> {
-        self.db
-            .get_or_try_init(|| async {
-                let pool = B::open_journal(&self.settings).await?;
+        if let Some(db) = self.db.get() {
+            return Ok(Some(db.clone()));
+        }
+        let Some(pool) = B::open_journal(&self.settings).await? else {
+            return Ok(None);
+        };
+        let db = self
+            .db
+            .get_or_init(|| async {
                 let module: Arc<str> = Arc::from(self.settings.module.as_str());
-                let deadlines = self.settings.deadlines;
-                let watch = self.watch.clone();
-                Ok::<_, Error>(
-                    pool.map(|pool| Arc::new(Database::new(module, pool, deadlines, watch))),
-                )
+                Arc::new(Database::new(
+                    module,
+                    pool,
+                    self.settings.deadlines,
+                    self.watch.clone(),
+                ))
             })
-            .await
-            .cloned()
+            .await;
+        Ok(Some(db.clone()))
     }
 
     /// The journal's connections if it was opened, without opening it.
     pub(crate) fn opened(&self) -> Option<Arc<Database<B>>> {
-        self.db.get().cloned().flatten()
+        self.db.get().cloned()
     }
 
     /// The journal's connections, for recording.

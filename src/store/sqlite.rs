@@ -10,6 +10,7 @@ use crate::store::contract::{
     advance_key_statement, bump_sequence_statement, first_sequence_statement, numbering_order,
     start_key_statement, tick_inbox_statement, KeyScope, OwnedScope, Store, Tick,
 };
+use crate::store::journal::JournalQueries;
 use crate::store::migrations::{refuse_clashing_versions, refuse_newer_migrations};
 use crate::store::pool::{build_pool, checkout, close_idle, discard};
 use crate::store::schema::{tickbox_outbox, OutboxRow};
@@ -261,9 +262,20 @@ impl Store for Sqlite {
             pool_size: JOURNAL_POOL_SIZE,
             ..settings.clone()
         };
-        open_file(&settings, path, MigrationSet(&JOURNAL_MIGRATIONS), None)
-            .await
-            .map(Some)
+        let pool = open_file(&settings, path, MigrationSet(&JOURNAL_MIGRATIONS), None).await?;
+        if !settings.migrate {
+            // The file may have just been made by a process that has not yet
+            // migrated it (its migrations commit as one transaction): until
+            // the table is there, there is no journal yet.
+            let mut conn = checkout(&pool).await.map_err(|reason| Error::Pool {
+                module: settings.module.clone(),
+                reason,
+            })?;
+            if !Self::has_journal(&mut conn).await? {
+                return Ok(None);
+            }
+        }
+        Ok(Some(pool))
     }
 
     fn close(pool: &Self::Pool) {
