@@ -160,6 +160,7 @@ macro_rules! suite {
 
         case!(kit::a_flow_whose_last_message_follows_a_retry_is_not_finished_early);
         case!(kit::a_handler_failure_fails_the_session_with_the_error_and_the_message);
+        case!(kit::the_kit_s_assertions_point_at_the_test_s_own_line);
         case!(kit::an_unfinished_flow_is_reported_with_what_it_waits_for);
         case!(kit::injected_failures_and_duplicates_change_nothing_in_the_end);
         case!(kit::a_message_delivered_straight_to_a_handler_is_tracked_with_its_cascade);

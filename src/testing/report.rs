@@ -16,17 +16,23 @@ pub struct Report {
 impl Report {
     /// The messages of type `M` the flow published, decoded, in commit
     /// order.
+    #[track_caller]
     pub fn published<M: Message>(&self) -> Vec<M> {
-        self.events
-            .iter()
-            .filter(|e| e.happened == Happened::Published && e.envelope.topic == M::TOPIC)
-            .map(|e| decode::<M>(&e.envelope))
-            .collect()
+        let mut published = Vec::new();
+        // A loop, not an iterator: a closure would hide the caller's line
+        // from a payload that does not decode.
+        for e in &self.events {
+            if e.happened == Happened::Published && e.envelope.topic == M::TOPIC {
+                published.push(decode::<M>(&e.envelope));
+            }
+        }
+        published
     }
 
     /// The one message of type `M` the flow published for which `matches`
     /// holds; panics, listing what was published, unless there is exactly
     /// one ("exactly one `OrderConfirmed` with order id 7").
+    #[track_caller]
     pub fn published_one<M: Message + fmt::Debug>(&self, matches: impl Fn(&M) -> bool) -> M {
         let mut found: Vec<M> = self
             .published::<M>()
@@ -113,13 +119,15 @@ impl Report {
 }
 
 /// Decodes a payload the flow published (it was encoded from an `M`).
+#[track_caller]
 fn decode<M: Message>(envelope: &Envelope) -> M {
-    serde_json::from_str(&envelope.payload).unwrap_or_else(|e| {
-        panic!(
+    match serde_json::from_str(&envelope.payload) {
+        Ok(message) => message,
+        Err(e) => panic!(
             "message {} of topic `{}` does not decode: {e}",
             envelope.id, envelope.topic
-        )
-    })
+        ),
+    }
 }
 
 impl fmt::Display for Report {

@@ -11,7 +11,9 @@ use crate::testing::report::Report;
 use crate::tracking::{Event, Happened, Tracker};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
+use std::future::Future;
 use std::marker::PhantomData;
+use std::panic::Location;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -285,11 +287,18 @@ impl<B: Backend> Session<B> {
     /// Waits until every tracked message is done with by every handler
     /// that owes it an end, and returns what happened; panics with what is
     /// unfinished, or with the first failure (unless allowed), so that the
-    /// test fails with the reason.
-    pub async fn wait(&self) -> Report {
-        match self.try_wait().await {
-            Ok(report) => report,
-            Err(unfinished) => panic!("{unfinished}"),
+    /// test fails with the reason. The panic message names the line of the
+    /// test that called `wait`.
+    #[track_caller]
+    pub fn wait(&self) -> impl Future<Output = Report> + '_ {
+        // An `async fn` cannot take its caller's location: it is read here,
+        // when the future is made, and named in the panic message.
+        let called_at = Location::caller();
+        async move {
+            match self.try_wait().await {
+                Ok(report) => report,
+                Err(unfinished) => panic!("session.wait() at {called_at}: {unfinished}"),
+            }
         }
     }
 

@@ -5,6 +5,8 @@
 
 use super::{fast_retries, publish};
 use crate::support::*;
+use futures_util::FutureExt;
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 use tickbox::testing::{Happened, Session};
 use tickbox::{BusHandle, Envelope, ModuleHandle, RetryPolicy};
@@ -120,6 +122,33 @@ pub async fn a_handler_failure_fails_the_session_with_the_error_and_the_message<
     assert!(text.contains("failure 1 of 1"), "{text}");
     assert!(text.contains(&id.to_string()), "{text}");
     assert!(text.contains("\"n\":3"), "{text}");
+    bus.stop().await;
+}
+
+/// The kit's assertions fail at the test's own line, not inside the kit:
+/// `wait` names the line that called it, and `published_one` panics there.
+pub async fn the_kit_s_assertions_point_at_the_test_s_own_line<B: TestBackend>(db: TestDb) {
+    let warehouse = Record::new(Then::FailFirst(1));
+    let audit = Record::new(Then::Succeed);
+    let (orders, _warehouse, _audit, bus) =
+        chain::<B>(&db, &warehouse, &audit, Duration::from_secs(60)).await;
+    let session = Session::start(&bus);
+    publish(&orders, 5).await;
+    let wait_line = line!() + 1;
+    let waited = AssertUnwindSafe(session.wait()).catch_unwind().await;
+    let message = panic_message(waited.expect_err("the handler's failure fails the wait"));
+    let here = format!("{}:{wait_line}:", file!());
+    assert!(message.contains(&here), "`{here}` not in: {message}");
+
+    let report = session.report();
+    let (location, _) = panic_location(|| {
+        report.published_one::<Ping>(|_| false);
+    });
+    let asserted_at = format!("{}:{}", file!(), line!() - 2);
+    assert!(
+        location.starts_with(&asserted_at),
+        "{location} is not {asserted_at}"
+    );
     bus.stop().await;
 }
 

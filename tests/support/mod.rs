@@ -1,10 +1,14 @@
 //! Shared test support: a fresh database per test on each backend, test
 //! messages and handlers, and waiting on conditions with a timeout; a TCP
 //! proxy that injects network faults (`fault_proxy`); an SMTP server that
-//! keeps every e-mail it accepts (`smtp_sink`).
+//! keeps every e-mail it accepts (`smtp_sink`); what a panic said and where
+//! (`panics`).
 
 pub mod fault_proxy;
+pub mod panics;
 pub mod smtp_sink;
+
+pub use panics::{panic_location, panic_message};
 
 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
 use serde::{Deserialize, Serialize};
