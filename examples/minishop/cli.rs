@@ -92,6 +92,15 @@ pub struct Args {
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     modules: Vec<ModuleName>,
 
+    /// With several processes over the same databases: how many of them
+    /// place orders (--orders). Each process then waits until that many
+    /// placing runs are recorded in the orders database, and all have
+    /// ended, before it deems the flow done, so that one starting late is
+    /// waited for (default: the runs recorded so far, and at least one for
+    /// a process that places none itself)
+    #[arg(long, value_name = "N")]
+    pub placers: Option<usize>,
+
     /// Give up after this long: exit 1 naming what is unfinished (default: a
     /// deadline that grows with the orders when running all three modules,
     /// none otherwise)

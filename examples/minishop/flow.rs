@@ -176,9 +176,17 @@ pub async fn placing_runs<B: Backend>(
 }
 
 /// Whether the runs that place orders are done: none still placing, and
-/// (for a process that does not place orders itself) at least one.
-pub fn placing_done(runs: &[PlacingRun], runs_all: bool) -> bool {
-    runs.iter().all(|run| !run.placing) && (runs_all || !runs.is_empty())
+/// at least `least` of them recorded (see [`least_placing_runs`]).
+pub fn placing_done(runs: &[PlacingRun], least: usize) -> bool {
+    runs.iter().all(|run| !run.placing) && runs.len() >= least
+}
+
+/// How many placing runs a process waits to see recorded before the flow
+/// can be done: `--placers` when given (so that a process that starts
+/// late is waited for), else one for a process that places no orders
+/// itself, else none.
+pub fn least_placing_runs(placers: Option<usize>, places_here: bool) -> usize {
+    placers.unwrap_or(usize::from(!places_here))
 }
 
 /// Cheap counts, read while waiting: `None` for what lives in a database
@@ -332,7 +340,7 @@ pub async fn unfinished<B: Backend>(
     bus: &BusHandle<B>,
     counts: Counts,
     runs: Option<&[PlacingRun]>,
-    places_here: bool,
+    least_runs: usize,
     over_broker: bool,
 ) -> tickbox::Result<String> {
     let shown = |n: Option<i64>| n.map_or("-".to_string(), |n| n.to_string());
@@ -358,12 +366,17 @@ pub async fn unfinished<B: Backend>(
         ),
     }];
     if let Some(runs) = runs {
-        if runs.is_empty() && !places_here {
+        if runs.is_empty() && least_runs > 0 {
             parts.push(
                 "no run has placed orders yet (start `minishop --modules orders --orders N` over \
                  the same databases)"
                     .into(),
             );
+        } else if runs.len() < least_runs {
+            parts.push(format!(
+                "{} of the {least_runs} runs placing orders (--placers) have started",
+                runs.len()
+            ));
         }
         let open: Vec<_> = runs.iter().filter(|run| run.placing).collect();
         if !open.is_empty() {

@@ -787,6 +787,7 @@ async fn wait_until_done<B: Backend>(
     } else {
         args.runs_all()
     };
+    let least_runs = flow::least_placing_runs(args.placers, places_here);
     let mut settle = flow::Settle::new(args.settle);
     let drain = loop {
         if stop.is_cancelled() {
@@ -800,7 +801,7 @@ async fn wait_until_done<B: Backend>(
             None => None,
         };
         let done = match &runs {
-            Some(runs) => idle && counts.complete() && flow::placing_done(runs, places_here),
+            Some(runs) => idle && counts.complete() && flow::placing_done(runs, least_runs),
             None => settle.over(counts.hold_work(), idle),
         };
         if done {
@@ -814,8 +815,8 @@ async fn wait_until_done<B: Backend>(
             break Drain::Finished;
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            let what = flow::unfinished(shop, bus, counts, runs.as_deref(), places_here, over_amqp)
-                .await?;
+            let what =
+                flow::unfinished(shop, bus, counts, runs.as_deref(), least_runs, over_amqp).await?;
             tracing::error!("timed out: {what}");
             break Drain::TimedOut(what);
         }

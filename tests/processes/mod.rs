@@ -1,7 +1,8 @@
 //! Whole processes: the minishop example runs as a child process and is
 //! killed with SIGKILL at seeded random moments, has its PostgreSQL
 //! connections terminated under it, or runs as several processes over one
-//! set of databases, each running some of the modules (`--modules`). Every
+//! set of databases, each running some of the modules (`--modules`), also
+//! many at once on fresh databases (`started_together`). Every
 //! run ends with the example's own check of the invariants, read from the
 //! databases.
 //!
@@ -396,12 +397,16 @@ const ORDERS_EACH: u64 = 100;
 
 /// Starts the process running `modules`: new orders if it runs the orders
 /// module (unless `resume`: only finishing what is pending), faults
-/// injected, a deadline that names what is unfinished rather than hanging.
-fn spawn_part(place: &Place, modules: &str, resume: bool) -> Child {
+/// injected, a deadline that names what is unfinished rather than hanging;
+/// it waits for `placers` placing runs, however late they start.
+fn spawn_part(place: &Place, modules: &str, placers: usize, resume: bool) -> Child {
     let orders = ORDERS_EACH.to_string();
+    let placers = placers.to_string();
     let mut args = vec![
         "--modules",
         modules,
+        "--placers",
+        &placers,
         "--duplicate-rate",
         "0.1",
         "--fail-rate",
@@ -418,15 +423,24 @@ fn spawn_part(place: &Place, modules: &str, resume: bool) -> Child {
     spawn(place, &args)
 }
 
+/// The processes of `split` that place orders: those running the orders
+/// module.
+pub(crate) fn placers(split: &[impl AsRef<str>]) -> usize {
+    split
+        .iter()
+        .filter(|m| m.as_ref().contains("orders"))
+        .count()
+}
+
 /// Runs `split` side by side: every process ends by itself with the whole
 /// flow checked over the three databases, and the orders are exactly those
 /// placed, each reserved, confirmed and e-mailed once.
 fn share_the_work(place: Place, split: &[&str]) {
+    let placing = placers(split);
     let children: Vec<Child> = split
         .iter()
-        .map(|modules| spawn_part(&place, modules, false))
+        .map(|modules| spawn_part(&place, modules, placing, false))
         .collect();
-    let placing = split.iter().filter(|m| m.contains("orders")).count() as u64;
     // Every process ends before any is checked, so that a failure shows
     // what the others said too (one that died at start leaves the rest
     // waiting for its handlers).
@@ -455,7 +469,7 @@ fn share_the_work(place: Place, split: &[&str]) {
         let result = check_result(output, what);
         assert_eq!(
             result["orders"],
-            placing * ORDERS_EACH,
+            placing as u64 * ORDERS_EACH,
             "{what}: every placed order and no other: {result}"
         );
     }
@@ -505,19 +519,23 @@ fn sigkill_at_random(
 /// ends by itself with the flow checked.
 ///
 /// A killed process is restarted as it was started (placing new orders if it
-/// runs the orders module) while no placing run has ended. Once one has, the
-/// others may see the flow finished and end, and orders placed then would
-/// find no process left to serve them: it is restarted with `--resume`. (A
+/// runs the orders module) while fewer placing runs are recorded than the
+/// split has placers (no process deems the flow done before that) or none
+/// has ended. Once one has, the others may see the flow finished and end,
+/// and orders placed then would find no process left to serve them: it is
+/// restarted with `--resume`. (A
 /// run killed while placing holds the others back for its lease, 5 s, long
 /// enough for its replacement to record its own run.)
 fn share_the_work_through_sigkills(place: Place, split: &[&str]) {
+    let placing = placers(split);
     let mut children: Vec<Child> = split
         .iter()
-        .map(|modules| spawn_part(&place, modules, false))
+        .map(|modules| spawn_part(&place, modules, placing, false))
         .collect();
     let (seed, kills) = sigkill_at_random(&mut children, 8, (50, 400, 1500), |victim| {
-        let resume = place.count_orders_db("placing_runs WHERE ended_at_us IS NOT NULL") > 0;
-        spawn_part(&place, split[victim], resume)
+        let resume = place.count_orders_db("placing_runs") >= placing as i64
+            && place.count_orders_db("placing_runs WHERE ended_at_us IS NOT NULL") > 0;
+        spawn_part(&place, split[victim], placing, resume)
     });
     let mut orders = None;
     for (child, modules) in children.into_iter().zip(split) {
@@ -575,6 +593,8 @@ macro_rules! splits {
         }
     };
 }
+
+mod started_together;
 
 mod sqlite_split {
     use super::*;
