@@ -138,6 +138,7 @@ macro_rules! suite {
         case!(shared_outbox::a_handler_on_another_topic_in_a_running_process_is_refused);
         case!(shared_outbox::a_database_migrated_by_a_newer_tickbox_is_refused);
         case!(shared_outbox::processes_starting_together_on_a_new_database_migrate_once);
+        case!(shared_outbox::a_database_being_made_is_never_seen_half_made);
         case!(shared_outbox::a_module_runs_the_applications_own_migrations);
 
         case!(ordering::interleaved_keys_arrive_in_order_through_failures_panics_and_duplicates);

@@ -493,10 +493,14 @@ impl Store for Postgres {
                 &format!("SELECT pg_advisory_lock({MIGRATION_LOCK})"),
             )
             .map_err(|e| migration_error(e.to_string()))?;
-            let migrated = (|| -> crate::Result<()> {
+            // All the migrations, tickbox's and the application's, commit as
+            // one transaction (each runs in a savepoint): a process that
+            // opens the schema without migrating (a tool, another process
+            // attaching) sees all of them or none, never a half-made schema.
+            let migrated = diesel::Connection::transaction(&mut conn, |conn| {
                 if let Some(schema) = &migrate_schema {
                     SimpleConnection::batch_execute(
-                        &mut conn,
+                        conn,
                         &format!(
                             "CREATE SCHEMA IF NOT EXISTS {schema}; SET search_path TO {schema}"
                         ),
@@ -505,15 +509,15 @@ impl Store for Postgres {
                 }
                 conn.run_pending_migrations(MIGRATIONS)
                     .map_err(|e| migration_error(e.to_string()))?;
-                refuse_newer_migrations(&mut conn, &MIGRATIONS, &module)?;
+                refuse_newer_migrations(conn, &MIGRATIONS, &module)?;
                 if let Some(app) = app_migrations {
                     refuse_clashing_versions::<diesel::pg::Pg>(&MIGRATIONS, &app, &module)?;
                     conn.run_pending_migrations(app).map_err(|e| {
                         migration_error(format!("the application's migrations: {e}"))
                     })?;
                 }
-                Ok(())
-            })();
+                Ok::<_, Error>(())
+            });
             let unlocked = SimpleConnection::batch_execute(
                 &mut conn,
                 &format!("SELECT pg_advisory_unlock({MIGRATION_LOCK})"),

@@ -425,6 +425,43 @@ pub async fn processes_starting_together_on_a_new_database_migrate_once<B: TestB
     );
 }
 
+/// A process that opens a database without migrating (a tool, a process
+/// attaching) while another makes it sees all of tickbox's tables or none
+/// of them: the error of a database not there yet, never one of a
+/// half-made database (taken for an older version's) or a missing table.
+pub async fn a_database_being_made_is_never_seen_half_made<B: TestBackend>(db: TestDb) {
+    let not_there = B::module(&db, "orders")
+        .attach()
+        .await
+        .err()
+        .expect("nothing to attach to yet");
+    let making = B::module(&db, "orders").publishes::<Ping>().start();
+    let attaching = async {
+        let deadline = std::time::Instant::now() + WAIT;
+        let mut early = 0;
+        loop {
+            match B::module(&db, "orders").attach().await {
+                Ok(module) => {
+                    module.close();
+                    return early;
+                }
+                Err(e) if std::mem::discriminant(&e) == std::mem::discriminant(&not_there) => {}
+                Err(Error::NotATickboxDatabase { .. }) => {}
+                Err(e) => panic!("attached to a half-made database: {e}"),
+            }
+            early += 1;
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the database was not made within {WAIT:?}"
+            );
+            tokio::task::yield_now().await;
+        }
+    };
+    let (made, early) = tokio::join!(making, attaching);
+    made.expect("the making process starts").close();
+    eprintln!("{early} attaches before the database was made");
+}
+
 /// Whether `module`'s subscription to `outbox` owes no message: its bus has
 /// recorded its part of each (a handler commits before that).
 async fn owes_nothing<B: TestBackend>(outbox: &ModuleHandle<B>, module: &str) -> bool {
