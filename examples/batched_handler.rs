@@ -11,10 +11,11 @@
 //!
 //! Run it with `cargo run --example batched_handler`.
 
+use diesel::ExpressionMethods;
+use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
-use tickbox::diesel::{self, ExpressionMethods};
-use tickbox::diesel_async::{RunQueryDsl, SimpleAsyncConnection};
+use tickbox::diesel_async::RunQueryDsl;
 use tickbox::{Bus, Delivery, Handler, HandlerError, HandlerOptions, Message, Module, Sqlite, Tx};
 
 #[derive(Serialize, Deserialize)]
@@ -26,7 +27,10 @@ impl Message for Reading {
     const TOPIC: &'static str = "sensors.reading";
 }
 
-// The stats module's table: one running total per sensor.
+// The stats module's table: one running total per sensor, made by its
+// migrations when the module starts.
+const STATS_MIGRATIONS: EmbeddedMigrations =
+    embed_migrations!("examples/batched_handler/migrations/stats");
 diesel::table! {
     totals (sensor) {
         sensor -> Text,
@@ -72,19 +76,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .start()
         .await?;
     let stats = Module::<Sqlite>::builder("stats", path("stats.db"))
+        .migrations(&STATS_MIGRATIONS)
         .handler_with(
             "stats.add_reading",
             AddReading,
             HandlerOptions::new().batch(100),
         )
         .start()
-        .await?;
-    stats
-        .transaction(async |tx| {
-            let ddl = "CREATE TABLE IF NOT EXISTS totals
-                (sensor TEXT PRIMARY KEY, readings BIGINT NOT NULL, sum BIGINT NOT NULL)";
-            Ok::<_, tickbox::Error>(tx.conn().batch_execute(ddl).await?)
-        })
         .await?;
     let bus = Bus::builder()
         .module(&sensors)

@@ -1,16 +1,17 @@
 //! Quick start: two modules, each with its own SQLite database under
-//! `data/`. Placing an order publishes `OrderPlaced` in the order's own
-//! transaction; the bus delivers it to the warehouse, whose handler
-//! reserves stock in a transaction that also ticks the message off in the
-//! warehouse's inbox.
+//! `data/` and its own table, made by its own migrations. Placing an order
+//! publishes `OrderPlaced` in the order's own transaction; the bus delivers
+//! it to the warehouse, whose handler reserves stock in a transaction that
+//! also ticks the message off in the warehouse's inbox.
 //!
 //! Run it with `cargo run --example quick_start` (again and again: each run
 //! places one more order).
 
+use diesel::{ExpressionMethods, QueryDsl};
+use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
-use tickbox::diesel::{self, ExpressionMethods, QueryDsl};
-use tickbox::diesel_async::{RunQueryDsl, SimpleAsyncConnection};
+use tickbox::diesel_async::RunQueryDsl;
 use tickbox::{Bus, Delivery, Handler, HandlerError, Message, Module, Sqlite, Tx};
 
 #[derive(Serialize, Deserialize)]
@@ -22,7 +23,12 @@ impl Message for OrderPlaced {
 }
 
 // The modules' own tables: orders in the orders database, reservations in
-// the warehouse's.
+// the warehouse's. Each module's migrations create them when it starts (the
+// paths are relative to the crate's root, and embedded when it compiles).
+const ORDERS_MIGRATIONS: EmbeddedMigrations =
+    embed_migrations!("examples/quick_start/migrations/orders");
+const WAREHOUSE_MIGRATIONS: EmbeddedMigrations =
+    embed_migrations!("examples/quick_start/migrations/warehouse");
 diesel::table! {
     orders (id) {
         id -> Text,
@@ -57,27 +63,14 @@ impl Handler<Sqlite> for ReserveStock {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::create_dir_all("data")?;
     let orders = Module::<Sqlite>::builder("orders", "data/orders.db")
+        .migrations(&ORDERS_MIGRATIONS)
         .publishes::<OrderPlaced>()
         .start()
         .await?;
     let warehouse = Module::<Sqlite>::builder("warehouse", "data/warehouse.db")
+        .migrations(&WAREHOUSE_MIGRATIONS)
         .handler("warehouse.reserve_stock", ReserveStock)
         .start()
-        .await?;
-
-    // tickbox created its own tables in each database; the modules' own come
-    // next, before the bus delivers to them.
-    orders
-        .transaction(async |tx| {
-            let ddl = "CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY)";
-            Ok::<_, tickbox::Error>(tx.conn().batch_execute(ddl).await?)
-        })
-        .await?;
-    warehouse
-        .transaction(async |tx| {
-            let ddl = "CREATE TABLE IF NOT EXISTS reservations (order_id TEXT PRIMARY KEY)";
-            Ok::<_, tickbox::Error>(tx.conn().batch_execute(ddl).await?)
-        })
         .await?;
 
     let bus = Bus::builder()

@@ -10,11 +10,12 @@
 //!
 //! Run it with `cargo run --example several_processes`.
 
+use diesel::ExpressionMethods;
+use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 use serde::{Deserialize, Serialize};
 use std::process::Command;
 use std::time::{Duration, Instant};
-use tickbox::diesel::{self, ExpressionMethods};
-use tickbox::diesel_async::{RunQueryDsl, SimpleAsyncConnection};
+use tickbox::diesel_async::RunQueryDsl;
 use tickbox::{Bus, Delivery, Handler, HandlerError, Message, Module, ModuleBuilder, Sqlite, Tx};
 
 const ORDERS: i64 = 50;
@@ -28,7 +29,9 @@ impl Message for OrderPlaced {
     const TOPIC: &'static str = "orders.order_placed";
 }
 
-// Each worker module's own table.
+// Each worker module's own table, made by its migrations when it starts.
+const WORKER_MIGRATIONS: EmbeddedMigrations =
+    embed_migrations!("examples/several_processes/migrations/worker");
 diesel::table! {
     recorded (order_id) {
         order_id -> BigInt,
@@ -114,11 +117,9 @@ async fn place_orders() -> Result {
 async fn worker(name: &str) -> Result {
     let orders = orders().start().await?;
     let own = Module::<Sqlite>::builder(name, format!("{name}.db"))
+        .migrations(&WORKER_MIGRATIONS)
         .handler(format!("{name}.record_order"), RecordOrder)
         .start()
-        .await?;
-    let ddl = "CREATE TABLE IF NOT EXISTS recorded (order_id BIGINT PRIMARY KEY)";
-    own.transaction(async |tx| Ok::<_, tickbox::Error>(tx.conn().batch_execute(ddl).await?))
         .await?;
     // SQLite has no notifications: the bus finds other processes' commits
     // by scanning the outbox, here every 100 ms (2 s by default).

@@ -140,6 +140,7 @@ macro_rules! suite {
         case!(shared_outbox::processes_starting_together_on_a_new_database_migrate_once);
         case!(shared_outbox::a_database_being_made_is_never_seen_half_made);
         case!(shared_outbox::a_module_runs_the_applications_own_migrations);
+        case!(shared_outbox::a_migration_with_a_version_of_tickbox_on_any_backend_is_refused);
 
         case!(ordering::interleaved_keys_arrive_in_order_through_failures_panics_and_duplicates);
         case!(ordering::a_poison_message_parks_only_its_key_and_replaying_it_restores_the_order);

@@ -89,15 +89,27 @@ impl<B: Backend> ModuleBuilder<B> {
     /// processes starting together run them once):
     ///
     /// ```ignore
-    /// use tickbox::diesel_migrations::{self, embed_migrations, EmbeddedMigrations};
+    /// use diesel_migrations::{embed_migrations, EmbeddedMigrations};
+    /// // The folder, relative to the crate's root, holds one folder per
+    /// // migration: 2026-12-07-120000_create_reservations/up.sql, …
     /// const WAREHOUSE: EmbeddedMigrations = embed_migrations!("migrations/warehouse");
     /// Module::<Sqlite>::builder("warehouse", "data/warehouse.db").migrations(&WAREHOUSE)
     /// ```
+    ///
+    /// The README's quick start shows it whole, with the migrations' files.
     ///
     /// They are recorded in diesel's own table (`__diesel_schema_migrations`),
     /// as the diesel CLI records them, so `diesel migration run` and this
     /// agree. tickbox keeps its own versions apart (`tickbox_schema_version`),
     /// so the application's migrations never look like a newer tickbox's.
+    ///
+    /// Name each migration's folder as `diesel migration generate NAME`
+    /// does, `YYYY-MM-DD-HHMMSS_name`, at the date and time it is written.
+    /// diesel records tickbox's own migrations in that table too, so their
+    /// versions are reserved: those of tickbox's migrations on every
+    /// backend, all named at midnight (`YYYY-MM-DD-000000_…`). A module
+    /// given a migration with one of them fails to start with
+    /// [`Error::Config`] naming the folder, on every backend alike.
     pub fn migrations(
         mut self,
         migrations: &'static diesel_migrations::EmbeddedMigrations,

@@ -1,6 +1,6 @@
-//! Checks around migrations that read the same on both backends: a
+//! Checks around migrations that read the same on every backend: a
 //! database migrated by a newer tickbox is refused, and so are application
-//! migrations whose version is one of tickbox's.
+//! migrations whose version is one of tickbox's on any backend.
 
 /// Refuses a database migrated by a newer tickbox: a migration applied there
 /// that this build does not know means that version records things this one
@@ -40,31 +40,51 @@ where
     })
 }
 
+/// tickbox's own migrations on every backend, whether compiled in or not:
+/// (folder under `migrations/`, its migrations), listed by `build.rs`.
+const EVERY_BACKEND: &[(&str, diesel_migrations::EmbeddedMigrations)] =
+    include!(concat!(env!("OUT_DIR"), "/every_backend_migrations.rs"));
+
 /// Refuses application migrations that share a version with one of
-/// tickbox's: diesel records both in one table, so such a migration would be
-/// taken as applied and never run.
+/// tickbox's own, on any backend: diesel records both in one table, so
+/// such a migration would be taken as applied and never run. Every
+/// backend's versions are reserved on every backend, so a folder name
+/// accepted on one is accepted on all.
 pub(crate) fn refuse_clashing_versions<DB: diesel::backend::Backend>(
-    tickbox: &dyn diesel::migration::MigrationSource<DB>,
     app: &dyn diesel::migration::MigrationSource<DB>,
     module: &str,
 ) -> crate::Result<()> {
-    let ours: std::collections::HashSet<String> = versions(tickbox, module)?
-        .into_iter()
-        .map(|(version, _)| version)
-        .collect();
+    // Each reserved version, with the first of tickbox's migrations having it.
+    let mut reserved = std::collections::BTreeMap::new();
+    for (folder, migrations) in EVERY_BACKEND {
+        for (version, name) in versions::<DB>(migrations, module)? {
+            reserved
+                .entry(version)
+                .or_insert_with(|| format!("migrations/{folder}/{name}"));
+        }
+    }
     let clashing: Vec<String> = versions(app, module)?
         .into_iter()
-        .filter(|(version, _)| ours.contains(version))
-        .map(|(_, name)| name)
+        .filter_map(|(version, name)| {
+            let ours = reserved.get(&version)?;
+            Some(format!("`{name}` has the version of tickbox's `{ours}`"))
+        })
         .collect();
     if clashing.is_empty() {
         return Ok(());
     }
+    let timestamps: std::collections::BTreeSet<&str> = reserved
+        .values()
+        .filter_map(|ours| ours.rsplit('/').next()?.split('_').next())
+        .collect();
     Err(crate::Error::Config(format!(
-        "module `{module}`: the application's migrations {} have the version of a tickbox migration \
-         (diesel would take them as applied and never run them); rename their folders to another \
-         date and time",
-        clashing.join(", ")
+        "module `{module}`: the application's migration {} (diesel records both in one table, \
+         so it would take the application's as applied and never run it). Rename the folder as \
+         diesel names migrations, YYYY-MM-DD-HHMMSS_name at the date and time it is written \
+         (`diesel migration generate name`): tickbox reserves the versions of its own migrations \
+         on every backend, all at midnight ({})",
+        clashing.join("; "),
+        timestamps.into_iter().collect::<Vec<_>>().join(", ")
     )))
 }
 
@@ -88,4 +108,29 @@ fn versions<DB: diesel::backend::Backend>(
 pub(crate) struct SchemaVersionRow {
     #[diesel(sql_type = diesel::sql_types::Text)]
     version: String,
+}
+
+// Any backend reads the names; SQLite is the default one.
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::*;
+
+    /// The documentation tells applications that every version tickbox
+    /// reserves is at midnight, so a folder named at the time it was
+    /// written never clashes: keep it true.
+    #[test]
+    fn every_migration_of_tickbox_is_named_at_midnight() {
+        for (folder, migrations) in EVERY_BACKEND {
+            let names = versions::<diesel::sqlite::Sqlite>(migrations, "tickbox").expect("names");
+            assert!(!names.is_empty(), "migrations/{folder} holds no migration");
+            for (version, name) in names {
+                assert!(
+                    version.ends_with("000000"),
+                    "migrations/{folder}/{name}: name tickbox's migrations at midnight \
+                     (YYYY-MM-DD-000000_name); applications are told those are the versions \
+                     tickbox reserves"
+                );
+            }
+        }
+    }
 }

@@ -511,7 +511,7 @@ impl Store for Postgres {
                     .map_err(|e| migration_error(e.to_string()))?;
                 refuse_newer_migrations(conn, &MIGRATIONS, &module)?;
                 if let Some(app) = app_migrations {
-                    refuse_clashing_versions::<diesel::pg::Pg>(&MIGRATIONS, &app, &module)?;
+                    refuse_clashing_versions::<diesel::pg::Pg>(&app, &module)?;
                     conn.run_pending_migrations(app).map_err(|e| {
                         migration_error(format!("the application's migrations: {e}"))
                     })?;

@@ -95,7 +95,7 @@ fn prepare_file(
             })?;
         refuse_newer_migrations(conn, &migrations, module)?;
         if let Some(app) = app_migrations {
-            refuse_clashing_versions::<diesel::sqlite::Sqlite>(&migrations, &app, module)?;
+            refuse_clashing_versions::<diesel::sqlite::Sqlite>(&app, module)?;
             conn.run_pending_migrations(app)
                 .map(drop)
                 .map_err(|e| Error::Migration {

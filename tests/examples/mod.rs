@@ -20,14 +20,19 @@ fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// The code of the first `rust` block under the README's section `title`.
-fn readme_code(title: &str) -> String {
+/// The README's section `title`, up to the next `## ` heading.
+fn readme_section(title: &str) -> String {
     let readme = read(&root().join("README.md"));
     let section = readme
         .split_once(&format!("\n## {title}\n"))
         .unwrap_or_else(|| panic!("README.md has a `## {title}` section"))
         .1;
-    let section = section.split("\n## ").next().unwrap_or(section);
+    section.split("\n## ").next().unwrap_or(section).to_string()
+}
+
+/// The code of the first `rust` block under the README's section `title`.
+fn readme_code(title: &str) -> String {
+    let section = readme_section(title);
     let code = section
         .split_once("```rust\n")
         .unwrap_or_else(|| panic!("the {title} section has a ```rust block"))
@@ -62,6 +67,60 @@ fn assert_readme_shows(title: &str, path: &str) {
 #[test]
 fn the_readme_quick_start_is_the_quick_start_example() {
     assert_readme_shows("Quick start", "examples/quick_start.rs");
+}
+
+/// The files the README's section `title` shows: each `sql` block, with
+/// the path in backquotes that ends the line before it.
+fn readme_files(title: &str) -> Vec<(String, String)> {
+    let section = readme_section(title);
+    let mut files = Vec::new();
+    let mut rest = section.as_str();
+    while let Some((before, after)) = rest.split_once("\n```sql\n") {
+        let named = before.lines().rev().find(|line| !line.trim().is_empty());
+        let path = named
+            .and_then(|line| line.trim_end_matches(':').strip_suffix('`'))
+            .and_then(|line| line.rsplit_once('`'))
+            .unwrap_or_else(|| panic!("no `path` on the line before a ```sql block: {named:?}"))
+            .1;
+        let (sql, after) = after.split_once("\n```\n").expect("the ```sql block ends");
+        files.push((path.to_string(), format!("{sql}\n")));
+        rest = after;
+    }
+    files
+}
+
+/// Every `up.sql` under `dir`, as paths relative to the crate's root.
+fn migration_files(dir: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for module in std::fs::read_dir(root().join(dir)).expect(dir) {
+        let module = module.expect("a directory entry").path();
+        for migration in std::fs::read_dir(&module).expect("a module's migrations") {
+            let up = migration.expect("a directory entry").path().join("up.sql");
+            let relative = up.strip_prefix(root()).expect("under the root");
+            found.push(relative.display().to_string());
+        }
+    }
+    found.sort();
+    found
+}
+
+#[test]
+fn the_readme_quick_start_shows_the_examples_migrations_word_for_word() {
+    let shown = readme_files("Quick start");
+    let mut paths: Vec<String> = shown.iter().map(|(path, _)| path.clone()).collect();
+    paths.sort();
+    assert_eq!(
+        paths,
+        migration_files("examples/quick_start/migrations"),
+        "README.md's quick start shows every migration of the example, and no other"
+    );
+    for (path, sql) in shown {
+        assert_eq!(
+            sql,
+            read(&root().join(&path)),
+            "README.md's quick start shows {path} otherwise than it is"
+        );
+    }
 }
 
 #[test]

@@ -489,6 +489,14 @@ const CLASHING_MIGRATIONS: tickbox::diesel_migrations::EmbeddedMigrations = {
     diesel_migrations::embed_migrations!("tests/app_migrations_clashing")
 };
 
+/// Application migrations whose version is that of a tickbox migration
+/// that only PostgreSQL's databases hold (on SQLite, the effects journal's
+/// lives in a file of its own).
+const CLASHING_ON_POSTGRES: tickbox::diesel_migrations::EmbeddedMigrations = {
+    use tickbox::diesel_migrations;
+    diesel_migrations::embed_migrations!("tests/app_migrations_clashing_postgres_only")
+};
+
 /// A module runs the application's migrations at start, once however many
 /// processes start together, and an application's migration is never taken
 /// for a newer tickbox's.
@@ -548,4 +556,26 @@ pub async fn a_module_runs_the_applications_own_migrations<B: TestBackend>(db: T
         clashing.to_string().contains("2026-12-01-000000_clash"),
         "{clashing}"
     );
+}
+
+/// A folder name is refused on every backend if it is on one: the version
+/// of a tickbox migration that only PostgreSQL's databases hold is refused
+/// on SQLite too, with an error naming the folder and saying how to name it.
+pub async fn a_migration_with_a_version_of_tickbox_on_any_backend_is_refused<B: TestBackend>(
+    db: TestDb,
+) {
+    let refused = B::module(&db, "orders")
+        .migrations(&CLASHING_ON_POSTGRES)
+        .start()
+        .await
+        .expect_err("the version of tickbox's PostgreSQL-only migration is refused");
+    let message = refused.to_string();
+    for expected in [
+        "`2026-12-06-000000_clash`",
+        "migrations/postgres/2026-12-06-000000_effects",
+        "YYYY-MM-DD-HHMMSS_name",
+        "2026-12-01-000000",
+    ] {
+        assert!(message.contains(expected), "{expected} in: {message}");
+    }
 }

@@ -1,0 +1,1 @@
+CREATE TABLE reservations (order_id TEXT PRIMARY KEY NOT NULL);

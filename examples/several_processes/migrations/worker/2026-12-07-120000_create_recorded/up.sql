@@ -1,0 +1,1 @@
+CREATE TABLE recorded (order_id BIGINT PRIMARY KEY NOT NULL);
