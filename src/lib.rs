@@ -449,8 +449,10 @@ mod transient;
 mod tx;
 
 /// The diesel tickbox is built on (2.4). Handlers and transactions run an
-/// application's queries on its connections: use this re-export, or depend
-/// on the same version.
+/// application's queries on its connections, so the application depends on
+/// the same version; a crate that declares tables needs diesel as a direct
+/// dependency (`diesel::table!` expands to `diesel::` paths), and this
+/// re-export serves for traits and functions.
 pub use diesel;
 /// The diesel-async tickbox is built on (0.10), re-exported like
 /// [`diesel`].
