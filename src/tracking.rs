@@ -171,26 +171,17 @@ impl Trackers {
     }
 
     /// Whether a tracker wants this successful attempt to fail.
+    #[cfg(feature = "testing")]
     pub(crate) fn inject_failure(&self) -> bool {
-        #[cfg(feature = "testing")]
-        for tracker in self.live() {
-            if tracker.inject_failure() {
-                return true;
-            }
-        }
-        false
+        self.live().iter().any(|tracker| tracker.inject_failure())
     }
 
     /// The highest duplicate rate a tracker asks for (0 without one).
+    #[cfg(feature = "testing")]
     pub(crate) fn duplicate_rate(&self) -> f64 {
-        #[cfg(feature = "testing")]
-        {
-            self.live()
-                .iter()
-                .map(|t| t.duplicate_rate())
-                .fold(0.0, f64::max)
-        }
-        #[cfg(not(feature = "testing"))]
-        0.0
+        self.live()
+            .iter()
+            .map(|t| t.duplicate_rate())
+            .fold(0.0, f64::max)
     }
 }

@@ -12,10 +12,10 @@ use crate::amqp::settings::Amqp;
 use crate::amqp::state::ConsumerStats;
 use crate::amqp::topology::{self, HandlerQueue};
 use crate::amqp::wire;
-use crate::bus::attempts::{
-    bury, deliver_to_route, maybe_inject_duplicate, until_stopped, RouteEnd,
-};
+use crate::bus::attempts::{bury, deliver_to_route, until_stopped, RouteEnd};
 use crate::bus::core::BusCore;
+#[cfg(feature = "testing")]
+use crate::bus::duplicates::maybe_inject_duplicate;
 use crate::bus::route::Route;
 use crate::module::handle::ModuleHandle;
 use crate::store::backend::Backend;
@@ -284,6 +284,7 @@ async fn handle<B: Backend>(
             let envelope = Arc::new(envelope);
             match deliver_to_route(&bus, &route, &module, &envelope).await {
                 RouteEnd::Handled => {
+                    #[cfg(feature = "testing")]
                     maybe_inject_duplicate(&bus, vec![&route], &module, &envelope).await;
                     true
                 }

@@ -100,8 +100,10 @@ impl<B: Backend> BusBuilder<B> {
     }
 
     /// For demonstrations and tests: deliver each message a second time with
-    /// this probability, to watch the inbox skip the duplicates. 0 (the
-    /// default) in production.
+    /// this probability, to watch the inbox skip the duplicates (default 0).
+    /// A test hook: it exists only with the `testing` feature, so no
+    /// production build can turn it on.
+    #[cfg(feature = "testing")]
     pub fn duplicate_rate(mut self, probability: f64) -> Self {
         self.config.duplicate_rate = probability;
         self
@@ -216,6 +218,7 @@ impl<B: Backend> BusBuilder<B> {
                 "bus: claim_lease must be at least 300 ms".into(),
             ));
         }
+        #[cfg(feature = "testing")]
         if !(0.0..=1.0).contains(&config.duplicate_rate) {
             return Err(Error::Config(format!(
                 "bus: duplicate_rate must be a probability between 0 and 1, not {}",

@@ -17,7 +17,9 @@ pub(crate) struct BusConfig {
     /// Rows read per scan query.
     pub(crate) sweep_page: i64,
     pub(crate) retry: RetryPolicy,
-    /// Probability of delivering a message a second time on purpose.
+    /// Probability of delivering a message a second time on purpose (a
+    /// test hook: only with the `testing` feature).
+    #[cfg(feature = "testing")]
     pub(crate) duplicate_rate: f64,
     /// How long `stop` waits for running deliveries.
     pub(crate) stop_timeout: Duration,
@@ -42,6 +44,7 @@ impl Default for BusConfig {
             scan_interval: Duration::from_secs(2),
             sweep_page: 256,
             retry: RetryPolicy::default(),
+            #[cfg(feature = "testing")]
             duplicate_rate: 0.0,
             stop_timeout: Duration::from_secs(30),
             claim_lease: Duration::from_secs(10),

@@ -16,11 +16,10 @@
 //! (says they are served, finishes what every subscription is done with,
 //! learns of other processes' subscriptions) and runs the watchdog.
 
-use crate::bus::attempts::{
-    bury, deliver_to_route, maybe_inject_duplicate, until_done, until_stopped, RouteEnd,
-};
+use crate::bus::attempts::{bury, deliver_to_route, until_done, until_stopped, RouteEnd};
 use crate::bus::core::BusCore;
-use crate::bus::route::Route;
+#[cfg(feature = "testing")]
+use crate::bus::duplicates::maybe_inject_duplicate;
 use crate::message::{now_us, Envelope};
 use crate::module::handle::ModuleHandle;
 use crate::outbox::subscription::{self, Served};
@@ -782,8 +781,9 @@ async fn deliver_message<B: Backend>(
             )
             .await;
             let done = !ends.contains(&RouteEnd::Stopped);
+            #[cfg(feature = "testing")]
             if done {
-                let handled: Vec<&Route<B>> = routes
+                let handled: Vec<_> = routes
                     .iter()
                     .zip(&ends)
                     .filter(|(_, end)| **end == RouteEnd::Handled)

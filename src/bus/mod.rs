@@ -8,6 +8,8 @@ pub(crate) mod builder;
 pub(crate) mod config;
 pub(crate) mod core;
 pub(crate) mod dispatcher;
+#[cfg(feature = "testing")]
+pub(crate) mod duplicates;
 pub(crate) mod handle;
 pub(crate) mod lanes;
 pub(crate) mod route;

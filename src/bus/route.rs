@@ -112,6 +112,7 @@ impl<B: Backend> Route<B> {
     }
 
     /// Whether the route leads to a handler (not to the broker).
+    #[cfg(feature = "testing")]
     pub(crate) fn is_handler(&self) -> bool {
         matches!(self, Route::Handler { .. })
     }

@@ -211,6 +211,8 @@ pub(crate) async fn handle_in<B: Backend>(
         .catch_unwind()
         .await;
     Err(match called {
+        // A test hook, compiled only with the `testing` feature.
+        #[cfg(feature = "testing")]
         Ok(Ok(())) if handlers.outbox.trackers.inject_failure() => DeliveryError::new(
             FailureKind::Injected,
             "a failure injected by the test session, after the handler's work and before COMMIT",
