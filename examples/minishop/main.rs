@@ -616,7 +616,7 @@ async fn start_bus<B: Backend>(
         if args.over_amqp() {
             // One exchange, tickbox.<namespace>; one durable queue per
             // handler, tickbox.<namespace>.<module>.<handler>.
-            bus = bus.amqp(tickbox::Amqp::new(&args.amqp_url).namespace(&args.amqp_namespace));
+            bus = bus.amqp(broker(args));
         }
         match bus.start().await {
             Err(error) if error.is_transient() && Instant::now() < deadline => {
@@ -630,6 +630,12 @@ async fn start_bus<B: Backend>(
             started => return started,
         }
     }
+}
+
+/// The RabbitMQ broker of `--transport amqp`, in the run's namespace.
+#[cfg(feature = "amqp")]
+fn broker(args: &Args) -> tickbox::Amqp {
+    tickbox::Amqp::new(&args.amqp_url).namespace(&args.amqp_namespace)
 }
 
 // ---------------------------------------------------------------------------
@@ -930,6 +936,13 @@ async fn run_shop<B: Backend>(
     let snapshot = check::Snapshot::read(shop).await?;
     let stores = flow::store_stats(shop).await?;
     let metrics = bus.metrics();
+    // The bus samples its queues' depths while it runs; the report gives
+    // them as they are now, after the drain.
+    #[cfg(feature = "amqp")]
+    let depths_at_end = match &metrics.amqp {
+        Some(amqp) => report::Broker::read_depths(&broker(args), amqp).await,
+        None => Vec::new(),
+    };
     Ok(report::Report {
         backend: B::NAME,
         modules: args.module_names(),
@@ -941,6 +954,8 @@ async fn run_shop<B: Backend>(
             exchange: format!("tickbox.{}", args.amqp_namespace),
             #[cfg(feature = "amqp")]
             metrics: metrics.amqp.clone(),
+            #[cfg(feature = "amqp")]
+            depths_at_end,
         }),
         run: report::ThisRun {
             placed,

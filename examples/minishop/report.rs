@@ -134,9 +134,55 @@ pub struct Broker {
     /// The bus's figures at the end (`BusMetrics::amqp`).
     #[cfg(feature = "amqp")]
     pub metrics: Option<tickbox::AmqpMetrics>,
+    /// Each handler's queue depth as the broker reported it after the
+    /// drain, by queue (`None`: it could not be read). The report shows
+    /// these rather than the bus's own figure, a sample taken while it ran
+    /// (every scan interval), which may predate the drain.
+    #[cfg(feature = "amqp")]
+    pub depths_at_end: Vec<(String, Option<u64>)>,
 }
 
 impl Broker {
+    /// Reads the depth of each handler's queue in `metrics` from the broker
+    /// now, after the drain.
+    #[cfg(feature = "amqp")]
+    pub async fn read_depths(
+        amqp: &tickbox::Amqp,
+        metrics: &tickbox::AmqpMetrics,
+    ) -> Vec<(String, Option<u64>)> {
+        let mut depths = Vec::new();
+        for c in &metrics.consumers {
+            let depth = match amqp.queue_status(&c.module, &c.handler).await {
+                Ok(status) => Some(u64::from(status.messages)),
+                Err(error) => {
+                    tracing::warn!(queue = %c.queue, %error, "reading the queue's depth at the end failed");
+                    None
+                }
+            };
+            depths.push((c.queue.clone(), depth));
+        }
+        depths
+    }
+
+    /// The depth of `queue` after the drain, if it was read.
+    #[cfg(feature = "amqp")]
+    fn depth_at_end(&self, queue: &str) -> Option<u64> {
+        self.depths_at_end
+            .iter()
+            .find(|(name, _)| name == queue)
+            .and_then(|(_, depth)| *depth)
+    }
+
+    /// Sets `queue_depth` of each consumer of `consumers` (a JSON array of
+    /// `ConsumerMetrics`) to its depth after the drain, or null.
+    #[cfg(feature = "amqp")]
+    fn with_depths_at_end(&self, consumers: &mut serde_json::Value) {
+        for consumer in consumers.as_array_mut().into_iter().flatten() {
+            let queue = consumer["queue"].as_str().unwrap_or_default().to_string();
+            consumer["queue_depth"] = self.depth_at_end(&queue).into();
+        }
+    }
+
     fn json(&self) -> serde_json::Value {
         #[cfg_attr(not(feature = "amqp"), allow(unused_mut))]
         let mut json = serde_json::json!({
@@ -148,7 +194,8 @@ impl Broker {
         if let (Some(m), Some(object)) = (&self.metrics, json.as_object_mut()) {
             object.insert("reconnects".into(), m.reconnects.into());
             let unconfirmed = serde_json::to_value(&m.unconfirmed).unwrap_or_default();
-            let consumers = serde_json::to_value(&m.consumers).unwrap_or_default();
+            let mut consumers = serde_json::to_value(&m.consumers).unwrap_or_default();
+            self.with_depths_at_end(&mut consumers);
             object.insert("unconfirmed".into(), unconfirmed);
             object.insert("consumers".into(), consumers);
         }
@@ -173,12 +220,13 @@ impl Broker {
                     unconfirmed.join(", ")
                 }
             );
-            let mut consumers = table(&["queue", "in flight", "depth"]);
+            let mut consumers = table(&["queue", "in flight", "depth at the end"]);
             for c in &m.consumers {
                 consumers.add_row(vec![
                     c.queue.clone(),
                     c.in_flight.to_string(),
-                    c.queue_depth.to_string(),
+                    self.depth_at_end(&c.queue)
+                        .map_or_else(|| "-".to_string(), |depth| depth.to_string()),
                 ]);
             }
             println!();
@@ -322,11 +370,28 @@ impl Report {
                 "drain_seconds": run.drain_seconds,
                 "total_seconds": run.total_seconds,
             },
-            "metrics": serde_json::to_value(m).unwrap_or_else(
-                |e| serde_json::json!({ "error": format!("the metrics did not serialize: {e}") }),
-            ),
+            "metrics": self.metrics_json(),
             "amqp": self.broker.as_ref().map(Broker::json),
         })
+    }
+
+    /// The bus's final metrics as JSON, over amqp with each queue's depth
+    /// read after the drain in place of the bus's last sample.
+    fn metrics_json(&self) -> serde_json::Value {
+        #[cfg_attr(not(feature = "amqp"), allow(unused_mut))]
+        let mut metrics = serde_json::to_value(&self.run.metrics).unwrap_or_else(
+            |e| serde_json::json!({ "error": format!("the metrics did not serialize: {e}") }),
+        );
+        #[cfg(feature = "amqp")]
+        if let (Some(broker), Some(consumers)) = (
+            &self.broker,
+            metrics
+                .get_mut("amqp")
+                .and_then(|amqp| amqp.get_mut("consumers")),
+        ) {
+            broker.with_depths_at_end(consumers);
+        }
+        metrics
     }
 
     /// The report as text.

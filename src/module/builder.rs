@@ -347,11 +347,16 @@ impl<B: Backend> ModuleBuilder<B> {
                 (index, waiting)
             })
             .collect();
-        if self.settings.migrate && !handlers.is_empty() {
+        if self.settings.migrate {
+            // The module's name, for tools that attach by URL, and its
+            // handlers' first start, for the ordering keys.
+            let module = name.clone();
             let names: Vec<Arc<str>> = handlers.iter().map(|entry| entry.name.clone()).collect();
-            db.write_call("recording the handlers' start", async move |conn| {
+            db.write_call("recording the module's start", async move |conn| {
+                let now = now_us();
+                B::record_module_start(conn, &module, now).await?;
                 let names: Vec<&str> = names.iter().map(|name| &**name).collect();
-                Ok(B::record_handler_starts(conn, &names, now_us()).await?)
+                Ok(B::record_handler_starts(conn, &names, now).await?)
             })
             .await?;
         }

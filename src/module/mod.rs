@@ -7,5 +7,6 @@ pub(crate) mod core;
 pub(crate) mod dead_letters;
 pub(crate) mod effects;
 pub(crate) mod handle;
+pub(crate) mod name;
 pub(crate) mod subscriptions;
 pub(crate) mod sweep;

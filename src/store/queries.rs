@@ -14,12 +14,12 @@ use std::future::Future;
 use uuid::Uuid;
 
 /// tickbox's tables, as [`Queries::count_tables`] counts them.
-pub(crate) const TABLES: i64 = 9;
+pub(crate) const TABLES: i64 = 10;
 
 /// Their names, as the catalog lists them.
 const TABLE_NAMES: &str = "'tickbox_outbox', 'tickbox_inbox', 'tickbox_dead_letters', \
      'tickbox_subscriptions', 'tickbox_outbox_done', 'tickbox_schema_version', \
-     'tickbox_key_sequences', 'tickbox_key_progress', 'tickbox_handlers'";
+     'tickbox_key_sequences', 'tickbox_key_progress', 'tickbox_handlers', 'tickbox_modules'";
 
 /// The columns of a subscription row, in [`SubscriptionRow`]'s order.
 const SUBSCRIPTION_COLUMNS: &str =
@@ -44,6 +44,13 @@ struct Count {
 struct MessageIdRow {
     #[diesel(sql_type = crate::store::schema::DbUuid)]
     message_id: Id,
+}
+
+/// A module's name, as recorded in `tickbox_modules`.
+#[derive(diesel::QueryableByName)]
+struct ModuleName {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    name: String,
 }
 
 /// When a message was published.
@@ -317,6 +324,36 @@ pub trait Queries: Store {
             done_at: "delivered_at_us",
         };
         Self::execute(conn, sweep.statement(Self::DIALECT, before_us, batch))
+    }
+
+    /// Records that module `name` starts on this database now.
+    fn record_module_start(
+        conn: &mut Self::Connection,
+        name: &str,
+        now_us: i64,
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        let mut b = StatementBuilder::new(Self::DIALECT);
+        let (name, now) = (b.text(name), b.int(now_us));
+        let statement = b.finish(format!(
+            "INSERT INTO tickbox_modules (name, last_started_at_us) VALUES ({name}, {now}) \
+             ON CONFLICT (name) DO UPDATE SET last_started_at_us = excluded.last_started_at_us"
+        ));
+        async move { Self::execute(conn, statement).await.map(drop) }
+    }
+
+    /// The name of the module that started last on this database, if one
+    /// has started since it was migrated.
+    fn last_started_module(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = QueryResult<Option<String>>> + Send {
+        let statement = plain(
+            Self::DIALECT,
+            "SELECT name FROM tickbox_modules ORDER BY last_started_at_us DESC, name LIMIT 1",
+        );
+        async move {
+            let rows: Vec<ModuleName> = Self::load(conn, statement).await?;
+            Ok(rows.into_iter().next().map(|row| row.name))
+        }
     }
 
     /// How many of tickbox's tables the database (PostgreSQL: the current

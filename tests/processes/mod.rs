@@ -772,6 +772,7 @@ mod amqp_split {
                 let result = check_result(&output, &what);
                 assert_eq!(result["transport"], "amqp", "{what}: {result}");
                 assert_eq!(result["whole_flow"], true, "{what}: {result}");
+                assert_drained_queues_are_empty(&result, &what);
                 let counted = result["orders"].as_u64();
                 if exact {
                     assert_eq!(counted, Some(self.orders), "{what}: {result}");
@@ -787,6 +788,26 @@ mod amqp_split {
     impl Drop for Split {
         fn drop(&mut self) {
             crate::support::delete_from_broker(&format!("tickbox.{}", self.namespace));
+        }
+    }
+
+    /// A run that says its queues drained reports each queue's depth as
+    /// read after the drain: 0, or none when it could not be read (never a
+    /// depth sampled while messages were still flowing).
+    fn assert_drained_queues_are_empty(result: &serde_json::Value, what: &str) {
+        if result["drained"] != true {
+            return;
+        }
+        let consumers = result["amqp"]["consumers"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{what}: the consumers' figures: {result}"));
+        for consumer in consumers {
+            let depth = &consumer["queue_depth"];
+            assert!(
+                depth.is_null() || *depth == 0,
+                "{what}: drained, yet queue {} reported {depth} messages: {result}",
+                consumer["queue"]
+            );
         }
     }
 

@@ -1,25 +1,58 @@
 //! `dead-letters list`, `show`, `replay`, `skip` and `discard`: the
-//! deliveries the bus gave up on, and what an operator does about them.
+//! deliveries the bus gave up on, in every module seen, and what an
+//! operator does about them.
 
-use crate::output::{indent, json_line, one_line, plural, pretty_json, table, timestamp, to_json};
-use crate::{handler_label, DeadLetterKey, Failure};
+use crate::modules::{on_module, Attached, Modules};
+use crate::output::{
+    indent, json_line, one_line, plural, pretty_json, table, timestamp, to_json, with_module,
+};
+use crate::{handler_label, Command, DeadLetterKey, Failure};
 use tickbox::{Backend, DeadLetter, ModuleHandle};
 
 /// Characters of a dead letter's reason shown in `dead-letters list`.
 const REASON_WIDTH: usize = 60;
 
-/// `dead-letters list`.
-pub(crate) async fn list<B: Backend>(
-    module: &ModuleHandle<B>,
+/// `dead-letters list`: the dead letters of every module seen, oldest
+/// first, a page of them.
+pub(crate) async fn list(
+    modules: &Modules,
     offset: u64,
     limit: u64,
     json: bool,
 ) -> Result<String, Failure> {
-    let letters = module.dead_letters(offset, limit).await?;
-    if json {
-        return json_line(&to_json(&letters)?);
+    // The page of all modules together is within the first offset + limit
+    // of each.
+    let wanted = offset.saturating_add(limit);
+    let mut letters: Vec<(&str, DeadLetter)> = Vec::new();
+    let mut total = 0;
+    for module in &modules.all {
+        let (found, count) = on_module!(&module.handle, handle => {
+            let found = handle.dead_letters(0, wanted).await?;
+            let count = if json { 0 } else { handle.store_stats().await?.dead_letters.max(0) as u64 };
+            (found, count)
+        });
+        letters.extend(
+            found
+                .into_iter()
+                .map(|letter| (module.name.as_str(), letter)),
+        );
+        total += count;
     }
-    let total = module.store_stats().await?.dead_letters.max(0) as u64;
+    letters.sort_by(|(_, a), (_, b)| {
+        (a.dead_at_us, a.message_id, &a.handler).cmp(&(b.dead_at_us, b.message_id, &b.handler))
+    });
+    let letters: Vec<(&str, DeadLetter)> = letters
+        .into_iter()
+        .skip(usize::try_from(offset).unwrap_or(usize::MAX))
+        .take(usize::try_from(limit).unwrap_or(usize::MAX))
+        .collect();
+    if json {
+        let mut all = Vec::with_capacity(letters.len());
+        for (module, letter) in &letters {
+            all.push(with_module(to_json(letter)?, "module", module));
+        }
+        return json_line(&serde_json::Value::Array(all));
+    }
     if letters.is_empty() {
         return Ok(if total == 0 {
             "no dead letters\n".to_string()
@@ -31,8 +64,9 @@ pub(crate) async fn list<B: Backend>(
     }
     let rows = letters
         .iter()
-        .map(|letter| {
+        .map(|(module, letter)| {
             [
+                module.to_string(),
                 letter.message_id.to_string(),
                 if letter.handler.is_empty() {
                     "-".to_string()
@@ -49,6 +83,7 @@ pub(crate) async fn list<B: Backend>(
         .collect();
     let mut out = table(
         [
+            "MODULE",
             "MESSAGE ID",
             "HANDLER",
             "TOPIC",
@@ -84,21 +119,32 @@ fn key_label(letter: &DeadLetter) -> String {
     }
 }
 
-/// Reads a dead letter or fails with "not found".
-async fn find<B: Backend>(
-    module: &ModuleHandle<B>,
+/// The module holding the dead letter of `key`, and the dead letter; fails
+/// with "not found", or asks for `--module` when several modules hold one.
+async fn find<'a>(
+    modules: &'a Modules,
     key: &DeadLetterKey,
-) -> Result<DeadLetter, Failure> {
-    module
-        .dead_letter(key.message_id, &key.handler)
-        .await?
-        .ok_or_else(|| not_found(key))
+    command: &Command,
+) -> Result<(&'a Attached, DeadLetter), Failure> {
+    let mut holders = Vec::new();
+    for module in &modules.all {
+        let found = on_module!(&module.handle, handle => {
+            handle.dead_letter(key.message_id, &key.handler).await?
+        });
+        holders.extend(found.map(|letter| (module, letter)));
+    }
+    let what = format!(
+        "message {} has a dead letter for {}",
+        key.message_id,
+        handler_label(&key.handler)
+    );
+    Modules::choose(holders, &what, || not_found(key, &modules.scope()), command)
 }
 
-/// The "no such dead letter" failure.
-fn not_found(key: &DeadLetterKey) -> Failure {
+/// The "no such dead letter" failure, saying where the tool looked.
+fn not_found(key: &DeadLetterKey, scope: &str) -> Failure {
     Failure::Failed(format!(
-        "no dead letter for message {} and {} in this database \
+        "no dead letter for message {} and {} in {scope} \
          (`tickbox dead-letters list` shows them)",
         key.message_id,
         handler_label(&key.handler)
@@ -106,21 +152,22 @@ fn not_found(key: &DeadLetterKey) -> Failure {
 }
 
 /// `dead-letters show`.
-pub(crate) async fn show<B: Backend>(
-    module: &ModuleHandle<B>,
+pub(crate) async fn show(
+    modules: &Modules,
     key: &DeadLetterKey,
     json: bool,
+    command: &Command,
 ) -> Result<String, Failure> {
-    let letter = find(module, key).await?;
+    let (module, letter) = find(modules, key, command).await?;
     if json {
-        return json_line(&to_json(&letter)?);
+        return json_line(&with_module(to_json(&letter)?, "module", &module.name));
     }
     let handler = if letter.handler.is_empty() {
         "- (none: no handler could be chosen, the topic is unknown)".to_string()
     } else {
         letter.handler.clone()
     };
-    let mut out = String::new();
+    let mut out = format!("module           {}\n", module.name);
     out.push_str(&format!("message id       {}\n", letter.message_id));
     out.push_str(&format!("handler          {handler}\n"));
     out.push_str(&format!("topic            {}\n", letter.topic));
@@ -171,46 +218,49 @@ pub(crate) async fn show<B: Backend>(
 }
 
 /// `dead-letters replay`.
-pub(crate) async fn replay<B: Backend>(
-    module: &ModuleHandle<B>,
+pub(crate) async fn replay(
+    modules: &Modules,
     key: &DeadLetterKey,
     json: bool,
+    command: &Command,
 ) -> Result<String, Failure> {
-    let letter = find(module, key).await?;
-    requeue(module, key).await?;
+    let (module, letter) = find(modules, key, command).await?;
+    on_module!(&module.handle, handle => requeue(handle, key, &modules.scope()).await?);
     if json {
         return json_line(&serde_json::json!({
+            "module": module.name,
             "message_id": letter.message_id,
             "handler": letter.handler,
             "topic": letter.topic,
             "requeued": true,
         }));
     }
-    Ok(requeued(&letter))
+    Ok(requeued(&letter, &module.name))
 }
 
 /// Puts a dead letter's message back in the outbox (with the messages of
 /// its key parked behind it) for the application's bus: a replay that needs
 /// no handler code, as `dead-letters replay` and the `effects` commands do
-/// it.
+/// it. `scope` says where the tool looked, should the dead letter be gone.
 pub(crate) async fn requeue<B: Backend>(
     module: &ModuleHandle<B>,
     key: &DeadLetterKey,
+    scope: &str,
 ) -> Result<(), Failure> {
     module
         .requeue_dead_letter(key.message_id, &key.handler)
         .await
         .map_err(|error| match error {
-            tickbox::Error::NoSuchDeadLetter { .. } => not_found(key),
+            tickbox::Error::NoSuchDeadLetter { .. } => not_found(key, scope),
             other => other.into(),
         })
 }
 
 /// What `dead-letters replay` says of a dead letter it put back in the
-/// outbox.
-pub(crate) fn requeued(letter: &DeadLetter) -> String {
+/// outbox of module `module`.
+pub(crate) fn requeued(letter: &DeadLetter, module: &str) -> String {
     let mut out = format!(
-        "requeued message {} (topic {}, {}):\n\
+        "requeued message {} (topic {}, {}, module `{module}`):\n\
          it is back in the outbox as pending, and its dead letter is gone.\n\
          The application's bus delivers it again to every subscriber of its topic:\n\
          at once on PostgreSQL, on its next outbox scan on SQLite, or when it starts.\n\
@@ -229,20 +279,22 @@ pub(crate) fn requeued(letter: &DeadLetter) -> String {
 }
 
 /// `dead-letters skip`.
-pub(crate) async fn skip<B: Backend>(
-    module: &ModuleHandle<B>,
+pub(crate) async fn skip(
+    modules: &Modules,
     key: &DeadLetterKey,
     json: bool,
+    command: &Command,
 ) -> Result<String, Failure> {
-    let letter = find(module, key).await?;
-    if !module
-        .skip_dead_letter(key.message_id, &key.handler)
-        .await?
-    {
-        return Err(not_found(key));
+    let (module, letter) = find(modules, key, command).await?;
+    let skipped = on_module!(&module.handle, handle => {
+        handle.skip_dead_letter(key.message_id, &key.handler).await?
+    });
+    if !skipped {
+        return Err(not_found(key, &modules.scope()));
     }
     if json {
         return json_line(&serde_json::json!({
+            "module": module.name,
             "message_id": letter.message_id,
             "handler": letter.handler,
             "topic": letter.topic,
@@ -252,7 +304,7 @@ pub(crate) async fn skip<B: Backend>(
     }
     Ok(match &letter.keyed {
         Some(keyed) => format!(
-            "skipped message {} (topic {}, {}, key {} #{}):\n\
+            "skipped message {} (topic {}, {}, key {} #{}, module `{}`):\n\
              its dead letter is gone and the handler's place in the key moved past it;\n\
              the key's messages parked behind it are back in the outbox, and the\n\
              application's bus delivers them in the key's order.\n",
@@ -260,33 +312,37 @@ pub(crate) async fn skip<B: Backend>(
             letter.topic,
             handler_label(&letter.handler),
             keyed.key,
-            keyed.sequence
+            keyed.sequence,
+            module.name
         ),
         None => format!(
-            "skipped message {} (topic {}, {}): it has no ordering key, so its dead letter\n\
-             was simply deleted; it will not be delivered to that handler again.\n",
+            "skipped message {} (topic {}, {}, module `{}`): it has no ordering key, so its\n\
+             dead letter was simply deleted; it will not be delivered to that handler again.\n",
             letter.message_id,
             letter.topic,
-            handler_label(&letter.handler)
+            handler_label(&letter.handler),
+            module.name
         ),
     })
 }
 
 /// `dead-letters discard`.
-pub(crate) async fn discard<B: Backend>(
-    module: &ModuleHandle<B>,
+pub(crate) async fn discard(
+    modules: &Modules,
     key: &DeadLetterKey,
     json: bool,
+    command: &Command,
 ) -> Result<String, Failure> {
-    let letter = find(module, key).await?;
-    if !module
-        .discard_dead_letter(key.message_id, &key.handler)
-        .await?
-    {
-        return Err(not_found(key));
+    let (module, letter) = find(modules, key, command).await?;
+    let discarded = on_module!(&module.handle, handle => {
+        handle.discard_dead_letter(key.message_id, &key.handler).await?
+    });
+    if !discarded {
+        return Err(not_found(key, &modules.scope()));
     }
     if json {
         return json_line(&serde_json::json!({
+            "module": module.name,
             "message_id": letter.message_id,
             "handler": letter.handler,
             "topic": letter.topic,
@@ -294,10 +350,11 @@ pub(crate) async fn discard<B: Backend>(
         }));
     }
     Ok(format!(
-        "discarded the dead letter of message {} (topic {}, {});\n\
+        "discarded the dead letter of message {} (topic {}, {}, module `{}`);\n\
          it will not be delivered to that handler again.\n",
         letter.message_id,
         letter.topic,
-        handler_label(&letter.handler)
+        handler_label(&letter.handler),
+        module.name
     ))
 }

@@ -1,14 +1,20 @@
 //! ```text
-//! cargo run -p tickbox-cli -- --database-url minishop-data/orders.db status
+//! cargo run -p tickbox-cli -- --data-dir minishop-data status
 //! ```
 //!
-//! `tickbox` — the operator's command-line tool for a tickbox module's
-//! database.
+//! `tickbox` — the operator's command-line tool for the databases of a
+//! tickbox application's modules.
 //!
-//! It attaches to the database of one module (an SQLite file, or a
-//! PostgreSQL database and schema) without running migrations and without
-//! any handler code, so it is safe to run while the application runs. It
-//! shows the outbox backlog, its lag and its stalled messages, the inbox size
+//! It attaches to the databases of an application's modules (SQLite files,
+//! or PostgreSQL databases and schemas) without running migrations and
+//! without any handler code, so it is safe to run while the application
+//! runs: one database (`--database-url`), several (`--database-url` again,
+//! or `--schema` once per module's schema), or every module database of a
+//! data directory (`--data-dir`, one `NAME.db` per module). It names each
+//! module by the name its database records (every module records it when
+//! it starts), lists every module's rows with a module column, and finds
+//! the module whose database holds the row a command acts on (`--module`
+//! chooses one). It shows the outbox backlog, its lag and its stalled messages, the inbox size
 //! and the dead letters; it lists the subscriptions recorded in the outbox
 //! (the handlers, in any process, that receive its messages) and retires one
 //! whose handler is gone for good; it puts dead letters back in the outbox
@@ -22,24 +28,35 @@
 //! `--stalled-after` (60 s, the default of `BusBuilder::stalled_after`).
 //!
 //! ```text
+//! cargo run -p tickbox-cli -- --data-dir minishop-data dead-letters list
+//! cargo run -p tickbox-cli -- --data-dir minishop-data --module warehouse status
 //! cargo run -p tickbox-cli -- --database-url minishop-data/orders.db subscriptions
 //! cargo run -p tickbox-cli -- --database-url minishop-data/orders.db dead-letters list
 //! cargo run -p tickbox-cli -- --database-url minishop-data/orders.db effects list --state unknown
 //! cargo run -p tickbox-cli --features postgres -- \
 //!     --database-url postgres://postgres@127.0.0.1/shop --schema minishop_orders status
+//! cargo run -p tickbox-cli --features postgres -- --database-url postgres://postgres@127.0.0.1/shop \
+//!     --schema minishop_orders --schema minishop_warehouse --schema minishop_notifications status
 //! cargo run -p tickbox-cli -- help dead-letters replay
 //! ```
 //!
-//! Exit status: 0 on success, 1 when the operation failed (the database
-//! cannot be opened or has no tickbox tables, a query failed, the dead letter,
-//! the subscription or the effect does not exist, a succeeded effect cannot
-//! be settled, a running process still serves the subscription), 2 on a
-//! usage error (a destructive command without --yes among them).
+//! Exit status: 0 on success, 1 when the operation failed (a database
+//! cannot be opened or has no tickbox tables, a data directory holds no
+//! module database, a query failed, no module has the name --module gives,
+//! the dead letter, the subscription or the effect does not exist, a
+//! succeeded effect cannot be settled, a running process still serves the
+//! subscription), 2 on a usage error (a destructive command without --yes,
+//! a module given twice, a row several modules hold without --module among
+//! them).
 //!
 //! # Layout
 //!
 //! - `main.rs` — the command line (clap) and the dispatch to a command.
-//! - `target.rs` — the database a command works on, and attaching to it.
+//! - `target.rs` — the databases the command line names (URLs, schemas,
+//!   data directories), and attaching to one.
+//! - `modules.rs` — the modules a command sees, named by their databases,
+//!   and the one holding the row a command acts on.
+//! - `inspect.rs` — the tool's own SQL, where the library offers no call.
 //! - `status.rs` — `status`.
 //! - `subscriptions.rs` — `subscriptions list` and `subscriptions retire`.
 //! - `dead_letters.rs` — `dead-letters list`, `show`, `replay`, `skip`,
@@ -55,6 +72,8 @@
 
 mod dead_letters;
 mod effects;
+mod inspect;
+mod modules;
 mod output;
 #[cfg(feature = "amqp")]
 mod queues;
@@ -64,12 +83,15 @@ mod sweep;
 mod target;
 
 use clap::error::ErrorKind;
-use clap::{Args, CommandFactory, Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use modules::Modules;
 use std::ffi::OsString;
 use std::fmt;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
-use target::{Kind, Open, Target};
+use target::Target;
 use tickbox::{EffectState, Retention, Settlement};
 use uuid::Uuid;
 
@@ -77,21 +99,33 @@ use uuid::Uuid;
 /// the microsecond arithmetic of the sweep.
 const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
-/// Inspect and repair the database of a tickbox module.
+/// Inspect and repair the databases of a tickbox application's modules.
 ///
-/// Attaches to the database of one module - an SQLite file, or a PostgreSQL
-/// database and schema - without running migrations or any handler code, so
-/// it is safe to use while the application runs.
+/// Attaches to the databases of an application's modules - SQLite files, or
+/// PostgreSQL databases and schemas - without running migrations or any
+/// handler code, so it is safe to use while the application runs. Give one
+/// module's database, several, or a data directory holding one per module:
+/// each module is named by the name its database records (its module's
+/// name, recorded when the module starts), the lists show every module's
+/// rows with a module column, and a command acting on one row finds the
+/// module whose database holds it (--module chooses when several do).
 #[derive(Debug, Parser)]
 #[command(name = "tickbox", version, max_term_width = 100)]
 #[command(after_help = "\
-Exit status: 0 success; 1 the operation failed (the database cannot be opened or has no \
-tickbox tables, a query failed, the dead letter, the subscription or the effect does not exist, \
-a succeeded effect cannot be settled, a running process still serves the subscription to \
-retire); 2 usage error.")]
+Examples: tickbox --data-dir minishop-data status; tickbox --database-url orders.db \
+--database-url warehouse.db dead-letters list; tickbox --database-url postgres://HOST/shop \
+--schema minishop_orders --schema minishop_warehouse --module warehouse status.
+
+Exit status: 0 success; 1 the operation failed (a database cannot be opened or has no tickbox \
+tables, a data directory holds no module database, a query failed, no module has the name \
+--module gives, the dead letter, the subscription or the effect does not exist, a succeeded \
+effect cannot be settled, a running process still serves the subscription to retire); 2 usage \
+error (a module given twice, a row that several modules hold without --module among them).")]
 struct Cli {
-    /// The module's database: an SQLite file path or sqlite://PATH, or
-    /// postgres://USER:PASSWORD@HOST:PORT/DB (password and port optional)
+    /// A module's database: an SQLite file path or sqlite://PATH, or
+    /// postgres://USER:PASSWORD@HOST:PORT/DB (password and port optional);
+    /// repeat it for several modules. The environment's value is read when
+    /// neither --database-url nor --data-dir is given
     #[arg(
         long,
         global = true,
@@ -99,16 +133,38 @@ struct Cli {
         env = "TICKBOX_DATABASE_URL",
         hide_env_values = true
     )]
-    database_url: Option<String>,
+    database_url: Vec<String>,
 
-    /// PostgreSQL: the schema holding the module's tables [default: the
-    /// connection's search_path]
+    /// PostgreSQL: the schema holding a module's tables [default: the
+    /// connection's search_path]; repeat it for several modules, one per
+    /// schema of each PostgreSQL database given
     #[arg(long, global = true, value_name = "NAME")]
-    schema: Option<String>,
+    schema: Vec<String>,
+
+    /// A directory holding one SQLite database per module, NAME.db (beside
+    /// its NAME.db-effects journal), as minishop's --data-dir does: every
+    /// module of it; repeat it for several directories
+    #[arg(long, global = true, value_name = "DIR")]
+    data_dir: Vec<PathBuf>,
+
+    /// Only the module of this name (as `status` names it): what the lists
+    /// show, and where a command acting on one row looks for it
+    #[arg(
+        long = "module",
+        global = true,
+        value_name = "NAME",
+        value_parser = clap::builder::NonEmptyStringValueParser::new()
+    )]
+    only_module: Option<String>,
 
     /// Print one JSON object or array instead of text
     #[arg(long, global = true)]
     json: bool,
+
+    /// Whether --database-url came from the environment, which counts only
+    /// when no database is given on the command line.
+    #[arg(skip)]
+    url_from_env: bool,
 
     #[command(subcommand)]
     command: Command,
@@ -120,8 +176,8 @@ enum Command {
     /// Outbox backlog, lag and stalled messages, subscriptions, inbox size,
     /// dead letters, parked keys, unknown effects.
     ///
-    /// Shows the module's outbox backlog (messages not yet delivered to every
-    /// subscriber), its lag (the age of the oldest of them) and how many of
+    /// Shows, for each module, its outbox backlog (messages not yet delivered
+    /// to every subscriber), its lag (the age of the oldest of them) and how many of
     /// them are stalled (pending for longer than --stalled-after); the
     /// subscriptions recorded in the outbox (how many are alive and stopped,
     /// and the largest lag of one: the age of the oldest message a
@@ -136,7 +192,9 @@ enum Command {
     /// the database. Give the application's threshold if it changed the
     /// default.
     ///
-    /// With --json: one object with backend, outbox_pending,
+    /// With --json: one object per module - alone when the command line
+    /// names one module (one database, or --module), else in an array -
+    /// with module, backend, outbox_pending,
     /// oldest_pending_us (microseconds since the Unix epoch, or null),
     /// lag_seconds (or null), stalled, stalled_after_seconds,
     /// subscriptions_alive, subscriptions_stopped, subscription_lag_seconds
@@ -151,11 +209,11 @@ enum Command {
         stalled_after: Duration,
     },
 
-    /// The handlers, in any process, that receive this outbox's messages:
+    /// The handlers, in any process, that receive each outbox's messages:
     /// list them (the default) or retire one.
     ///
     /// A subscription is a handler - of any module, in any process - that
-    /// receives this module's messages of one topic. Each bus records the
+    /// receives a module's messages of one topic. Each bus records the
     /// handlers it serves in the publishing module's database, and says every
     /// scan interval that they are still served: the subscription is alive.
     /// A message is finished only when no subscription still owes it, so the
@@ -168,6 +226,11 @@ enum Command {
     },
 
     /// List, show, replay or discard dead letters.
+    ///
+    /// A dead letter is kept by the module of the handler that gave up. The
+    /// commands acting on one find the module whose database holds it
+    /// (--module chooses when several modules hold one for the same message
+    /// and handler).
     ///
     /// Dead letters are deliveries the bus gave up on: after the last retry,
     /// on a permanent handler error, for a payload that does not decode, or
@@ -209,9 +272,13 @@ enum Command {
     /// policies), or a late duplicate would be processed twice. This tool
     /// cannot see those policies.
     ///
-    /// With --json: one object with inbox_rows, outbox_rows and effect_rows
-    /// (rows deleted) and inbox_retention_seconds and
-    /// outbox_retention_seconds (null for never).
+    /// Every module seen is swept, one after the other.
+    ///
+    /// With --json: one object per module - alone when the command line
+    /// names one module (one database, or --module), else in an array -
+    /// with module, inbox_rows, outbox_rows and effect_rows (rows deleted)
+    /// and inbox_retention_seconds and outbox_retention_seconds (null for
+    /// never).
     Sweep {
         /// Keep inbox rows this long; e.g. 30d, 12h, or never to keep every row
         #[arg(
@@ -276,15 +343,15 @@ struct QueuesArgs {
 enum SubscriptionsCommand {
     /// List the subscriptions: state, and the oldest message each still owes.
     ///
-    /// Lists the subscriptions recorded in this module's outbox, by module
-    /// and handler: the subscribing module, the handler, the topic it
+    /// Lists the subscriptions recorded in each module's outbox, by outbox,
+    /// module and handler: the outbox's module, the subscribing module, the handler, the topic it
     /// receives, its state - alive (a running bus serves it) or stopped (no
     /// running bus has since it was last seen) - when it was first recorded
     /// (UTC, ISO 8601), and the age of the oldest message it still owes (-
     /// when it owes none). `tickbox subscriptions` alone lists them too.
     ///
-    /// With --json: an array of subscription objects (module, handler,
-    /// topic, subscribed_at_us, seen_at_us, alive_until_us,
+    /// With --json: an array of subscription objects (outbox, module,
+    /// handler, topic, subscribed_at_us, seen_at_us, alive_until_us,
     /// oldest_pending_us - times in microseconds since the Unix epoch, null
     /// when none - alive, and lag_seconds, the age of the oldest message it
     /// owes or null).
@@ -294,7 +361,8 @@ enum SubscriptionsCommand {
     /// (requires --yes).
     ///
     /// Retires the subscription of handler HANDLER of module MODULE from
-    /// this module's outbox, for a handler removed from the code or a process
+    /// the outbox that records it (--module names that outbox's module when
+    /// several do), for a handler removed from the code or a process
     /// gone for good: its messages are no longer kept for it, and those only
     /// it still owed are marked delivered - it will never receive them.
     /// Messages that other subscriptions still owe stay pending for them.
@@ -310,8 +378,8 @@ enum SubscriptionsCommand {
     /// them to the handlers it then has for the topic, or finishes them if
     /// it has none.
     ///
-    /// With --json: one object with module, handler, topic, retired,
-    /// finished (the number of messages only it owed, now marked delivered)
+    /// With --json: one object with outbox (the outbox's module), module,
+    /// handler, topic, retired, finished (the number of messages only it owed, now marked delivered)
     /// and topic_subscriptions_left (the subscriptions of its topic still
     /// recorded).
     Retire(RetireArgs),
@@ -338,12 +406,13 @@ struct RetireArgs {
 enum DeadLettersCommand {
     /// List dead letters, oldest first.
     ///
-    /// Lists the module's dead letters, oldest first: message id, handler (-
-    /// when none), topic, attempts, when it was given up on (UTC, ISO 8601)
+    /// Lists the dead letters of every module, oldest first: the module
+    /// that holds it (the handler's), message id, handler (- when none),
+    /// topic, ordering key, attempts, when it was given up on (UTC, ISO 8601)
     /// and the reason, shortened to one line. `show` prints one in full.
     ///
-    /// With --json: an array of dead letter objects (message_id, handler,
-    /// topic, payload, correlation_id, causation_id, created_at_us,
+    /// With --json: an array of dead letter objects (module, message_id,
+    /// handler, topic, payload, correlation_id, causation_id, created_at_us,
     /// attempts, reason, dead_at_us, keyed, parked_behind).
     List {
         /// Skip the first N dead letters
@@ -360,12 +429,12 @@ enum DeadLettersCommand {
     /// Shows everything about one dead letter: ids, topic, times, attempts,
     /// the full reason and the payload (pretty-printed when it is JSON).
     ///
-    /// With --json: the dead letter as one object.
+    /// With --json: the dead letter as one object, with module.
     Show(DeadLetterKey),
 
     /// Put a dead letter's message back in the outbox for redelivery.
     ///
-    /// Puts a dead letter's message back in this module's outbox as pending
+    /// Puts a dead letter's message back in its module's outbox as pending
     /// and removes the dead letter, in one transaction. The application's
     /// bus delivers it again to every subscriber of its topic: on PostgreSQL
     /// at once (the commit wakes it), on SQLite at its next outbox scan
@@ -373,7 +442,8 @@ enum DeadLettersCommand {
     /// Handlers that did process it skip it thanks to their inbox, the one
     /// that gave up tries again. No handler code runs in this tool.
     ///
-    /// With --json: one object with message_id, handler, topic and requeued.
+    /// With --json: one object with module, message_id, handler, topic and
+    /// requeued.
     ///
     /// A dead letter with an ordering key parks its key: the key's later
     /// messages wait behind it (listed as parked). Replaying it puts them
@@ -389,7 +459,7 @@ enum DeadLettersCommand {
     /// is the same as discard. The handler never processes the skipped
     /// message.
     ///
-    /// With --json: one object with message_id, handler, topic,
+    /// With --json: one object with module, message_id, handler, topic,
     /// ordering_key and skipped.
     Skip {
         #[command(flatten)]
@@ -406,7 +476,7 @@ enum DeadLettersCommand {
     /// that gave up will never process it. There is no prompt; the command
     /// refuses to run without --yes.
     ///
-    /// With --json: one object with message_id, handler, topic and
+    /// With --json: one object with module, message_id, handler, topic and
     /// discarded.
     Discard {
         #[command(flatten)]
@@ -423,16 +493,16 @@ enum DeadLettersCommand {
 enum EffectsCommand {
     /// List effects, least recently changed first.
     ///
-    /// Lists the effects in the module's journal, least recently changed
-    /// first: message id, handler, effect name, state (started, succeeded,
+    /// Lists the effects in every module's journal, least recently changed
+    /// first: the module, message id, handler, effect name, state (started, succeeded,
     /// failed, unknown or retry), policy (at-most-once or
     /// at-least-once-with-key), how many times it was called, its
     /// idempotency key, when its state last changed (UTC, ISO 8601) and its
     /// error, shortened to one line. Without --state, every effect; an
     /// SQLite module whose handlers never recorded an effect has none.
     ///
-    /// With --json: an array of effect objects (message_id, handler,
-    /// effect, key, policy, state, calls, window_from_us, updated_at_us -
+    /// With --json: an array of effect objects (module, message_id,
+    /// handler, effect, key, policy, state, calls, window_from_us, updated_at_us -
     /// times in microseconds since the Unix epoch - result, error).
     List {
         /// Only effects in this state (started, succeeded, failed, unknown,
@@ -456,12 +526,14 @@ enum EffectsCommand {
     /// default), which the handler gets back on the next delivery without
     /// calling. The result must be what the effect returns, as JSON (a
     /// string needs its quotes: --result '"250 OK"'). Then, if the message
-    /// has a dead letter for the handler, puts it back in this module's
+    /// has a dead letter for the handler, puts it back in that module's
     /// outbox as `dead-letters replay` does, for the application's bus to
     /// deliver again. A succeeded effect cannot be settled. There is no
-    /// prompt; the command refuses to run without --yes.
+    /// prompt; the command refuses to run without --yes. The effect is
+    /// looked for in the journal of the module that runs HANDLER (--module
+    /// chooses when several modules run a handler of that name).
     ///
-    /// With --json: one object with settlement, effect (the effect object as
+    /// With --json: one object with module, settlement, effect (the effect object as
     /// `effects list --json` prints it, as it now stands), requeued (whether
     /// a dead letter was put back in the outbox) and topic (its topic, or
     /// null).
@@ -483,13 +555,14 @@ enum EffectsCommand {
     /// For an effect checked in the external system and found not done (or
     /// safe to repeat): the next delivery calls it once more, with the same
     /// idempotency key, and its key's window starts again. Then, if the
-    /// message has a dead letter for the handler, puts it back in this
+    /// message has a dead letter for the handler, puts it back in that
     /// module's outbox as `dead-letters replay` does, for the application's
     /// bus to deliver again. A succeeded effect cannot be settled. There is
-    /// no prompt; the command refuses to run without --yes.
+    /// no prompt; the command refuses to run without --yes. The effect is
+    /// looked for as for `effects done`.
     ///
-    /// With --json: one object with settlement, effect, requeued and topic,
-    /// as for `effects done`.
+    /// With --json: one object with module, settlement, effect, requeued
+    /// and topic, as for `effects done`.
     Retry {
         #[command(flatten)]
         key: EffectKey,
@@ -727,13 +800,29 @@ impl From<tickbox::Error> for Failure {
 /// What the command line asks for, checked.
 #[derive(Debug)]
 struct Invocation {
-    /// The module's database; none for commands that need none.
-    target: Option<Target>,
+    /// The databases the command line names by URL (none for commands that
+    /// need no database).
+    targets: Vec<Target>,
+    /// The data directories whose module databases the command works on too.
+    data_dirs: Vec<PathBuf>,
+    /// `--module`: the only module to see.
+    module: Option<String>,
     json: bool,
     command: Command,
 }
 
 impl Cli {
+    /// Parses the command line, noting whether the database URL came from
+    /// the environment.
+    fn parse_args(
+        args: impl IntoIterator<Item = impl Into<OsString> + Clone>,
+    ) -> Result<Cli, clap::Error> {
+        let matches = Cli::command().try_get_matches_from(args)?;
+        let mut cli = Cli::from_arg_matches(&matches)?;
+        cli.url_from_env = matches.value_source("database_url") == Some(ValueSource::EnvVariable);
+        Ok(cli)
+    }
+
     /// Checks what clap cannot: a database is given, its URL is one the tool
     /// knows, and a destructive command is confirmed.
     fn invocation(self) -> Result<Invocation, Failure> {
@@ -742,28 +831,40 @@ impl Cli {
         #[cfg(feature = "amqp")]
         if matches!(command, Command::Queues(_)) {
             return Ok(Invocation {
-                target: None,
+                targets: Vec::new(),
+                data_dirs: Vec::new(),
+                module: None,
                 json: self.json,
                 command,
             });
         }
-        let Some(url) = self.database_url.filter(|url| !url.trim().is_empty()) else {
+        // The environment's database stands in for the command line's, not
+        // beside a data directory.
+        let urls = if self.url_from_env && !self.data_dir.is_empty() {
+            Vec::new()
+        } else {
+            self.database_url
+        };
+        if urls.is_empty() && self.data_dir.is_empty() {
             return Err(command.usage_error(
                 ErrorKind::MissingRequiredArgument,
-                "no database given: pass --database-url URL or set TICKBOX_DATABASE_URL",
+                "no database given: pass --database-url URL or --data-dir DIR, or set \
+                 TICKBOX_DATABASE_URL",
             ));
-        };
-        let target = Target::new(&url, self.schema)
+        }
+        let targets = target::targets(&urls, &self.schema)
             .map_err(|why| command.usage_error(ErrorKind::InvalidValue, why))?;
         Ok(Invocation {
-            target: Some(target),
+            targets,
+            data_dirs: self.data_dir,
+            module: self.only_module,
             json: self.json,
             command,
         })
     }
 }
 
-/// Opens the module's database with the URL's backend and runs the command;
+/// Opens the databases of the modules the command works on and runs it;
 /// returns what to print.
 async fn execute(invocation: &Invocation) -> Result<String, Failure> {
     #[cfg(feature = "amqp")]
@@ -771,53 +872,6 @@ async fn execute(invocation: &Invocation) -> Result<String, Failure> {
         let amqp = tickbox::Amqp::new(&args.amqp_url).namespace(&args.amqp_namespace);
         return queues::queues(&amqp, &args.handlers, invocation.json).await;
     }
-    match invocation.target().kind {
-        Kind::Sqlite => run_sqlite(invocation).await,
-        Kind::Postgres => run_postgres(invocation).await,
-    }
-}
-
-impl Invocation {
-    /// The module's database of a command that needs one.
-    fn target(&self) -> &Target {
-        self.target
-            .as_ref()
-            .expect("every command but queues has a database")
-    }
-}
-
-#[cfg(feature = "sqlite")]
-async fn run_sqlite(invocation: &Invocation) -> Result<String, Failure> {
-    run::<tickbox::Sqlite>(invocation).await
-}
-
-#[cfg(not(feature = "sqlite"))]
-async fn run_sqlite(invocation: &Invocation) -> Result<String, Failure> {
-    Err(Failure::Failed(format!(
-        "`{}` is an SQLite database, but this tickbox binary was built without SQLite \
-         support; rebuild it with `--features sqlite` \
-         (cargo build --release -p tickbox-cli --features sqlite)",
-        tickbox::redact_url(&invocation.target().url)
-    )))
-}
-
-#[cfg(feature = "postgres")]
-async fn run_postgres(invocation: &Invocation) -> Result<String, Failure> {
-    run::<tickbox::Postgres>(invocation).await
-}
-
-#[cfg(not(feature = "postgres"))]
-async fn run_postgres(invocation: &Invocation) -> Result<String, Failure> {
-    Err(Failure::Failed(format!(
-        "`{}` is a PostgreSQL URL, but this tickbox binary was built without PostgreSQL \
-         support; rebuild it with `--features postgres` \
-         (cargo build --release -p tickbox-cli --features postgres)",
-        tickbox::redact_url(&invocation.target().url)
-    )))
-}
-
-/// Attaches to the module's database and runs the command, for any backend.
-async fn run<B: Open + status::Inspect>(invocation: &Invocation) -> Result<String, Failure> {
     let retention = match &invocation.command {
         Command::Sweep {
             inbox_retention,
@@ -829,55 +883,71 @@ async fn run<B: Open + status::Inspect>(invocation: &Invocation) -> Result<Strin
         }),
         _ => None,
     };
-    // The only configuration `attach` can refuse is what the command line
-    // gave it (a malformed schema name): a usage error.
-    let module = target::attach::<B>(invocation.target(), retention.clone())
-        .await
-        .map_err(|error| match error {
-            tickbox::Error::Config(reason) => invocation
-                .command
-                .usage_error(ErrorKind::InvalidValue, reason),
-            other => other.into(),
-        })?;
+    let mut targets: Vec<&Target> = invocation.targets.iter().collect();
+    let found: Vec<Target> = invocation
+        .data_dirs
+        .iter()
+        .map(|dir| target::data_dir(dir))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(Failure::Failed)?
+        .into_iter()
+        .flatten()
+        .collect();
+    targets.extend(&found);
+    let command = &invocation.command;
+    let single = invocation.targets.len() == 1 && invocation.data_dirs.is_empty();
+    let modules = Modules::attach(
+        &targets,
+        single,
+        invocation.module.as_deref(),
+        retention.clone(),
+        command,
+    )
+    .await?;
+    let modules = &modules;
     let json = invocation.json;
-    match &invocation.command {
-        Command::Status { stalled_after } => status::status(&module, *stalled_after, json).await,
-        Command::Subscriptions { command } => match command {
-            None | Some(SubscriptionsCommand::List) => subscriptions::list(&module, json).await,
+    match command {
+        Command::Status { stalled_after } => status::status(modules, *stalled_after, json).await,
+        Command::Subscriptions { command: sub } => match sub {
+            None | Some(SubscriptionsCommand::List) => subscriptions::list(modules, json).await,
             Some(SubscriptionsCommand::Retire(args)) => {
-                subscriptions::retire(&module, &args.module, &args.handler, json).await
+                subscriptions::retire(modules, &args.module, &args.handler, json, command).await
             }
         },
-        Command::DeadLetters(command) => match command {
+        Command::DeadLetters(sub) => match sub {
             DeadLettersCommand::List { offset, limit } => {
-                dead_letters::list(&module, *offset, *limit, json).await
+                dead_letters::list(modules, *offset, *limit, json).await
             }
-            DeadLettersCommand::Show(key) => dead_letters::show(&module, key, json).await,
-            DeadLettersCommand::Replay(key) => dead_letters::replay(&module, key, json).await,
-            DeadLettersCommand::Skip { key, .. } => dead_letters::skip(&module, key, json).await,
+            DeadLettersCommand::Show(key) => dead_letters::show(modules, key, json, command).await,
+            DeadLettersCommand::Replay(key) => {
+                dead_letters::replay(modules, key, json, command).await
+            }
+            DeadLettersCommand::Skip { key, .. } => {
+                dead_letters::skip(modules, key, json, command).await
+            }
             DeadLettersCommand::Discard { key, .. } => {
-                dead_letters::discard(&module, key, json).await
+                dead_letters::discard(modules, key, json, command).await
             }
         },
-        Command::Effects(command) => match command {
+        Command::Effects(sub) => match sub {
             EffectsCommand::List {
                 states,
                 offset,
                 limit,
-            } => effects::list(&module, states, *offset, *limit, json).await,
+            } => effects::list(modules, states, *offset, *limit, json).await,
             EffectsCommand::Done { key, result, .. } => {
                 let settlement = Settlement::Done {
                     result: result.clone(),
                 };
-                effects::settle(&module, key, settlement, json).await
+                effects::settle(modules, key, settlement, json, command).await
             }
             EffectsCommand::Retry { key, .. } => {
-                effects::settle(&module, key, Settlement::Retry, json).await
+                effects::settle(modules, key, Settlement::Retry, json, command).await
             }
         },
         Command::Sweep { .. } => {
             let retention = retention.expect("the sweep's retention");
-            sweep::sweep(&module, &retention, json).await
+            sweep::sweep(modules, &retention, json).await
         }
         #[cfg(feature = "amqp")]
         Command::Queues(_) => unreachable!("queues needs no database"),
@@ -941,7 +1011,7 @@ fn fail(failure: Failure, args: &[OsString]) -> ExitCode {
 
 fn main() -> ExitCode {
     let args: Vec<OsString> = std::env::args_os().collect();
-    let invocation = match Cli::try_parse_from(&args) {
+    let invocation = match Cli::parse_args(&args) {
         Ok(cli) => cli.invocation(),
         Err(error) => Err(Failure::Usage(error)),
     };
@@ -963,10 +1033,11 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::target::Kind;
 
     fn parse(line: &str) -> Result<Invocation, Failure> {
         let args = std::iter::once("tickbox").chain(line.split_whitespace());
-        Cli::try_parse_from(args)
+        Cli::parse_args(args)
             .map_err(Failure::Usage)
             .and_then(Cli::invocation)
     }
@@ -1033,8 +1104,8 @@ mod tests {
             }
         );
         assert!(invocation.json);
-        assert_eq!(invocation.target().kind, Kind::Sqlite);
-        assert_eq!(invocation.target().module, "orders");
+        assert_eq!(invocation.targets[0].kind, Kind::Sqlite);
+        assert_eq!(invocation.targets[0].module, "orders");
 
         let invocation = run_of("dead-letters list --limit=5 --offset 10 --database-url x.db");
         assert_eq!(
@@ -1057,15 +1128,15 @@ mod tests {
         let invocation = run_of(&format!(
             "--database-url postgres://u:p@h/shop --schema s1 dead-letters discard {id} h.x --yes"
         ));
-        assert_eq!(invocation.target().kind, Kind::Postgres);
-        assert_eq!(invocation.target().module, "s1");
+        assert_eq!(invocation.targets[0].kind, Kind::Postgres);
+        assert_eq!(invocation.targets[0].module, "s1");
         assert!(matches!(
             invocation.command,
             Command::DeadLetters(DeadLettersCommand::Discard { yes: true, .. })
         ));
 
         let invocation = run_of("--database-url postgresql://h/shop?sslmode=disable status");
-        assert_eq!(invocation.target().module, "shop");
+        assert_eq!(invocation.targets[0].module, "shop");
 
         let invocation =
             run_of("--database-url x.db sweep --inbox-retention 14d --outbox-retention never");
@@ -1213,10 +1284,7 @@ mod tests {
             ("--database-url x.db sweep --inbox-retention 7", "unit"),
             ("--database-url x.db --schema s status", "PostgreSQL only"),
             ("--database-url mysql://h/db status", "neither"),
-            (
-                "--database-url a.db --database-url b.db status",
-                "multiple times",
-            ),
+            ("--data-dir d --schema s status", "PostgreSQL only"),
             ("--database-url", "a value is required"),
             ("help frobnicate", "unrecognized subcommand"),
             (
@@ -1268,33 +1336,73 @@ mod tests {
         for line in ["", "--database-url x.db dead-letters"] {
             assert!(usage_error(line).contains("Usage: tickbox"), "{line}");
         }
-        let empty = Cli::try_parse_from(["tickbox", "subscriptions", "retire", "m", ""]);
+        let empty = Cli::parse_args(["tickbox", "subscriptions", "retire", "m", ""]);
         assert!(empty.is_err(), "an empty handler to retire");
+        let empty = Cli::parse_args(["tickbox", "--data-dir", "d", "--module", "", "status"]);
+        assert!(empty.is_err(), "an empty module name");
     }
 
     #[test]
-    fn reads_the_url_from_the_environment_when_the_flag_is_absent() {
-        let cli = Cli::try_parse_from(["tickbox", "status"]).unwrap();
-        let cli = Cli {
-            database_url: cli.database_url.or(Some("env.db".into())),
+    fn reads_the_url_from_the_environment_when_no_database_is_given() {
+        let from_env = |cli: Cli| Cli {
+            database_url: vec!["env.db".into()],
+            url_from_env: true,
             ..cli
         };
-        assert_eq!(cli.invocation().unwrap().target().url, "env.db");
+        let cli = from_env(Cli::parse_args(["tickbox", "status"]).unwrap());
+        let invocation = cli.invocation().unwrap();
+        assert_eq!(invocation.targets[0].url, "env.db");
+        // Beside a data directory, the environment's database is left out.
+        let cli = from_env(Cli::parse_args(["tickbox", "--data-dir", "d", "status"]).unwrap());
+        let invocation = cli.invocation().unwrap();
+        assert!(invocation.targets.is_empty());
+        assert_eq!(invocation.data_dirs, [PathBuf::from("d")]);
         let blank = Cli {
-            database_url: Some("  ".into()),
-            ..Cli::try_parse_from(["tickbox", "status"]).unwrap()
+            database_url: vec!["  ".into()],
+            ..Cli::parse_args(["tickbox", "status"]).unwrap()
         };
         assert!(matches!(blank.invocation(), Err(Failure::Usage(_))));
+    }
+
+    #[test]
+    fn names_several_databases_at_once() {
+        let invocation = run_of("--database-url a/orders.db --database-url b/warehouse.db status");
+        let modules: Vec<_> = invocation.targets.iter().map(|t| &t.module).collect();
+        assert_eq!(modules, ["orders", "warehouse"]);
+        let invocation = run_of(
+            "--database-url postgres://u:p@h/shop --schema s1 --schema s2 --module s2 status",
+        );
+        let schemas: Vec<_> = invocation.targets.iter().map(|t| &t.schema).collect();
+        assert_eq!(schemas, [&Some("s1".to_string()), &Some("s2".to_string())]);
+        assert_eq!(invocation.module.as_deref(), Some("s2"));
+        // --module is not the subscribing module of `subscriptions retire`.
+        let invocation =
+            run_of("--data-dir d --module orders subscriptions retire warehouse w.reserve -y");
+        assert_eq!(invocation.module.as_deref(), Some("orders"));
+        assert!(matches!(
+            invocation.command,
+            Command::Subscriptions {
+                command: Some(SubscriptionsCommand::Retire(RetireArgs { ref module, .. }))
+            } if module == "warehouse"
+        ));
+        let invocation = run_of("--database-url x.db subscriptions retire warehouse w.reserve -y");
+        assert_eq!(invocation.module, None);
+        let invocation = run_of("dead-letters list --data-dir shop --data-dir other");
+        assert_eq!(
+            invocation.data_dirs,
+            [PathBuf::from("shop"), PathBuf::from("other")]
+        );
+        assert!(invocation.targets.is_empty());
     }
 
     #[test]
     fn never_shows_a_password_in_a_label_or_a_usage_error() {
         let invocation =
             run_of("--database-url postgres://u@h:5432/nodb_x?password=S3cret! status");
-        assert_eq!(invocation.target().module, "nodb_x");
+        assert_eq!(invocation.targets[0].module, "nodb_x");
         // A raw `/` in the password: the URL cannot be read, nor its database.
         let invocation = run_of("--database-url postgres://u:S3/cret@h/shop status");
-        assert_eq!(invocation.target().module, "module");
+        assert_eq!(invocation.targets[0].module, "module");
         for line in [
             "--database-url x.db postgres://u:S3cret@h/db",
             "--database-url x.db status postgres://u:S3cret@h/db",

@@ -36,6 +36,30 @@ pub(crate) fn json_line(value: &serde_json::Value) -> Result<String, Failure> {
     Ok(format!("{value}\n"))
 }
 
+/// One JSON object per module: the object alone when the command line names
+/// one module, else an array of them.
+pub(crate) fn json_per_module(
+    mut objects: Vec<serde_json::Value>,
+    single: bool,
+) -> Result<String, Failure> {
+    if single && objects.len() == 1 {
+        return json_line(&objects.remove(0));
+    }
+    json_line(&serde_json::Value::Array(objects))
+}
+
+/// `value`, a JSON object, with `key` set to `module`.
+pub(crate) fn with_module(
+    mut value: serde_json::Value,
+    key: &str,
+    module: &str,
+) -> serde_json::Value {
+    if let Some(object) = value.as_object_mut() {
+        object.insert(key.into(), module.into());
+    }
+    value
+}
+
 /// Valid JSON text re-indented, two spaces a level, its keys in their stored
 /// order (read into a `serde_json::Value`, they would come out sorted).
 pub(crate) fn pretty_json(text: &str) -> Result<String, serde_json::Error> {

@@ -1,24 +1,26 @@
 //! `subscriptions list` and `subscriptions retire`: the handlers, in any
-//! process, that an outbox owes its messages to.
+//! process, that the outboxes of the modules seen owe their messages to.
 
+use crate::modules::{on_module, Modules};
 use crate::output::{
-    json_line, lag, lag_us, now_us, plural, seconds_of, table, timestamp, to_json,
+    json_line, lag, lag_us, now_us, plural, seconds_of, table, timestamp, to_json, with_module,
 };
-use crate::Failure;
-use tickbox::{Backend, ModuleHandle, Subscription};
+use crate::{Command, Failure};
+use tickbox::Subscription;
 
-/// `subscriptions [list]`.
-pub(crate) async fn list<B: Backend>(
-    module: &ModuleHandle<B>,
-    json: bool,
-) -> Result<String, Failure> {
-    let mut subscriptions = module.subscriptions().await?;
-    subscriptions.sort_by(|a, b| (&a.module, &a.handler).cmp(&(&b.module, &b.handler)));
+/// `subscriptions [list]`: the subscriptions recorded in every outbox seen.
+pub(crate) async fn list(modules: &Modules, json: bool) -> Result<String, Failure> {
+    let mut subscriptions: Vec<(&str, Subscription)> = Vec::new();
+    for module in &modules.all {
+        let mut recorded = on_module!(&module.handle, handle => handle.subscriptions().await?);
+        recorded.sort_by(|a, b| (&a.module, &a.handler).cmp(&(&b.module, &b.handler)));
+        subscriptions.extend(recorded.into_iter().map(|s| (module.name.as_str(), s)));
+    }
     let now = now_us();
     if json {
         let mut all = Vec::with_capacity(subscriptions.len());
-        for subscription in &subscriptions {
-            let mut value = to_json(subscription)?;
+        for (outbox, subscription) in &subscriptions {
+            let mut value = with_module(to_json(subscription)?, "outbox", outbox);
             if let Some(object) = value.as_object_mut() {
                 object.insert("alive".into(), subscription.is_alive(now).into());
                 object.insert(
@@ -34,16 +36,21 @@ pub(crate) async fn list<B: Backend>(
         return json_line(&serde_json::Value::Array(all));
     }
     if subscriptions.is_empty() {
-        return Ok(
-            "no subscriptions recorded in this outbox: no bus with a handler of its topics has run\n"
-                .to_string(),
-        );
+        return Ok(format!(
+            "no subscriptions recorded in the outbox of {}: no bus with a handler of its topics \
+             has run\n",
+            match modules.all.as_slice() {
+                [one] => format!("module `{}`", one.name),
+                _ => format!("modules {}", modules.names()),
+            }
+        ));
     }
     let rows = subscriptions
         .iter()
-        .map(|s| {
+        .map(|(outbox, s)| {
             let seen = lag(lag_us(s.seen_at_us, now));
             [
+                outbox.to_string(),
                 s.module.clone(),
                 s.handler.clone(),
                 s.topic.clone(),
@@ -62,6 +69,7 @@ pub(crate) async fn list<B: Backend>(
         .collect();
     let mut out = table(
         [
+            "OUTBOX",
             "MODULE",
             "HANDLER",
             "TOPIC",
@@ -71,7 +79,10 @@ pub(crate) async fn list<B: Backend>(
         ],
         rows,
     );
-    let alive = subscriptions.iter().filter(|s| s.is_alive(now)).count();
+    let alive = subscriptions
+        .iter()
+        .filter(|(_, s)| s.is_alive(now))
+        .count();
     let stopped = subscriptions.len() - alive;
     out.push_str(&format!(
         "\n{}: {alive} alive, {stopped} stopped\n",
@@ -79,7 +90,7 @@ pub(crate) async fn list<B: Backend>(
     ));
     if subscriptions
         .iter()
-        .any(|s| !s.is_alive(now) && s.oldest_pending_us.is_some())
+        .any(|(_, s)| !s.is_alive(now) && s.oldest_pending_us.is_some())
     {
         out.push_str(
             "A stopped subscription keeps the messages it owes until a process serving it runs\n\
@@ -90,44 +101,63 @@ pub(crate) async fn list<B: Backend>(
     Ok(out)
 }
 
-/// `subscriptions retire MODULE HANDLER --yes`.
-pub(crate) async fn retire<B: Backend>(
-    module: &ModuleHandle<B>,
+/// `subscriptions retire MODULE HANDLER --yes`, in the outbox that records
+/// that subscription.
+pub(crate) async fn retire(
+    modules: &Modules,
     subscriber: &str,
     handler: &str,
     json: bool,
+    command: &Command,
 ) -> Result<String, Failure> {
-    let no_such = || {
+    let mut holders = Vec::new();
+    for module in &modules.all {
+        let recorded = on_module!(&module.handle, handle => handle.subscriptions().await?);
+        let found = recorded
+            .into_iter()
+            .find(|s| s.module == subscriber && s.handler == handler);
+        holders.extend(found.map(|subscription| (module, subscription)));
+    }
+    let no_such = |outbox: &str| {
         Failure::Failed(format!(
             "{} (`tickbox subscriptions` lists them)",
             tickbox::Error::NoSuchSubscription {
-                outbox: module.name().to_string(),
+                outbox: outbox.to_string(),
                 module: subscriber.to_string(),
                 handler: handler.to_string(),
             }
         ))
     };
-    let subscription: Subscription = module
-        .subscriptions()
-        .await?
-        .into_iter()
-        .find(|s| s.module == subscriber && s.handler == handler)
-        .ok_or_else(no_such)?;
-    let finished = module
-        .retire_subscription(subscriber, handler)
-        .await
-        .map_err(|error| match error {
-            tickbox::Error::NoSuchSubscription { .. } => no_such(),
-            other => other.into(),
-        })?;
-    let topic_left = module
-        .subscriptions()
-        .await?
-        .iter()
-        .filter(|s| s.topic == subscription.topic)
-        .count();
+    let what = format!("handler `{handler}` of module `{subscriber}` subscribes to the outboxes");
+    let absent = || match modules.all.as_slice() {
+        [one] => no_such(&one.name),
+        _ => Failure::Failed(format!(
+            "no outbox among modules {} records a subscription of handler `{handler}` of \
+             module `{subscriber}` (`tickbox subscriptions` lists them)",
+            modules.names()
+        )),
+    };
+    let (module, subscription) = Modules::choose(holders, &what, absent, command)?;
+    let outbox = module.name.as_str();
+    let (finished, topic_left) = on_module!(&module.handle, handle => {
+        let finished = handle
+            .retire_subscription(subscriber, handler)
+            .await
+            .map_err(|error| match error {
+                tickbox::Error::NoSuchSubscription { .. } => no_such(outbox),
+                other => other.into(),
+            })?;
+        let topic_left = handle
+            .subscriptions()
+            .await?
+            .iter()
+            .filter(|s| s.topic == subscription.topic)
+            .count();
+        (finished, topic_left)
+    });
     if json {
         return json_line(&serde_json::json!({
+            "outbox": outbox,
             "module": subscription.module,
             "handler": subscription.handler,
             "topic": subscription.topic,
@@ -137,7 +167,8 @@ pub(crate) async fn retire<B: Backend>(
         }));
     }
     let mut out = format!(
-        "retired the subscription of handler `{}` of module `{}` (topic {}):\n\
+        "retired the subscription of handler `{}` of module `{}` (topic {}) from the outbox of \
+         module `{outbox}`:\n\
          {} that only it still owed {} marked delivered; it will never receive them.\n",
         subscription.handler,
         subscription.module,

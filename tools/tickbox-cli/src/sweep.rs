@@ -1,33 +1,55 @@
-//! `sweep`: the retention sweep, run once, as the application's bus runs it
-//! every minute: the inbox, the outbox and the effects journal.
+//! `sweep`: the retention sweep, run once in every module seen, as the
+//! application's bus runs it every minute: the inbox, the outbox and the
+//! effects journal.
 
-use crate::output::{json_line, plural, to_json, window};
+use crate::modules::{on_module, Modules};
+use crate::output::{json_per_module, plural, to_json, window};
 use crate::Failure;
 use std::time::Duration;
-use tickbox::{Backend, ModuleHandle, Retention};
+use tickbox::{Retention, SweepReport};
 
-/// `sweep`, with the `retention` the module was attached with.
-pub(crate) async fn sweep<B: Backend>(
-    module: &ModuleHandle<B>,
+/// `sweep`, with the `retention` the modules were attached with: one block
+/// of text per module, or with `--json` one object per module (one object
+/// alone when the command line names one module).
+pub(crate) async fn sweep(
+    modules: &Modules,
     retention: &Retention,
     json: bool,
 ) -> Result<String, Failure> {
-    let report = module.sweep_retention().await?;
-    if json {
-        let mut value = to_json(&report)?;
-        if let Some(object) = value.as_object_mut() {
-            let seconds = |window: Option<Duration>| window.map(|w| w.as_secs());
-            object.insert(
-                "inbox_retention_seconds".into(),
-                seconds(retention.inbox).into(),
-            );
-            object.insert(
-                "outbox_retention_seconds".into(),
-                seconds(retention.outbox).into(),
-            );
-        }
-        return json_line(&value);
+    let mut reports = Vec::with_capacity(modules.all.len());
+    for module in &modules.all {
+        let report = on_module!(&module.handle, handle => handle.sweep_retention().await?);
+        reports.push((module.name.as_str(), report));
     }
+    if json {
+        let seconds = |window: Option<Duration>| window.map(|w| w.as_secs());
+        let mut objects = Vec::with_capacity(reports.len());
+        for (module, report) in &reports {
+            let mut value = to_json(report)?;
+            if let Some(object) = value.as_object_mut() {
+                object.insert("module".into(), (*module).into());
+                object.insert(
+                    "inbox_retention_seconds".into(),
+                    seconds(retention.inbox).into(),
+                );
+                object.insert(
+                    "outbox_retention_seconds".into(),
+                    seconds(retention.outbox).into(),
+                );
+            }
+            objects.push(value);
+        }
+        return json_per_module(objects, modules.single);
+    }
+    let blocks: Vec<String> = reports
+        .iter()
+        .map(|(module, report)| text(module, report, retention))
+        .collect();
+    Ok(blocks.join("\n"))
+}
+
+/// What one module's sweep deleted, as text.
+fn text(module: &str, report: &SweepReport, retention: &Retention) -> String {
     let inbox = match retention.inbox {
         Some(kept) => format!(
             "deleted {} processed more than {} ago",
@@ -52,9 +74,9 @@ pub(crate) async fn sweep<B: Backend>(
         ),
         None => "kept every row (retention: never)".to_string(),
     };
-    Ok(format!(
-        "inbox   {inbox}\noutbox  {outbox}\neffects {effects}\n\
+    format!(
+        "module  {module}\ninbox   {inbox}\noutbox  {outbox}\neffects {effects}\n\
          (undelivered outbox rows, dead letters, unsettled effects and the effects of\n\
          dead-lettered messages are never swept)\n"
-    ))
+    )
 }

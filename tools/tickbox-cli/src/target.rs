@@ -1,19 +1,24 @@
-//! The database a command works on: which backend its URL is for, the name
-//! that labels its errors, and attaching to it — no migrations, no handler
-//! code, a small pool — so that the tool is safe to run beside the
+//! The databases a command works on: which backend each URL is for, the
+//! label that names it until its module's own name is read, the module
+//! databases of a data directory, and attaching to one — no migrations, no
+//! handler code, a small pool — so that the tool is safe to run beside the
 //! application.
 
 use std::path::Path;
 use std::time::Duration;
 use tickbox::{Backend, Module, ModuleBuilder, ModuleHandle, Retention};
 
-/// Connections the tool holds: one command runs one statement at a time.
+/// Connections the tool holds per database: one command runs one statement
+/// at a time.
 const POOL_SIZE: usize = 2;
 
 /// How long the tool waits for a connection before it gives up.
 const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The database to attach to.
+/// What ends the name of a module's SQLite database in a data directory.
+const SQLITE_EXTENSION: &str = "db";
+
+/// A database to attach to.
 #[derive(Debug, PartialEq)]
 pub(crate) struct Target {
     /// The URL or path as given (trimmed); printed only through
@@ -23,8 +28,9 @@ pub(crate) struct Target {
     pub(crate) schema: Option<String>,
     /// The backend the URL is for.
     pub(crate) kind: Kind,
-    /// The module name, which only labels error messages: the SQLite file's
-    /// stem, or the PostgreSQL schema or database name.
+    /// What names the module until its database tells its name (and in the
+    /// errors of attaching to it): the SQLite file's stem, or the PostgreSQL
+    /// schema or database name.
     pub(crate) module: String,
 }
 
@@ -79,6 +85,77 @@ impl Target {
             module,
         })
     }
+
+    /// Where the database is, for people: the SQLite path, or the
+    /// PostgreSQL URL (its password hidden) and schema.
+    pub(crate) fn location(&self) -> String {
+        let url = tickbox::redact_url(&self.url);
+        match &self.schema {
+            Some(schema) => format!("{url} schema {schema}"),
+            None => url,
+        }
+    }
+}
+
+/// The databases the command line names by URL: each `--database-url`, a
+/// PostgreSQL one once per `--schema` if any is given. The error is a usage
+/// error's message.
+pub(crate) fn targets(urls: &[String], schemas: &[String]) -> Result<Vec<Target>, String> {
+    let mut targets = Vec::new();
+    for url in urls {
+        if url.trim().is_empty() {
+            return Err("an empty --database-url: give an SQLite path or a postgres:// URL".into());
+        }
+        let target = Target::new(url, None)?;
+        if target.kind == Kind::Postgres && !schemas.is_empty() {
+            for schema in schemas {
+                targets.push(Target::new(url, Some(schema.clone()))?);
+            }
+        } else {
+            targets.push(target);
+        }
+    }
+    if !schemas.is_empty() && !targets.iter().any(|t| t.kind == Kind::Postgres) {
+        return Err(
+            "--schema applies to PostgreSQL only (give a postgres:// --database-url); an SQLite \
+             module has its own file"
+                .into(),
+        );
+    }
+    Ok(targets)
+}
+
+/// The module databases of a data directory: every `NAME.db` file in it, by
+/// name (the files beside them, `NAME.db-effects` and SQLite's `-wal` and
+/// `-shm`, belong to them). The error says why there are none.
+pub(crate) fn data_dir(dir: &Path) -> Result<Vec<Target>, String> {
+    let shown = dir.display();
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| format!("cannot read the data directory {shown}: {e}"))?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let path = entry
+            .map_err(|e| format!("cannot read the data directory {shown}: {e}"))?
+            .path();
+        if path.extension().is_some_and(|e| e == SQLITE_EXTENSION) && path.is_file() {
+            files.push(path);
+        }
+    }
+    if files.is_empty() {
+        return Err(format!(
+            "the data directory {shown} holds no module database (a NAME.{SQLITE_EXTENSION} file)"
+        ));
+    }
+    files.sort();
+    files
+        .iter()
+        .map(|path| {
+            let path = path
+                .to_str()
+                .ok_or_else(|| format!("the file name {} is not UTF-8", path.display()))?;
+            Target::new(path, None)
+        })
+        .collect()
 }
 
 /// The database named by a PostgreSQL URL, read from the redacted URL: a
@@ -95,21 +172,21 @@ fn database_name(url: &str) -> Option<String> {
 /// A backend the tool can attach to: what its module builder needs from the
 /// target.
 pub(crate) trait Open: Backend {
-    /// A builder for the target's module.
-    fn builder(target: &Target) -> ModuleBuilder<Self>;
+    /// A builder for the target's module, named `name`.
+    fn builder(target: &Target, name: &str) -> ModuleBuilder<Self>;
 }
 
 #[cfg(feature = "sqlite")]
 impl Open for tickbox::Sqlite {
-    fn builder(target: &Target) -> ModuleBuilder<Self> {
-        Module::builder(target.module.clone(), target.url.clone())
+    fn builder(target: &Target, name: &str) -> ModuleBuilder<Self> {
+        Module::builder(name, target.url.clone())
     }
 }
 
 #[cfg(feature = "postgres")]
 impl Open for tickbox::Postgres {
-    fn builder(target: &Target) -> ModuleBuilder<Self> {
-        let builder = Module::builder(target.module.clone(), target.url.clone());
+    fn builder(target: &Target, name: &str) -> ModuleBuilder<Self> {
+        let builder = Module::builder(name, target.url.clone());
         match &target.schema {
             Some(schema) => builder.schema(schema.clone()),
             None => builder,
@@ -118,17 +195,91 @@ impl Open for tickbox::Postgres {
 }
 
 /// Attaches to the target's existing module database: no migrations (a
-/// database without tickbox tables is refused), no handlers. `retention` is
-/// the window a sweep uses.
+/// database without tickbox tables is refused), no handlers. The module is
+/// named by the name its database records (the target's label when none
+/// is recorded), so that every later message names it as the application
+/// does. `retention` is the window a sweep uses.
 pub(crate) async fn attach<B: Open>(
     target: &Target,
     retention: Option<Retention>,
 ) -> tickbox::Result<ModuleHandle<B>> {
-    let mut builder = B::builder(target)
-        .pool_size(POOL_SIZE)
-        .checkout_timeout(CHECKOUT_TIMEOUT);
-    if let Some(retention) = retention {
-        builder = builder.retention(retention);
+    let attach = |name: &str| {
+        let mut builder = B::builder(target, name)
+            .pool_size(POOL_SIZE)
+            .checkout_timeout(CHECKOUT_TIMEOUT);
+        if let Some(retention) = retention.clone() {
+            builder = builder.retention(retention);
+        }
+        builder.attach()
+    };
+    let module = attach(&target.module).await?;
+    match module.recorded_name().await? {
+        Some(name) if name != target.module => {
+            module.close();
+            attach(&name).await
+        }
+        _ => Ok(module),
     }
-    builder.attach().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(all: &[&str]) -> Vec<String> {
+        all.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_postgres_url_is_one_module_per_schema() {
+        let url = "postgres://u:p@h/shop";
+        let all = targets(&strings(&[url]), &strings(&["a", "b"])).unwrap();
+        let schemas: Vec<_> = all.iter().map(|t| t.schema.as_deref()).collect();
+        assert_eq!(schemas, [Some("a"), Some("b")]);
+        assert_eq!(all[1].module, "b");
+        assert_eq!(all[1].location(), "postgres://u:***@h/shop schema b");
+
+        let one = targets(&strings(&[url]), &strings(&["a"])).unwrap();
+        assert_eq!(one.len(), 1);
+        let none = targets(&strings(&[url, "x.db"]), &[]).unwrap();
+        assert_eq!(none[0].module, "shop");
+        assert_eq!(none[1].module, "x");
+    }
+
+    #[test]
+    fn a_schema_needs_a_postgres_url() {
+        let error = targets(&strings(&["x.db", "y.db"]), &strings(&["a"])).unwrap_err();
+        assert!(error.contains("PostgreSQL only"), "{error}");
+        let error = targets(&[], &strings(&["a", "b"])).unwrap_err();
+        assert!(error.contains("PostgreSQL only"), "{error}");
+        let mixed = targets(&strings(&["x.db", "postgres://h/db"]), &strings(&["a"])).unwrap();
+        assert_eq!(mixed[0].schema, None);
+        assert_eq!(mixed[1].schema.as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn a_data_dir_holds_one_database_per_module() {
+        let dir = tempfile::tempdir().unwrap();
+        for file in [
+            "warehouse.db",
+            "orders.db",
+            "orders.db-effects",
+            "orders.db-wal",
+            "orders.db-shm",
+            "notes.txt",
+        ] {
+            std::fs::write(dir.path().join(file), b"").unwrap();
+        }
+        std::fs::create_dir(dir.path().join("old.db")).unwrap();
+        let all = data_dir(dir.path()).unwrap();
+        let modules: Vec<_> = all.iter().map(|t| t.module.as_str()).collect();
+        assert_eq!(modules, ["orders", "warehouse"]);
+        assert!(all.iter().all(|t| t.kind == Kind::Sqlite));
+
+        let empty = tempfile::tempdir().unwrap();
+        let error = data_dir(empty.path()).unwrap_err();
+        assert!(error.contains("holds no module database"), "{error}");
+        let error = data_dir(&dir.path().join("missing")).unwrap_err();
+        assert!(error.contains("cannot read the data directory"), "{error}");
+    }
 }

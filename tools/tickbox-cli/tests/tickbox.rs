@@ -1,5 +1,6 @@
 //! Tests of the `tickbox` operator's tool: every command, run as a separate
 //! process against a module database that a test module created and filled,
+//! and against the databases of an application of several modules at once,
 //! on SQLite and, with the `postgres` feature, on PostgreSQL; and its help
 //! and usage errors.
 //!
@@ -10,6 +11,7 @@
 //! TICKBOX_PG_URL=postgres://postgres@127.0.0.1:5432/test cargo test -p tickbox-cli --all-features
 //! ```
 
+mod application;
 mod commands;
 mod effects;
 #[cfg(all(feature = "amqp", feature = "sqlite"))]

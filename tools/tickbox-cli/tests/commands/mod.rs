@@ -158,22 +158,30 @@ async fn dead_letters_are_listed_and_shown<B: CliBackend>(db: Db) {
     let list = on::<B>(&db, &["dead-letters", "list"]).await;
     let out = list.ok();
     let lines: Vec<&str> = out.lines().collect();
-    assert!(lines[0].starts_with("MESSAGE ID"), "{out}");
-    for header in ["HANDLER", "TOPIC", "ATTEMPTS", "DEAD AT (UTC)", "REASON"] {
+    assert!(lines[0].starts_with("MODULE "), "{out}");
+    for header in [
+        "MESSAGE ID",
+        "HANDLER",
+        "TOPIC",
+        "ATTEMPTS",
+        "DEAD AT (UTC)",
+        "REASON",
+    ] {
         assert!(lines[0].contains(header), "{out}");
     }
-    assert!(lines[1].starts_with(&first_id), "oldest first: {out}");
+    assert!(lines[1].starts_with("orders "), "the module: {out}");
+    assert!(lines[1].contains(&first_id), "oldest first: {out}");
     assert!(lines[1].contains("orders.ping"), "{out}");
     assert!(lines[1].contains("2026-01-01T00:00:00Z"), "{out}");
     assert!(lines[1].contains(" 10 "), "{out}");
     assert!(lines[1].contains("handler failed: the warehouse"), "{out}");
     assert!(lines[1].ends_with("..."), "a long reason is cut: {out}");
     assert!(!out.contains("END-OF-REASON"), "{out}");
-    assert!(lines[2].starts_with(&unknown_id), "{out}");
+    assert!(lines[2].contains(&unknown_id), "{out}");
     assert!(lines[2].contains(" - "), "no handler shows as -: {out}");
     assert!(lines[2].contains("cli.unknown"), "{out}");
     assert!(lines[2].contains("2026-01-01T00:00:01Z"), "{out}");
-    assert!(lines[3].starts_with(&garbled_id), "{out}");
+    assert!(lines[3].contains(&garbled_id), "{out}");
     assert!(out.ends_with("\n3 dead letters\n"), "{out}");
 
     let json = on::<B>(&db, &["--json", "dead-letters", "list"])
@@ -182,6 +190,7 @@ async fn dead_letters_are_listed_and_shown<B: CliBackend>(db: Db) {
     let all = json.as_array().expect("an array");
     assert_eq!(all.len(), 3);
     assert_eq!(all[0]["message_id"], first_id.as_str());
+    assert_eq!(all[0]["module"], "orders");
     assert_eq!(all[0]["handler"], "orders.ping");
     assert_eq!(all[0]["reason"], long_reason.as_str());
     assert_eq!(all[0]["dead_at_us"], NEW_YEAR_US);
@@ -545,6 +554,7 @@ async fn sweep_deletes_old_rows_and_keeps_recent_ones<B: CliBackend>(db: Db) {
     assert_eq!(
         kept,
         serde_json::json!({
+            "module": "orders",
             "inbox_rows": 0,
             "outbox_rows": 0,
             "effect_rows": 0,
@@ -591,6 +601,7 @@ async fn sweep_deletes_old_rows_and_keeps_recent_ones<B: CliBackend>(db: Db) {
     assert_eq!(
         again,
         serde_json::json!({
+            "module": "orders",
             "inbox_rows": 0,
             "outbox_rows": 0,
             "effect_rows": 0,
@@ -623,8 +634,9 @@ async fn subscriptions_lists_a_stopped_one_with_what_it_owes<B: CliBackend>(db: 
     let list = on::<B>(&db, &["subscriptions"]).await;
     let out = list.ok();
     let lines: Vec<&str> = out.lines().collect();
-    assert!(lines[0].starts_with("MODULE"), "{out}");
+    assert!(lines[0].starts_with("OUTBOX "), "{out}");
     for header in [
+        "MODULE",
         "HANDLER",
         "TOPIC",
         "STATE",
@@ -633,7 +645,7 @@ async fn subscriptions_lists_a_stopped_one_with_what_it_owes<B: CliBackend>(db: 
     ] {
         assert!(lines[0].contains(header), "{out}");
     }
-    assert!(lines[1].starts_with("orders "), "{out}");
+    assert!(lines[1].starts_with("orders  orders "), "{out}");
     assert!(lines[1].contains(" orders.ping "), "{out}");
     assert!(lines[1].contains(" cli.ping "), "{out}");
     assert!(lines[1].contains(" stopped, last seen "), "{out}");
@@ -801,6 +813,7 @@ async fn subscriptions_retire_with_json<B: CliBackend>(db: Db) {
     assert_eq!(
         json,
         serde_json::json!({
+            "outbox": "orders",
             "module": "orders",
             "handler": "orders.audit",
             "topic": "cli.ping",

@@ -178,8 +178,9 @@ async fn an_unknown_effect_is_listed_counted_and_settled_as_done<B: CliBackend>(
     let list = on::<B>(&db, &["effects", "list"]).await;
     let out = list.ok();
     let lines: Vec<&str> = out.lines().collect();
-    assert!(lines[0].starts_with("MESSAGE ID"), "{out}");
+    assert!(lines[0].starts_with("MODULE "), "{out}");
     for header in [
+        "MESSAGE ID",
         "HANDLER",
         "EFFECT",
         "STATE",
@@ -191,7 +192,8 @@ async fn an_unknown_effect_is_listed_counted_and_settled_as_done<B: CliBackend>(
     ] {
         assert!(lines[0].contains(header), "{header}: {out}");
     }
-    assert!(lines[1].starts_with(&id), "{out}");
+    assert!(lines[1].starts_with("orders "), "{out}");
+    assert!(lines[1].contains(&id), "{out}");
     for cell in [
         HANDLER,
         " notify ",
@@ -441,6 +443,76 @@ async fn a_module_without_effects_has_none<B: CliBackend>(db: Db) {
     .fails(1, "no such effect");
 }
 
+/// Beside other modules, an effect is listed with its module and settled
+/// in the journal of the module that runs its handler (`--module` chooses
+/// when several run a handler of that name).
+async fn an_effect_is_settled_in_the_module_that_runs_its_handler<B: CliBackend>(db: Db) {
+    let notify = Notify::default();
+    notify.crash.store(true, SeqCst);
+    let module = notifier::<B>(&db, &notify).await;
+    let id = dead_lettered(&module, &[1]).await[0].to_string();
+    let _warehouse = B::module_at(&db, "warehouse", "warehouse")
+        .handler("warehouse.ping", Accept)
+        .start()
+        .await
+        .expect("warehouse starts");
+    let with = |others: &[&str], args: &[&str]| {
+        let mut all = B::places_args(&db, others);
+        all.extend(args.iter().map(|a| a.to_string()));
+        all
+    };
+    let all_of = |others: &'static [&'static str], args: &[&str]| {
+        let args = with(others, args);
+        let db = &db;
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            on::<B>(db, &args).await
+        }
+    };
+
+    let listed = all_of(&["warehouse"], &["--json", "effects", "list"])
+        .await
+        .json();
+    assert_eq!(listed[0]["module"], "orders", "{listed}");
+    assert_eq!(listed[0]["message_id"], id.as_str(), "{listed}");
+    all_of(
+        &["warehouse"],
+        &["effects", "done", &id, "nobody.notify", EFFECT, "--yes"],
+    )
+    .await
+    .fails(
+        1,
+        "none of modules `orders`, `warehouse` runs handler `nobody.notify`",
+    );
+
+    // Another module runs a handler of the same name.
+    let _billing = B::module_at(&db, "billing", "billing")
+        .handler(HANDLER, Accept)
+        .start()
+        .await
+        .expect("billing starts");
+    all_of(
+        &["warehouse", "billing"],
+        &["effects", "done", &id, HANDLER, EFFECT, "--yes"],
+    )
+    .await
+    .fails(
+        2,
+        "handler `orders.notify` runs in modules `orders`, `billing`",
+    );
+    let done = all_of(
+        &["warehouse", "billing"],
+        &[
+            "--module", "orders", "--json", "effects", "done", &id, HANDLER, EFFECT, "--yes",
+        ],
+    )
+    .await
+    .json();
+    assert_eq!(done["module"], "orders", "{done}");
+    assert_eq!(done["requeued"], true, "{done}");
+    assert_eq!(done["effect"]["state"], "succeeded", "{done}");
+}
+
 /// Instantiates the generic tests for one backend.
 macro_rules! effects_tests {
     ($backend:ty, $db:expr) => {
@@ -451,6 +523,7 @@ macro_rules! effects_tests {
                 an_unknown_effect_is_listed_counted_and_settled_as_done,
                 an_unknown_effect_settled_as_retry_is_called_again,
                 a_module_without_effects_has_none,
+                an_effect_is_settled_in_the_module_that_runs_its_handler,
             ]
         );
     };

@@ -110,14 +110,18 @@ impl Db {
     }
 }
 
-/// PostgreSQL: drops the test's schemas (its own and the `_empty` one some
-/// tests make beside it), so that a run leaves the server as it found it.
+/// PostgreSQL: drops the test's schemas (its own and those it makes beside
+/// it, named after it: `_empty`, one per module of an application), so
+/// that a run leaves the server as it found it.
 impl Drop for Db {
     fn drop(&mut self) {
         let Some(url) = &self.pg_url else { return };
         let sql = format!(
             "SET lock_timeout = '5s'; SET client_min_messages = warning; \
-             DROP SCHEMA IF EXISTS {0} CASCADE; DROP SCHEMA IF EXISTS {0}_empty CASCADE;",
+             DO $$ DECLARE s text; BEGIN \
+             FOR s IN SELECT nspname FROM pg_namespace \
+             WHERE nspname = '{0}' OR nspname LIKE '{0}\\_%' LOOP \
+             EXECUTE format('DROP SCHEMA %I CASCADE', s); END LOOP; END $$;",
             self.schema
         );
         let _ = std::process::Command::new("psql")
@@ -137,6 +141,21 @@ pub(crate) trait CliBackend: Backend {
 
     /// Options to give the tool besides the URL (the schema).
     fn extra_args(db: &Db) -> Vec<String>;
+
+    /// A builder for module `name` of an application of several, whose
+    /// database is at `place`: SQLite `DIR/PLACE.db`, PostgreSQL the schema
+    /// `<the test's schema>_PLACE` (so never named as the module).
+    fn module_at(db: &Db, place: &str, name: &str) -> ModuleBuilder<Self>;
+
+    /// The tool's options naming the databases at `places`: one
+    /// --database-url each on SQLite, the server's URL and one --schema
+    /// each on PostgreSQL.
+    fn places_args(db: &Db, places: &[&str]) -> Vec<String>;
+
+    /// The tool's options naming every database of an application made
+    /// with [`CliBackend::module_at`] at `places`: on SQLite its data
+    /// directory (--data-dir), as minishop lays it out.
+    fn application_args(db: &Db, places: &[&str]) -> Vec<String>;
 
     /// A UUID as an SQL literal.
     fn uuid_literal(id: Uuid) -> String;
@@ -182,6 +201,22 @@ impl CliBackend for tickbox::Sqlite {
         Vec::new()
     }
 
+    fn module_at(db: &Db, place: &str, name: &str) -> ModuleBuilder<Self> {
+        tickbox::Module::builder(name, sqlite_file(db, place))
+    }
+
+    fn places_args(db: &Db, places: &[&str]) -> Vec<String> {
+        places
+            .iter()
+            .flat_map(|place| ["--database-url".to_string(), sqlite_file(db, place)])
+            .collect()
+    }
+
+    fn application_args(db: &Db, _places: &[&str]) -> Vec<String> {
+        let dir = db.dir.path().to_str().expect("a UTF-8 path");
+        vec!["--data-dir".into(), dir.into()]
+    }
+
     fn uuid_literal(id: Uuid) -> String {
         format!("x'{}'", id.simple())
     }
@@ -205,6 +240,22 @@ impl CliBackend for tickbox::Postgres {
         vec!["--schema".into(), db.schema.clone()]
     }
 
+    fn module_at(db: &Db, place: &str, name: &str) -> ModuleBuilder<Self> {
+        tickbox::Module::builder(name, Self::url(db)).schema(format!("{}_{place}", db.schema))
+    }
+
+    fn places_args(db: &Db, places: &[&str]) -> Vec<String> {
+        let mut args = vec!["--database-url".to_string(), Self::url(db)];
+        for place in places {
+            args.extend(["--schema".to_string(), format!("{}_{place}", db.schema)]);
+        }
+        args
+    }
+
+    fn application_args(db: &Db, places: &[&str]) -> Vec<String> {
+        Self::places_args(db, places)
+    }
+
     fn uuid_literal(id: Uuid) -> String {
         format!("'{id}'")
     }
@@ -212,6 +263,14 @@ impl CliBackend for tickbox::Postgres {
     async fn texts(module: &ModuleHandle<Self>, sql: &'static str) -> Vec<String> {
         texts!(module, sql)
     }
+}
+
+/// SQLite: the path of the database file `PLACE.db` in the test's
+/// directory.
+#[cfg(feature = "sqlite")]
+fn sqlite_file(db: &Db, place: &str) -> String {
+    let path = db.dir.path().join(format!("{place}.db"));
+    path.to_str().expect("a UTF-8 path").to_string()
 }
 
 // ---------------------------------------------------------------------------

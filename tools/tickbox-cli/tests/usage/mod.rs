@@ -24,6 +24,8 @@ async fn help_pages_name_every_command_and_option() {
             "--database-url <URL>",
             "TICKBOX_DATABASE_URL",
             "--schema <NAME>",
+            "--data-dir <DIR>",
+            "--module <NAME>",
             "--json",
             "Exit status:",
         ] {
@@ -187,8 +189,8 @@ async fn usage_errors_exit_2_and_touch_no_database() {
             "neither an SQLite path",
         ),
         (
-            "--database-url a.db --database-url b.db status",
-            "cannot be used multiple times",
+            "--data-dir shop --schema s1 status",
+            "--schema applies to PostgreSQL only",
         ),
         ("help frobnicate", "unrecognized subcommand 'frobnicate'"),
         (
