@@ -24,7 +24,9 @@ pub(crate) struct Target {
     /// The backend the URL is for.
     pub(crate) kind: Kind,
     /// The module name, which only labels error messages: the SQLite file's
-    /// stem, or the PostgreSQL schema or database name.
+    /// stem, or the PostgreSQL schema or database name (read from the URL
+    /// as `tickbox::redact_url` shows it: a mistyped URL must not become a
+    /// label).
     pub(crate) module: String,
 }
 
@@ -63,9 +65,11 @@ impl Target {
                     .strip_prefix("sqlite://")
                     .or_else(|| trimmed.strip_prefix("sqlite:"))
                     .unwrap_or(trimmed);
-                Path::new(path)
+                let shown = tickbox::redact_url(path);
+                Path::new(&shown)
                     .file_stem()
                     .and_then(|stem| stem.to_str())
+                    .filter(|stem| !stem.contains("***"))
                     .map(str::to_string)
             }
             Kind::Postgres => schema.clone().or_else(|| database_name(trimmed)),
