@@ -11,6 +11,8 @@
 //! `deadlines` cuts transactions and deliveries that get no answer, and
 //! refuses deadlines too short to be safe.
 //!
+//! `errors`: no URL's secret is shown, whatever its shape.
+//!
 //! The process tests run the minishop example as a child process:
 //! `processes` (crashes, several processes, a broker's faults),
 //! `effects_mail` (real e-mails), `quiet_network` (a network that goes
@@ -20,6 +22,7 @@
 mod amqp;
 mod deadlines;
 mod effects_mail;
+mod errors;
 mod examples;
 #[cfg(feature = "prometheus")]
 mod exposition;

@@ -6,7 +6,8 @@
 //! deliver sends `pg_notify` on the outbox's channel just before COMMIT, and
 //! a bus listens on that channel on a connection of its own.
 
-use crate::error::{redact_url, Error};
+use crate::error::Error;
+use crate::redact::{redact_url, SecretUrl};
 use crate::store::backend::Backend;
 use crate::store::contract::{
     advance_key_statement, bump_sequence_statement, first_sequence_statement, numbering_order,
@@ -50,13 +51,13 @@ const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres");
 const MIGRATION_LOCK: i64 = 0x0074_6963_6b62_6f78; // "tickbox"
 
 fn check_url(settings: &StoreSettings) -> crate::Result<()> {
-    let url = settings.url.trim();
+    let url = settings.url.expose().trim();
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         Ok(())
     } else {
         Err(Error::BadDatabaseUrl {
             module: settings.module.clone(),
-            url: redact_url(url),
+            url: settings.url.redacted(),
             reason: "a PostgreSQL URL starts with postgres:// or postgresql://".into(),
         })
     }
@@ -377,7 +378,7 @@ fn with_causes(error: &dyn std::error::Error) -> String {
 /// Connects, listens, and calls `wake` once listening and on every
 /// notification; returns why it stopped.
 async fn listen_until_failure(wakeup: &WakeupChannel, module: &str, wake: &impl Fn()) -> String {
-    let connecting = tokio::time::timeout(LISTEN_CONNECT_TIMEOUT, connect(&wakeup.url));
+    let connecting = tokio::time::timeout(LISTEN_CONNECT_TIMEOUT, connect(wakeup.url.expose()));
     let mut conn = match connecting.await {
         Ok(Ok(conn)) => conn,
         Ok(Err(error)) => return format!("connecting: {error}"),
@@ -450,7 +451,7 @@ impl Store for Postgres {
     async fn open(settings: &StoreSettings) -> crate::Result<(Self::Pool, Option<WakeupChannel>)> {
         check_url(settings)?;
         let schema = check_schema(settings)?;
-        let url = settings.url.trim().to_string();
+        let url = settings.url.expose().trim().to_string();
         let module = settings.module.clone();
         let migrate_schema = schema.clone();
         let migrate = settings.migrate;
@@ -538,7 +539,7 @@ impl Store for Postgres {
         })??;
 
         let wakeup = WakeupChannel {
-            url: url.clone(),
+            url: SecretUrl::new(url.clone()),
             channel: wakeup_channel_name(&outbox_schema),
         };
         let pool = schema_pool(settings, url, schema)?;
@@ -555,7 +556,7 @@ impl Store for Postgres {
             pool_size: JOURNAL_POOL_SIZE,
             ..settings.clone()
         };
-        let url = settings.url.trim().to_string();
+        let url = settings.url.expose().trim().to_string();
         let pool = schema_pool(&settings, url, schema)?;
         if !settings.migrate {
             // Attached: a schema an older tickbox migrated has no journal.

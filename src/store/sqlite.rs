@@ -5,6 +5,7 @@
 //! the bus's periodic outbox scan (`BusBuilder::scan_interval`).
 
 use crate::error::Error;
+use crate::redact::redact_url;
 use crate::store::backend::Backend;
 use crate::store::contract::{
     advance_key_statement, bump_sequence_statement, first_sequence_statement, numbering_order,
@@ -72,7 +73,7 @@ fn prepare_file(
 ) -> crate::Result<()> {
     let bad_url = |reason: String| Error::BadDatabaseUrl {
         module: module.to_string(),
-        url: path.to_string(),
+        url: redact_url(path),
         reason,
     };
     let mut conn = diesel::SqliteConnection::establish(path).map_err(|e| bad_url(e.to_string()))?;
@@ -167,14 +168,14 @@ fn is_busy(error: &Error) -> bool {
 /// Accepts a plain path or a `sqlite://`/`sqlite:` URL; refuses in-memory
 /// databases, which a pool of connections cannot share.
 fn database_path(settings: &StoreSettings) -> crate::Result<String> {
-    let url = settings.url.trim();
+    let url = settings.url.expose().trim();
     let path = url
         .strip_prefix("sqlite://")
         .or_else(|| url.strip_prefix("sqlite:"))
         .unwrap_or(url);
     let bad = |reason: &str| Error::BadDatabaseUrl {
         module: settings.module.clone(),
-        url: settings.url.clone(),
+        url: settings.url.redacted(),
         reason: reason.to_string(),
     };
     if path.is_empty() {
@@ -236,7 +237,7 @@ impl Store for Sqlite {
         if !settings.migrate && !std::path::Path::new(&path).exists() {
             return Err(Error::BadDatabaseUrl {
                 module: settings.module.clone(),
-                url: path,
+                url: redact_url(&path),
                 reason: "no database file there".into(),
             });
         }
