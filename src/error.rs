@@ -37,7 +37,11 @@ pub enum Error {
         reason: String,
     },
 
-    /// The database URL or path could not be used to open a database.
+    /// The database URL or path could not be used to open a database: it
+    /// is not a URL for the backend, the server refused the login or has no
+    /// such database, the file cannot be opened. (A server out of reach is
+    /// [`Error::DatabaseUnreachable`], a missing directory
+    /// [`Error::MissingDirectory`].)
     #[error("cannot open the database of module `{module}` at {url}: {reason}")]
     BadDatabaseUrl {
         /// The module whose database it is.
@@ -47,6 +51,44 @@ pub enum Error {
         url: String,
         /// Why it could not be opened.
         reason: String,
+    },
+
+    /// The server holding a PostgreSQL module's database could not be
+    /// reached when the module opened: nothing listens at its address (the
+    /// connection was refused), the host name does not resolve, no route
+    /// leads there, or the server did not answer within the connection
+    /// attempt's limit.
+    ///
+    /// Transient ([`Error::is_transient`]): a server still starting, or
+    /// failing over, is reached on a later try, so an application starting
+    /// beside its database may try again with a backoff. A wrong host or
+    /// port fails the same way every time: bound the tries, then show this
+    /// error.
+    #[error("cannot reach the database server of module `{module}` at {address}: {reason}")]
+    DatabaseUnreachable {
+        /// The module whose database it is.
+        module: String,
+        /// Where the server was looked for, as the URL names it: `host:port`
+        /// (several, comma-separated, when the URL lists several hosts), or
+        /// a Unix socket's directory and port.
+        address: String,
+        /// What happened, with the operating system's reason (e.g. `the
+        /// server refused the connection (Connection refused (os error
+        /// 111))`).
+        reason: String,
+    },
+
+    /// The directory meant to hold an SQLite module's database file does
+    /// not exist: tickbox creates the file, never its directories.
+    #[error("cannot open the database of module `{module}` at {path}: the directory {directory} does not exist; create it, or fix the path")]
+    MissingDirectory {
+        /// The module whose database it is.
+        module: String,
+        /// The database file's path, as [`redact_url`](crate::redact_url)
+        /// shows it.
+        path: String,
+        /// The directory that does not exist, shown the same way.
+        directory: String,
     },
 
     /// The database opened but holds no tickbox tables.

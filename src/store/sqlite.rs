@@ -194,6 +194,37 @@ fn database_path(settings: &StoreSettings) -> crate::Result<String> {
     Ok(path.to_string())
 }
 
+/// Refuses a database file whose directory does not exist, naming the
+/// directory: SQLite would only say that it is "unable to open database
+/// file".
+fn refuse_missing_directory(module: &str, path: &str) -> crate::Result<()> {
+    let Some(directory) = std::path::Path::new(path)
+        .parent()
+        .filter(|directory| !directory.as_os_str().is_empty())
+    else {
+        return Ok(());
+    };
+    match std::fs::metadata(directory) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // A path shown as typed shows its directory too (`data`, a word
+            // that alone would be hidden); a hidden one only what the
+            // directory alone may show.
+            let shown = redact_url(path);
+            let directory = directory.to_string_lossy();
+            Err(Error::MissingDirectory {
+                module: module.to_string(),
+                directory: if shown == path.trim() {
+                    directory.into_owned()
+                } else {
+                    redact_url(&directory)
+                },
+                path: shown,
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
 impl Backend for Sqlite {
     const NAME: &'static str = "sqlite";
     const DEFAULT_POOL_SIZE: usize = 4;
@@ -234,6 +265,7 @@ impl Store for Sqlite {
 
     async fn open(settings: &StoreSettings) -> crate::Result<(Self::Pool, Option<WakeupChannel>)> {
         let path = database_path(settings)?;
+        refuse_missing_directory(&settings.module, &path)?;
         if !settings.migrate && !std::path::Path::new(&path).exists() {
             return Err(Error::BadDatabaseUrl {
                 module: settings.module.clone(),

@@ -1,12 +1,15 @@
-//! Errors that show no secret.
+//! Errors that say what is wrong, and show no secret.
 //!
 //! `secrets`: a URL of any shape — mistyped, missing part of its `://`, a
 //! connection string, user info without a scheme, a lone word that may be
 //! a password — through every place that takes one (the SQLite and
 //! PostgreSQL module builders, the broker's settings, the examples'
 //! command lines): its password appears in no error (Display, Debug) and
-//! in no usage message.
+//! in no usage message. `opening`: a database that cannot be opened says
+//! why — a server refusing the connection, a directory that does not
+//! exist.
 
+mod opening;
 mod secrets;
 
 /// A URL's secret in every shape a person may type it in; each holds
