@@ -11,9 +11,9 @@
 //! `deadlines` cuts transactions and deliveries that get no answer, and
 //! refuses deadlines too short to be safe.
 //!
-//! `errors`: a database that cannot be opened says why, and no URL's
-//! secret is shown, whatever its shape, by the library or the examples'
-//! command lines.
+//! `errors`: a database that cannot be opened says why, a refused broker
+//! login is tickbox's one error, and no URL's secret is shown, whatever
+//! its shape, by the library or the examples' command lines.
 //!
 //! The process tests run the minishop example as a child process:
 //! `processes` (crashes, several processes, a broker's faults),

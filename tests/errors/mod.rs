@@ -7,8 +7,11 @@
 //! command lines): its password appears in no error (Display, Debug) and
 //! in no usage message. `opening`: a database that cannot be opened says
 //! why — a server refusing the connection, a directory that does not
-//! exist.
+//! exist. `broker` (the `amqp` feature): a login the broker refuses is
+//! reported by tickbox alone, in its own words.
 
+#[cfg(feature = "amqp")]
+mod broker;
 mod opening;
 mod secrets;
 
