@@ -37,15 +37,58 @@ pub enum Error {
         reason: String,
     },
 
-    /// The database URL or path could not be used to open a database.
+    /// The database URL or path could not be used to open a database: it
+    /// is not a URL for the backend, the server refused the login or has no
+    /// such database, the file cannot be opened. (A server out of reach is
+    /// [`Error::DatabaseUnreachable`], a missing directory
+    /// [`Error::MissingDirectory`].)
     #[error("cannot open the database of module `{module}` at {url}: {reason}")]
     BadDatabaseUrl {
         /// The module whose database it is.
         module: String,
-        /// The URL with any password removed.
+        /// The URL as [`redact_url`](crate::redact_url) shows it: no
+        /// password, nothing that might be one.
         url: String,
         /// Why it could not be opened.
         reason: String,
+    },
+
+    /// The server holding a PostgreSQL module's database could not be
+    /// reached when the module opened: nothing listens at its address (the
+    /// connection was refused), the host name does not resolve, no route
+    /// leads there, or the server did not answer within the connection
+    /// attempt's limit.
+    ///
+    /// Transient ([`Error::is_transient`]): a server still starting, or
+    /// failing over, is reached on a later try, so an application starting
+    /// beside its database may try again with a backoff. A wrong host or
+    /// port fails the same way every time: bound the tries, then show this
+    /// error.
+    #[error("cannot reach the database server of module `{module}` at {address}: {reason}")]
+    DatabaseUnreachable {
+        /// The module whose database it is.
+        module: String,
+        /// Where the server was looked for, as the URL names it: `host:port`
+        /// (several, comma-separated, when the URL lists several hosts), or
+        /// a Unix socket's directory and port.
+        address: String,
+        /// What happened, with the operating system's reason (e.g. `the
+        /// server refused the connection (Connection refused (os error
+        /// 111))`).
+        reason: String,
+    },
+
+    /// The directory meant to hold an SQLite module's database file does
+    /// not exist: tickbox creates the file, never its directories.
+    #[error("cannot open the database of module `{module}` at {path}: the directory {directory} does not exist; create it, or fix the path")]
+    MissingDirectory {
+        /// The module whose database it is.
+        module: String,
+        /// The database file's path, as [`redact_url`](crate::redact_url)
+        /// shows it.
+        path: String,
+        /// The directory that does not exist, shown the same way.
+        directory: String,
     },
 
     /// The database opened but holds no tickbox tables.
@@ -53,7 +96,7 @@ pub enum Error {
     NotATickboxDatabase {
         /// The module whose database it was meant to be.
         module: String,
-        /// The URL with any password removed.
+        /// The URL as [`redact_url`](crate::redact_url) shows it.
         url: String,
     },
 
@@ -259,7 +302,7 @@ pub enum Error {
     /// is down, restarting, or the network failed): worth trying again.
     #[error("the message broker at {url} is unreachable: {reason}")]
     BrokerUnreachable {
-        /// The broker's URL with any password removed.
+        /// The broker's URL as [`redact_url`](crate::redact_url) shows it.
         url: String,
         /// What failed.
         reason: String,
@@ -270,7 +313,7 @@ pub enum Error {
     /// permission): trying again does not help until it is fixed.
     #[error("the message broker at {url} refused: {reason}")]
     BrokerRefused {
-        /// The broker's URL with any password removed.
+        /// The broker's URL as [`redact_url`](crate::redact_url) shows it.
         url: String,
         /// What it refused, and what to do.
         reason: String,
@@ -279,213 +322,6 @@ pub enum Error {
 
 /// `Result` with tickbox's [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// A database URL with its secrets replaced by `***`, for logs and
-/// messages. tickbox's own errors never show a password.
-///
-/// The URL is parsed (with the `url` crate), not matched against a pattern,
-/// and the password is masked wherever it sits:
-///
-/// - in the user info: `postgres://app:***@db:5432/shop`;
-/// - in any query parameter whose name (case-insensitive) contains `pass`,
-///   `pwd`, `secret`, `token`, `key`, `credential` or `auth` (so `password`,
-///   `passwd`, `sslpassword`, `api_key`, `access_token`, `credentials`…):
-///   `?password=***`. AMQP's `auth_mechanism`, which names a mechanism
-///   (`PLAIN`, `EXTERNAL`) and never holds a secret, stays visible;
-/// - in the fragment (`#***`), where a raw `#` inside a parameter's value
-///   puts the rest of it;
-/// - everywhere after the scheme (`postgres://***`) when the URL does not
-///   parse, or when an `@` appears after its authority: a raw `/`, `?` or
-///   `#` inside a password makes the parser put the rest of the secret in
-///   the path, the query or the fragment.
-///
-/// The host, port, database and the other parameters stay readable.
-/// A string without a scheme is either a PostgreSQL key=value connection
-/// string (`host=db user=app password=secret dbname=shop`, values possibly
-/// quoted), whose secret-named values are masked the same way, or a file
-/// path, which is returned as it is; so are `sqlite://` URLs (SQLite has no
-/// credentials, and a path is easier to read as typed).
-///
-/// ```
-/// use tickbox::redact_url;
-///
-/// assert_eq!(redact_url("postgres://app:secret@db/shop"), "postgres://app:***@db/shop");
-/// assert_eq!(
-///     redact_url("postgres://app@db:5432/shop?password=secret&sslmode=require"),
-///     "postgres://app@db:5432/shop?password=***&sslmode=require"
-/// );
-/// assert_eq!(redact_url("postgres://app:se/cret@db/shop"), "postgres://***");
-/// assert_eq!(redact_url("host=db password='a b' dbname=shop"), "host=db password=*** dbname=shop");
-/// assert_eq!(redact_url("data/orders.db"), "data/orders.db");
-/// ```
-pub fn redact_url(url: &str) -> String {
-    let text = url.trim();
-    let Some(scheme_end) = text.find("://") else {
-        return redact_conninfo(text).unwrap_or_else(|| text.to_string());
-    };
-    let scheme = &text[..scheme_end];
-    if !is_scheme(scheme) {
-        // `://` in something that is not a URL: a key=value string holding
-        // a URL as one of its values, or an unknown shape, of which only
-        // the part before `://` is safe to show.
-        return redact_conninfo(text).unwrap_or_else(|| format!("{scheme}://***"));
-    }
-    if scheme.eq_ignore_ascii_case("sqlite") {
-        return text.to_string();
-    }
-    let hidden = || format!("{scheme}://***");
-    let Ok(mut parsed) = url::Url::parse(text) else {
-        return hidden();
-    };
-    // An `@` after the authority as the parser saw it means that the user
-    // info went on past a `/`, `?` or `#`: part of a password would be
-    // shown as a path, a query or a fragment.
-    let after_scheme = &text[scheme_end + 3..];
-    let authority_end = after_scheme
-        .find(['/', '?', '#', '\\'])
-        .unwrap_or(after_scheme.len());
-    if after_scheme[authority_end..].contains('@') {
-        return hidden();
-    }
-    if parsed.password().is_some() && parsed.set_password(Some("***")).is_err() {
-        return hidden();
-    }
-    if let Some(query) = parsed.query().map(redact_query) {
-        parsed.set_query(Some(&query));
-    }
-    // A database URL has no use for a fragment: one appears when a raw `#`
-    // cut a secret parameter's value in two.
-    if parsed.fragment().is_some() {
-        parsed.set_fragment(Some("***"));
-    }
-    parsed.into()
-}
-
-/// A URL scheme: a letter, then letters, digits, `+`, `-` or `.`.
-fn is_scheme(text: &str) -> bool {
-    let mut chars = text.chars();
-    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
-        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
-}
-
-/// True when a parameter of that name may hold a secret.
-fn is_secret_name(name: &str) -> bool {
-    /// Words that mark a secret; `pass` covers `password`, `passwd` and
-    /// `sslpassword`, `key` covers `api_key`, `token` `access_token`.
-    const SECRET_WORDS: [&str; 7] = [
-        "pass",
-        "pwd",
-        "secret",
-        "token",
-        "key",
-        "credential",
-        "auth",
-    ];
-    /// Names holding one of those words that never hold a secret.
-    const NOT_SECRET: [&str; 1] = ["auth_mechanism"];
-    let name = name.to_lowercase();
-    SECRET_WORDS.iter().any(|word| name.contains(word)) && !NOT_SECRET.contains(&name.as_str())
-}
-
-/// A URL's query with the values of secret-named parameters masked; the
-/// other parameters are kept as written.
-fn redact_query(query: &str) -> String {
-    query
-        .split('&')
-        .map(|pair| {
-            let name = url::form_urlencoded::parse(pair.as_bytes())
-                .next()
-                .map(|(name, _)| name.into_owned())
-                .unwrap_or_default();
-            match pair.split_once('=') {
-                Some((raw_name, _)) if is_secret_name(&name) => format!("{raw_name}=***"),
-                _ => pair.to_string(),
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("&")
-}
-
-/// A PostgreSQL key=value connection string (`host=db password=secret`,
-/// a value possibly single-quoted, with `\` escapes, as libpq reads it)
-/// with its secret-named values masked, and any URL among the other values
-/// redacted; `None` when `text` does not start with a `key=value` pair (a
-/// file path). Whatever follows a pair that does not parse is masked.
-fn redact_conninfo(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let skip_space = |mut at: usize| {
-        while at < bytes.len() && bytes[at].is_ascii_whitespace() {
-            at += 1;
-        }
-        at
-    };
-    let mut out = String::with_capacity(text.len());
-    let mut pairs = 0;
-    let mut at = 0;
-    loop {
-        let start = skip_space(at);
-        out.push_str(&text[at..start]);
-        if start == bytes.len() {
-            break;
-        }
-        let mut name_end = start;
-        while name_end < bytes.len()
-            && (bytes[name_end].is_ascii_alphanumeric() || bytes[name_end] == b'_')
-        {
-            name_end += 1;
-        }
-        let name = &text[start..name_end];
-        let equals = skip_space(name_end);
-        let is_pair = !name.is_empty()
-            && !name.starts_with(|c: char| c.is_ascii_digit())
-            && bytes.get(equals) == Some(&b'=');
-        if !is_pair {
-            if pairs == 0 {
-                return None;
-            }
-            out.push_str("***");
-            return Some(out);
-        }
-        let value_start = skip_space(equals + 1);
-        out.push_str(&text[start..value_start]);
-        let mut end = value_start;
-        if bytes.get(end) == Some(&b'\'') {
-            end += 1;
-            loop {
-                match bytes.get(end) {
-                    // An unterminated quote: libpq refuses the string, and
-                    // what follows may all be the secret.
-                    None => {
-                        out.push_str("***");
-                        return Some(out);
-                    }
-                    Some(b'\\') => end += 2,
-                    Some(b'\'') => {
-                        end += 1;
-                        break;
-                    }
-                    Some(_) => end += 1,
-                }
-            }
-        } else {
-            while end < bytes.len() && !bytes[end].is_ascii_whitespace() {
-                end += if bytes[end] == b'\\' { 2 } else { 1 };
-            }
-        }
-        let end = end.min(bytes.len());
-        let value = &text[value_start..end];
-        if is_secret_name(name) {
-            out.push_str("***");
-        } else if value.contains("://") {
-            out.push_str(&redact_url(value));
-        } else {
-            out.push_str(value);
-        }
-        pairs += 1;
-        at = end;
-    }
-    Some(out)
-}
 
 /// A short text for a caught panic payload.
 pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
@@ -510,269 +346,5 @@ impl fmt::Display for Chain<'_> {
             source = s.source();
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn redacts_the_password_in_the_user_info() {
-        assert_eq!(
-            redact_url("postgres://bob:secret@db:5432/app"),
-            "postgres://bob:***@db:5432/app"
-        );
-        assert_eq!(
-            redact_url("postgresql://bob:secret@db/app?sslmode=require"),
-            "postgresql://bob:***@db/app?sslmode=require"
-        );
-        assert_eq!(
-            redact_url("postgres://:secret@db/app"),
-            "postgres://:***@db/app"
-        );
-        assert_eq!(
-            redact_url("postgres://bob:se%2Fc%3Fret@db/app"),
-            "postgres://bob:***@db/app"
-        );
-        assert_eq!(
-            redact_url("postgres://bob:p@ss@word@db/app"),
-            "postgres://bob:***@db/app"
-        );
-        assert_eq!(
-            redact_url("postgres://bob:sec ret@db/app"),
-            "postgres://bob:***@db/app"
-        );
-        assert_eq!(
-            redact_url("postgres://bob:secret@[::1]:5432/app"),
-            "postgres://bob:***@[::1]:5432/app"
-        );
-        assert_eq!(
-            redact_url("  postgres://bob:secret@db/app\n"),
-            "postgres://bob:***@db/app"
-        );
-    }
-
-    #[test]
-    fn leaves_urls_without_secrets_as_they_are() {
-        for url in [
-            "postgres://bob@db/app",
-            "postgres://db/app",
-            "postgres://postgres@127.0.0.1:5432/test",
-            "postgresql://bob@db:5432/app?sslmode=disable&application_name=shop&connect_timeout=5",
-            "postgres:///app?host=/var/run/postgresql",
-        ] {
-            assert_eq!(redact_url(url), url);
-        }
-        assert_eq!(
-            redact_url("postgres://bob:@db/app"),
-            "postgres://bob@db/app"
-        );
-    }
-
-    #[test]
-    fn redacts_secret_named_query_parameters() {
-        assert_eq!(
-            redact_url("postgres://postgres@127.0.0.1:5432/nodb?password=S3cret!"),
-            "postgres://postgres@127.0.0.1:5432/nodb?password=***"
-        );
-        assert_eq!(
-            redact_url(
-                "postgres://bob:one@db/app?sslmode=require&password=two&application_name=shop"
-            ),
-            "postgres://bob:***@db/app?sslmode=require&password=***&application_name=shop"
-        );
-        for name in [
-            "password",
-            "PASSWORD",
-            "Password",
-            "passwd",
-            "pwd",
-            "pass",
-            "secret",
-            "client_secret",
-            "token",
-            "access_token",
-            "key",
-            "api_key",
-            "ApiKey",
-            "sslpassword",
-            "credentials",
-            "auth",
-            "authorization",
-            "%70assword",
-            "pass+word",
-        ] {
-            assert_eq!(
-                redact_url(&format!("postgres://db/app?a=1&{name}=S3cret&b=2")),
-                format!("postgres://db/app?a=1&{name}=***&b=2"),
-                "{name}"
-            );
-        }
-        assert_eq!(
-            redact_url("postgres://db/app?password=&sslmode=disable"),
-            "postgres://db/app?password=***&sslmode=disable"
-        );
-        // A name alone, without a value, holds nothing to hide.
-        assert_eq!(
-            redact_url("postgres://db/app?password"),
-            "postgres://db/app?password"
-        );
-        assert_eq!(
-            redact_url("postgres://db/app?password=S3#cret&sslmode=require"),
-            "postgres://db/app?password=***#***"
-        );
-    }
-
-    #[test]
-    fn never_shows_a_password_holding_url_delimiters() {
-        for secret in [
-            "S3cret!",
-            "S3/cret",
-            "S3?cret",
-            "S3#cret",
-            "S3@cret",
-            "S3:cret",
-            "S3%2Fcret",
-            "S3 cret",
-            "S3=cret",
-            "S3\\cret",
-            "S3'cret",
-            "S3;cret",
-            "/S3cret",
-            "S3cret/",
-        ] {
-            for url in [
-                format!("postgres://bob:{secret}@db.example:5432/shop?sslmode=require"),
-                format!("postgres://bob@db.example:5432/shop?password={secret}&sslmode=require"),
-                format!("amqps://bob:{secret}@mq.example:5671/%2f"),
-            ] {
-                let shown = redact_url(&url);
-                assert!(!shown.contains("cret"), "{url} -> {shown}");
-                assert!(
-                    shown.starts_with(&url[..url.find("://").unwrap() + 3]),
-                    "{url} -> {shown}"
-                );
-            }
-            let conninfo = format!(
-                "host=db.example password='{}' dbname=shop",
-                secret.replace('\\', "\\\\").replace('\'', "\\'")
-            );
-            let shown = redact_url(&conninfo);
-            assert_eq!(
-                shown, "host=db.example password=*** dbname=shop",
-                "{conninfo}"
-            );
-        }
-    }
-
-    #[test]
-    fn masks_everything_after_the_scheme_when_the_password_breaks_the_url() {
-        for url in [
-            // A raw `/` ends the authority: the rest is parsed as the path.
-            "postgres://bob:se/cret@db:5432/app",
-            "postgres://bob:1234/cret@db:5432/app",
-            // A raw `?` starts the query, a raw `#` the fragment.
-            "postgres://bob:se?cret@db/app",
-            "postgres://bob:1234?cret@db/app",
-            "postgres://bob:1234#cret@db/app",
-            // Does not parse at all.
-            "postgres://bob:secret@db:99999/app",
-            "postgres://bob:secret@db:5432,db2:5433/app",
-        ] {
-            assert_eq!(redact_url(url), "postgres://***", "{url}");
-        }
-        assert_eq!(
-            redact_url("postgresql://bob:se/cret@db/app?password=x"),
-            "postgresql://***"
-        );
-        // Not a URL, whatever is before `://`.
-        assert_eq!(
-            redact_url("\"postgres://bob:secret@db/app\""),
-            "\"postgres://***"
-        );
-    }
-
-    #[test]
-    fn redacts_amqp_urls_the_same_way() {
-        assert_eq!(
-            redact_url("amqp://guest:guest@127.0.0.1:5672/%2f"),
-            "amqp://guest:***@127.0.0.1:5672/%2f"
-        );
-        assert_eq!(
-            redact_url(
-                "amqps://app:S3cret@mq.internal:5671/shop?auth_mechanism=external&heartbeat=30"
-            ),
-            "amqps://app:***@mq.internal:5671/shop?auth_mechanism=external&heartbeat=30"
-        );
-        assert_eq!(
-            redact_url(
-                "amqps://mq.internal/%2f?heartbeat=10&password=S3cret&keyfile=/etc/mq/client.key"
-            ),
-            "amqps://mq.internal/%2f?heartbeat=10&password=***&keyfile=***"
-        );
-        assert_eq!(
-            redact_url("amqp://guest:gu/est@127.0.0.1:5672/%2f"),
-            "amqp://***"
-        );
-    }
-
-    #[test]
-    fn redacts_key_value_connection_strings() {
-        assert_eq!(
-            redact_url("host=db user=app password=secret dbname=shop"),
-            "host=db user=app password=*** dbname=shop"
-        );
-        assert_eq!(
-            redact_url("host=db password='a b c' dbname=shop"),
-            "host=db password=*** dbname=shop"
-        );
-        assert_eq!(
-            redact_url(r"password='it\'s \\ secret' host=db"),
-            "password=*** host=db"
-        );
-        assert_eq!(
-            redact_url("host = db  password = secret\tport=5432"),
-            "host = db  password = ***\tport=5432"
-        );
-        assert_eq!(
-            redact_url(r"PassWord=se\ cret sslpassword=x application_name='my shop'"),
-            "PassWord=*** sslpassword=*** application_name='my shop'"
-        );
-        assert_eq!(
-            redact_url("host=db dbname=shop sslmode=require"),
-            "host=db dbname=shop sslmode=require"
-        );
-        // An unterminated quote or a broken pair: the rest may all be secret.
-        assert_eq!(
-            redact_url("host=db password='secret dbname=shop"),
-            "host=db password=***"
-        );
-        assert_eq!(redact_url("host=db secret stuff"), "host=db ***");
-        // A URL as one of the values.
-        assert_eq!(
-            redact_url("DATABASE_URL=postgres://bob:secret@db/app"),
-            "DATABASE_URL=postgres://bob:***@db/app"
-        );
-        assert_eq!(redact_url("host=db password=a://b"), "host=db password=***");
-    }
-
-    #[test]
-    fn leaves_sqlite_paths_as_they_are() {
-        for path in [
-            "data/orders.db",
-            "minishop-data/orders.db",
-            "/tmp/tickbox test/orders.db",
-            "orders.db",
-            ":memory:",
-            "sqlite:orders.db",
-            "sqlite://data/orders.db",
-            "sqlite:///var/lib/shop/orders.db",
-            "sqlite://my data/orders.db",
-            r"C:\data\orders.db",
-            "./data=1/orders.db",
-        ] {
-            assert_eq!(redact_url(path), path);
-        }
     }
 }

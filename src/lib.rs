@@ -353,7 +353,9 @@
 //!
 //! - `error`, `message`, `retry`, `retention` — the vocabulary: [`Error`],
 //!   [`Message`] and [`Envelope`], [`RetryPolicy`], [`Retention`];
-//!   `send_async_fn`: the async closures transactions and calls take.
+//!   `send_async_fn`: the async closures transactions and calls take;
+//!   `redact`: [`redact_url`], through which every URL tickbox shows
+//!   passes, and the URLs tickbox keeps, which show themselves redacted.
 //! - `store/` — storage. `backend`: the public, sealed [`Backend`] and the
 //!   private `Store` trait each backend implements for what truly differs
 //!   (`sqlite`, `postgres`: opening, migrations, how a transaction begins,
@@ -437,6 +439,7 @@ mod module;
 mod outbox;
 #[cfg(feature = "prometheus")]
 mod prometheus;
+mod redact;
 mod retention;
 mod retry;
 mod send_async_fn;
@@ -471,7 +474,7 @@ pub use effects::counters::EffectMetrics;
 pub use effects::policy::EffectPolicy;
 pub use effects::record::{EffectRecord, Settlement};
 pub use effects::state::EffectState;
-pub use error::{redact_url, Error, Result};
+pub use error::{Error, Result};
 pub use message::{Envelope, Keyed, Message};
 pub use metrics::{BusMetrics, HandlerMetrics, LatencyMetrics, ModuleMetrics, OutboxMetrics};
 pub use module::actor::Module;
@@ -479,6 +482,7 @@ pub use module::builder::ModuleBuilder;
 pub use module::dead_letters::{DeadLetter, Replayed};
 pub use module::handle::{ModuleHandle, StoreStats};
 pub use outbox::subscription::Subscription;
+pub use redact::redact_url;
 pub use retention::{Retention, SweepReport};
 pub use retry::RetryPolicy;
 pub use store::backend::Backend;

@@ -13,12 +13,16 @@ impl Error {
     /// True for failures that may succeed when tried again: lost connections,
     /// calls past their deadline,
     /// serialization failures, deadlocks, a busy SQLite database, a server
-    /// shutting down or out of connections, an exhausted pool, an unreachable
-    /// message broker.
+    /// shutting down or out of connections, an exhausted pool, a database
+    /// server or message broker out of reach (at start too: it may be
+    /// starting; bound the tries, since a wrong address never succeeds).
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Database(e) => is_transient(e),
-            Error::Pool { .. } | Error::Deadline { .. } | Error::BrokerUnreachable { .. } => true,
+            Error::Pool { .. }
+            | Error::Deadline { .. }
+            | Error::DatabaseUnreachable { .. }
+            | Error::BrokerUnreachable { .. } => true,
             _ => false,
         }
     }

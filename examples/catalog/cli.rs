@@ -1,8 +1,12 @@
 //! The command line.
 
 use clap::Parser;
+use secret_args::Secret;
 use std::path::PathBuf;
 use std::time::Duration;
+
+#[path = "../../tools/secret_args.rs"]
+mod secret_args;
 
 /// catalog: a catalog of products whose price changes reach a storefront's
 /// copy and an audit journal, in order per product thanks to ordering keys.
@@ -35,7 +39,7 @@ pub struct Args {
     /// PostgreSQL (needs the `postgres` feature): one schema per module,
     /// PREFIX_catalog, PREFIX_storefront and PREFIX_journeys (see
     /// --schema-prefix)
-    #[arg(long, value_name = "URL", value_parser = postgres_url, conflicts_with = "data_dir")]
+    #[arg(long, value_name = "URL", value_parser = Secret(postgres_url), conflicts_with = "data_dir")]
     database_url: Option<String>,
 
     /// With --database-url: the prefix of the modules' schema names
@@ -103,6 +107,12 @@ pub struct NewPlan {
 }
 
 impl Args {
+    /// The arguments of this process; exits with code 2 and a usage message
+    /// when they are wrong (a URL in it redacted), with 0 after `--help`.
+    pub fn parse_or_exit() -> Args {
+        Args::try_parse().unwrap_or_else(|error| secret_args::exit(error))
+    }
+
     /// Where the modules' databases are.
     pub fn store(&self) -> Store<'_> {
         match &self.database_url {

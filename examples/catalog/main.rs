@@ -65,7 +65,6 @@ mod plan;
 mod report;
 mod tables;
 
-use clap::Parser;
 use cli::{Args, NewPlan, Store};
 use faults::{flaky, retrying};
 use plan::{Change, Plan};
@@ -436,7 +435,7 @@ async fn run<B: Backend>(
 /// report, and exits 0 only if the check found all well.
 #[actix::main]
 async fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = Args::parse_or_exit();
     // The example's own progress; of tickbox's logs only errors (a dead
     // letter), since every injected failure would log a warning
     // (`RUST_LOG=warn` shows them).

@@ -1,10 +1,14 @@
 //! The command line.
 
 use clap::{CommandFactory, Parser, ValueEnum};
+use secret_args::Secret;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 use tickbox::EffectPolicy;
+
+#[path = "../../tools/secret_args.rs"]
+mod secret_args;
 
 /// MiniShop: three modules (orders, warehouse, notifications), each with its
 /// own database, talking only through tickbox messages.
@@ -78,7 +82,7 @@ pub struct Args {
 
     /// PostgreSQL (needs the `postgres` feature): one schema per module,
     /// minishop_orders, minishop_warehouse, minishop_notifications
-    #[arg(long, value_name = "URL", value_parser = postgres_url, conflicts_with = "data_dir")]
+    #[arg(long, value_name = "URL", value_parser = Secret(postgres_url), conflicts_with = "data_dir")]
     database_url: Option<String>,
 
     /// Place no orders; only finish pending work (after a crash)
@@ -143,7 +147,7 @@ pub struct Args {
     pub transport: Transport,
 
     /// The RabbitMQ broker (with --transport amqp)
-    #[arg(long, value_name = "URL", default_value = DEFAULT_AMQP_URL, value_parser = amqp_url)]
+    #[arg(long, value_name = "URL", default_value = DEFAULT_AMQP_URL, value_parser = Secret(amqp_url))]
     pub amqp_url: String,
 
     /// Prefix of the exchange and queues on the broker (tickbox.NAME,
@@ -162,7 +166,7 @@ pub struct Args {
     /// With --transport amqp and --database-url: the same, on PostgreSQL;
     /// each module's is the schema minishop_MODULE in the first URL's
     /// database holding it. May be given several times
-    #[arg(long, value_name = "URL", value_parser = postgres_url, requires = "database_url")]
+    #[arg(long, value_name = "URL", value_parser = Secret(postgres_url), requires = "database_url")]
     pub check_database_url: Vec<String>,
 
     /// With --transport amqp, for a process that sees no orders database:
@@ -281,25 +285,7 @@ impl Args {
     /// The arguments of this process; exits with code 2 and a usage message
     /// when they are wrong, with 0 after `--help`.
     pub fn parse_or_exit() -> Args {
-        let args = match Args::try_parse() {
-            Ok(args) => args,
-            Err(error) => {
-                // A database URL missing its flag would show its password.
-                let text = std::env::args()
-                    .skip(1)
-                    .filter(|arg| arg.contains("://") || arg.contains("password"))
-                    .fold(error.render().to_string(), |text, arg| {
-                        text.replace(&arg, &tickbox::redact_url(&arg))
-                    });
-                let code = error.exit_code();
-                if error.use_stderr() {
-                    eprintln!("{}", text.trim_end());
-                } else {
-                    println!("{}", text.trim_end());
-                }
-                std::process::exit(code);
-            }
-        };
+        let args = Args::try_parse().unwrap_or_else(|error| secret_args::exit(error));
         if args.orders.is_some() && !args.runs(ModuleName::Orders) {
             Args::command()
                 .error(

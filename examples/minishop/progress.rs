@@ -33,12 +33,14 @@ pub fn say(text: &str) {
 }
 
 /// Logs go to stderr, above the bar: `RUST_LOG` sets the filter, by default
-/// `warn,minishop=info` (`minishop=debug` shows every e-mail sent).
+/// `warn,lapin=off,minishop=info` (`minishop=debug` shows every e-mail
+/// sent). lapin, the RabbitMQ client, logs a broker's refusal at error level
+/// itself; tickbox reports every broker failure in its own words.
 pub fn init_logging() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,minishop=info".into()),
+                .unwrap_or_else(|_| "warn,lapin=off,minishop=info".into()),
         )
         .with_writer(LogWriter::default)
         .with_ansi(std::io::stderr().is_terminal())

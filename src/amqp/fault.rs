@@ -31,6 +31,13 @@ impl Fault {
                     "{reason} (something of that name exists with other settings: \
                      delete it, or use another namespace)"
                 )),
+                // A refused login is an ACCESS_REFUSED too, while
+                // connecting.
+                AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED)
+                    if amqp.get_message().as_str().contains("Login was refused") =>
+                {
+                    Fault::Refused(format!("{reason} (check the user name and password)"))
+                }
                 AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED) => Fault::Refused(format!(
                     "{reason} (check the user's permissions on the virtual host)"
                 )),

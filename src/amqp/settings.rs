@@ -9,7 +9,8 @@
 //! | [`call_deadline`](Amqp::call_deadline) | 10 s | RabbitMQ gives a client 10 s for its handshake (`handshake_timeout`); no other call of tickbox's needs longer |
 //! | [`reconnect_backoff`](Amqp::reconnect_backoff) | 100 ms doubling to 5 s | a quick first retry after a blip, at most one attempt per 5 s against a broker that stays away |
 
-use crate::error::{redact_url, Error, Result};
+use crate::error::{Error, Result};
+use crate::redact::SecretUrl;
 use lapin::uri::AMQPUri;
 use std::str::FromStr;
 use std::time::Duration;
@@ -34,8 +35,8 @@ const LONGEST_WAIT: Duration = Duration::from_secs(600);
 /// ```
 #[derive(Clone)]
 pub struct Amqp {
-    /// The broker's URL, secrets included.
-    pub(crate) url: String,
+    /// The broker's URL, secrets included; it shows itself redacted.
+    pub(crate) url: SecretUrl,
     /// Prefixes every name tickbox declares, so that several applications
     /// (or test runs) share a broker without sharing queues.
     pub(crate) namespace: String,
@@ -60,7 +61,7 @@ pub struct Amqp {
 impl std::fmt::Debug for Amqp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Amqp")
-            .field("url", &redact_url(&self.url))
+            .field("url", &self.url)
             .field("namespace", &self.namespace)
             .field("prefetch", &self.prefetch)
             .field("confirm_timeout", &self.confirm_timeout)
@@ -75,7 +76,7 @@ impl Amqp {
     /// virtual host URL-encoded: `%2f` is `/`).
     pub fn new(url: impl Into<String>) -> Self {
         Amqp {
-            url: url.into(),
+            url: SecretUrl::new(url),
             namespace: String::new(),
             prefetch: 32,
             confirm_timeout: Duration::from_secs(10),
@@ -153,9 +154,10 @@ impl Amqp {
         self
     }
 
-    /// The broker's URL with any password removed.
+    /// The broker's URL as [`redact_url`](crate::redact_url) shows it: no
+    /// password, nothing that might be one.
     pub fn redacted_url(&self) -> String {
-        redact_url(&self.url)
+        self.url.redacted()
     }
 
     /// The one exchange tickbox publishes to: `tickbox`, or
@@ -179,18 +181,18 @@ impl Amqp {
     /// Checks the settings, at bus start.
     pub(crate) fn validate(&self) -> Result<()> {
         let url = self.redacted_url();
-        if !(self.url.starts_with("amqp://") || self.url.starts_with("amqps://")) {
+        let raw = self.url.expose();
+        if !(raw.starts_with("amqp://") || raw.starts_with("amqps://")) {
             return Err(Error::Config(format!(
                 "amqp: the broker URL must start with amqp:// (got {url})"
             )));
         }
-        if self.url.starts_with("amqps://") {
+        if raw.starts_with("amqps://") {
             return Err(Error::Config(format!(
                 "amqp: {url}: TLS (amqps://) is not built into this tickbox; use amqp://"
             )));
         }
-        let uri = AMQPUri::from_str(&self.url)
-            .map_err(|reason| Error::Config(format!("amqp: bad broker URL {url}: {reason}")))?;
+        let uri = self.parse()?;
         let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
         if !self.namespace.chars().all(allowed) {
             return Err(Error::Config(format!(
@@ -254,13 +256,19 @@ impl Amqp {
     /// The broker's URL as the client takes it, asking for the heartbeat.
     /// Only after [`validate`](Self::validate) succeeded.
     pub(crate) fn uri(&self) -> Result<AMQPUri> {
-        let mut uri = AMQPUri::from_str(&self.url).map_err(|reason| {
-            Error::Config(format!(
-                "amqp: bad broker URL {}: {reason}",
-                self.redacted_url()
-            ))
-        })?;
+        let mut uri = self.parse()?;
         uri.query.heartbeat = Some(self.heartbeat_of(&uri)?);
         Ok(uri)
+    }
+
+    /// The broker's URL as the client reads it. The client's reason for
+    /// refusing one may quote it whole (`Invalid URL: '…'`): it is shown
+    /// with the URL redacted.
+    fn parse(&self) -> Result<AMQPUri> {
+        AMQPUri::from_str(self.url.expose()).map_err(|reason| {
+            let url = self.redacted_url();
+            let reason = reason.replace(self.url.expose(), &url);
+            Error::Config(format!("amqp: bad broker URL {url}: {reason}"))
+        })
     }
 }

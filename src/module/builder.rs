@@ -12,6 +12,7 @@ use crate::module::actor::Module;
 use crate::module::core::{sample_outbox_periodically, ModuleCore};
 use crate::module::handle::ModuleHandle;
 use crate::outbox::Outbox;
+use crate::redact::SecretUrl;
 use crate::retention::Retention;
 use crate::store::backend::Backend;
 use crate::store::database::Database;
@@ -67,7 +68,7 @@ impl<B: Backend> ModuleBuilder<B> {
         ModuleBuilder {
             settings: StoreSettings {
                 module: name.into(),
-                url: url.into(),
+                url: SecretUrl::new(url),
                 schema: None,
                 pool_size: B::DEFAULT_POOL_SIZE,
                 checkout_timeout: Duration::from_secs(30),
@@ -324,7 +325,7 @@ impl<B: Backend> ModuleBuilder<B> {
                 0 => {
                     return Err(Error::NotATickboxDatabase {
                         module: name.to_string(),
-                        url: crate::error::redact_url(&self.settings.url),
+                        url: self.settings.url.redacted(),
                     })
                 }
                 crate::store::queries::TABLES => {}

@@ -6,7 +6,8 @@
 //! deliver sends `pg_notify` on the outbox's channel just before COMMIT, and
 //! a bus listens on that channel on a connection of its own.
 
-use crate::error::{redact_url, Error};
+use crate::error::Error;
+use crate::redact::{redact_url, SecretUrl};
 use crate::store::backend::Backend;
 use crate::store::contract::{
     advance_key_statement, bump_sequence_statement, first_sequence_statement, numbering_order,
@@ -50,13 +51,13 @@ const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres");
 const MIGRATION_LOCK: i64 = 0x0074_6963_6b62_6f78; // "tickbox"
 
 fn check_url(settings: &StoreSettings) -> crate::Result<()> {
-    let url = settings.url.trim();
+    let url = settings.url.expose().trim();
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         Ok(())
     } else {
         Err(Error::BadDatabaseUrl {
             module: settings.module.clone(),
-            url: redact_url(url),
+            url: settings.url.redacted(),
             reason: "a PostgreSQL URL starts with postgres:// or postgresql://".into(),
         })
     }
@@ -227,24 +228,116 @@ pub(crate) async fn connect(url: &str) -> diesel::ConnectionResult<AsyncPgConnec
     AsyncPgConnection::try_from_client_and_connection(client, connection).await
 }
 
+/// Why no session could be opened.
+enum SessionFailure {
+    /// The server is out of reach: nothing listens at its address, the
+    /// host is unknown or unreachable, or it did not answer in time.
+    Unreachable {
+        /// Where it was looked for.
+        address: String,
+        /// What happened, with the operating system's reason.
+        reason: String,
+    },
+    /// The URL is wrong, or the server answered and refused (a wrong
+    /// password, no such database).
+    Refused(diesel::ConnectionError),
+}
+
+impl From<SessionFailure> for diesel::ConnectionError {
+    fn from(failure: SessionFailure) -> Self {
+        match failure {
+            SessionFailure::Unreachable { address, reason } => {
+                diesel::ConnectionError::BadConnection(format!("{address}: {reason}"))
+            }
+            SessionFailure::Refused(error) => error,
+        }
+    }
+}
+
+impl From<diesel::ConnectionError> for SessionFailure {
+    fn from(error: diesel::ConnectionError) -> Self {
+        SessionFailure::Refused(error)
+    }
+}
+
 /// Opens a session: the socket, then the server's greeting and the
 /// authentication, all within the connection attempt's time limit (the
 /// client library bounds only the socket's connection by it).
 async fn open_session(
     config: &tokio_postgres::Config,
-) -> diesel::ConnectionResult<(
-    tokio_postgres::Client,
-    tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>,
-)> {
+) -> Result<
+    (
+        tokio_postgres::Client,
+        tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>,
+    ),
+    SessionFailure,
+> {
     let limit = config
         .get_connect_timeout()
         .copied()
         .unwrap_or(CONNECT_TIMEOUT);
+    let unreachable = |reason: String| SessionFailure::Unreachable {
+        address: server_address(config),
+        reason,
+    };
     match tokio::time::timeout(limit, config.connect(tokio_postgres::NoTls)).await {
-        Ok(opened) => opened.map_err(|e| diesel::ConnectionError::BadConnection(with_causes(&e))),
-        Err(_) => Err(diesel::ConnectionError::BadConnection(format!(
+        Ok(Ok(opened)) => Ok(opened),
+        Ok(Err(e)) => Err(match io_cause(&e) {
+            Some(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => unreachable(format!(
+                "the server refused the connection ({io}); is it running, and listening there?"
+            )),
+            Some(io) => unreachable(io.to_string()),
+            None => {
+                SessionFailure::Refused(diesel::ConnectionError::BadConnection(with_causes(&e)))
+            }
+        }),
+        Err(_) => Err(unreachable(format!(
             "the server did not complete the connection within {limit:?}"
         ))),
+    }
+}
+
+/// The operating system's error behind a failed connection, if that is
+/// what it was (not the server's answer).
+fn io_cause(error: &tokio_postgres::Error) -> Option<&std::io::Error> {
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            return Some(io);
+        }
+        source = cause.source();
+    }
+    None
+}
+
+/// Where `config` looks for the server: `host:port` for each host it
+/// names (a Unix socket's directory and port, `host=/run/postgresql`).
+fn server_address(config: &tokio_postgres::Config) -> String {
+    let ports = config.get_ports();
+    let port = |i: usize| match ports {
+        [] => 5432,
+        [one] => *one,
+        many => many.get(i).copied().unwrap_or(5432),
+    };
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, host)| match host {
+            tokio_postgres::config::Host::Tcp(name) if name.contains(':') => {
+                format!("[{name}]:{}", port(i))
+            }
+            tokio_postgres::config::Host::Tcp(name) => format!("{name}:{}", port(i)),
+            #[cfg(unix)]
+            tokio_postgres::config::Host::Unix(path) => {
+                format!("{} (Unix socket, port {})", path.display(), port(i))
+            }
+        })
+        .collect();
+    if hosts.is_empty() {
+        format!("localhost:{}", port(0))
+    } else {
+        hosts.join(", ")
     }
 }
 
@@ -341,7 +434,7 @@ fn migration_session_limits(
 /// blocking thread) when its path goes quiet.
 async fn connect_killable(
     url: &str,
-) -> diesel::ConnectionResult<(AsyncPgConnection, tokio::sync::oneshot::Sender<()>)> {
+) -> Result<(AsyncPgConnection, tokio::sync::oneshot::Sender<()>), SessionFailure> {
     let config = client_config(url)?;
     let (client, connection) = open_session(&config).await?;
     let (kill, killed) = tokio::sync::oneshot::channel::<()>();
@@ -377,7 +470,7 @@ fn with_causes(error: &dyn std::error::Error) -> String {
 /// Connects, listens, and calls `wake` once listening and on every
 /// notification; returns why it stopped.
 async fn listen_until_failure(wakeup: &WakeupChannel, module: &str, wake: &impl Fn()) -> String {
-    let connecting = tokio::time::timeout(LISTEN_CONNECT_TIMEOUT, connect(&wakeup.url));
+    let connecting = tokio::time::timeout(LISTEN_CONNECT_TIMEOUT, connect(wakeup.url.expose()));
     let mut conn = match connecting.await {
         Ok(Ok(conn)) => conn,
         Ok(Err(error)) => return format!("connecting: {error}"),
@@ -450,7 +543,7 @@ impl Store for Postgres {
     async fn open(settings: &StoreSettings) -> crate::Result<(Self::Pool, Option<WakeupChannel>)> {
         check_url(settings)?;
         let schema = check_schema(settings)?;
-        let url = settings.url.trim().to_string();
+        let url = settings.url.expose().trim().to_string();
         let module = settings.module.clone();
         let migrate_schema = schema.clone();
         let migrate = settings.migrate;
@@ -458,10 +551,17 @@ impl Store for Postgres {
         let deadline = settings.deadlines.migration;
         let (first, kill) = connect_killable(&url)
             .await
-            .map_err(|e| Error::BadDatabaseUrl {
-                module: module.clone(),
-                url: redact_url(&url),
-                reason: e.to_string(),
+            .map_err(|failure| match failure {
+                SessionFailure::Unreachable { address, reason } => Error::DatabaseUnreachable {
+                    module: module.clone(),
+                    address,
+                    reason,
+                },
+                SessionFailure::Refused(e) => Error::BadDatabaseUrl {
+                    module: module.clone(),
+                    url: redact_url(&url),
+                    reason: e.to_string(),
+                },
             })?;
         let opening = tokio::task::spawn_blocking(move || {
             // Synchronous, for diesel's migration harness (its async one
@@ -542,7 +642,7 @@ impl Store for Postgres {
         })??;
 
         let wakeup = WakeupChannel {
-            url: url.clone(),
+            url: SecretUrl::new(url.clone()),
             channel: wakeup_channel_name(&outbox_schema),
         };
         let pool = schema_pool(settings, url, schema)?;
@@ -559,7 +659,7 @@ impl Store for Postgres {
             pool_size: JOURNAL_POOL_SIZE,
             ..settings.clone()
         };
-        let url = settings.url.trim().to_string();
+        let url = settings.url.expose().trim().to_string();
         let pool = schema_pool(&settings, url, schema)?;
         if !settings.migrate {
             // Attached: a schema an older tickbox migrated has no journal.

@@ -1,5 +1,6 @@
 //! Where and how a module opens its database.
 
+use crate::redact::SecretUrl;
 use crate::store::deadline::Deadlines;
 use std::time::Duration;
 
@@ -8,8 +9,9 @@ use std::time::Duration;
 pub struct StoreSettings {
     /// The module that owns the database, for error messages.
     pub(crate) module: String,
-    /// An SQLite path (or `sqlite://` URL) or a `postgres://` URL.
-    pub(crate) url: String,
+    /// An SQLite path (or `sqlite://` URL) or a `postgres://` URL; it shows
+    /// itself redacted.
+    pub(crate) url: SecretUrl,
     /// PostgreSQL only: the schema holding the module's tables.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) schema: Option<String>,
@@ -58,7 +60,7 @@ impl<DB: diesel::backend::Backend> diesel::migration::MigrationSource<DB> for Mi
 pub struct WakeupChannel {
     /// The module's database URL, for the listener's own connection.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) url: String,
+    pub(crate) url: SecretUrl,
     /// The channel name, at most 63 bytes, used as is (`pg_notify` takes it
     /// as text; `LISTEN` needs it quoted).
     pub(crate) channel: String,

@@ -5,6 +5,7 @@
 //! the bus's periodic outbox scan (`BusBuilder::scan_interval`).
 
 use crate::error::Error;
+use crate::redact::redact_url;
 use crate::store::backend::Backend;
 use crate::store::contract::{
     advance_key_statement, bump_sequence_statement, first_sequence_statement, numbering_order,
@@ -72,7 +73,7 @@ fn prepare_file(
 ) -> crate::Result<()> {
     let bad_url = |reason: String| Error::BadDatabaseUrl {
         module: module.to_string(),
-        url: path.to_string(),
+        url: redact_url(path),
         reason,
     };
     let mut conn = diesel::SqliteConnection::establish(path).map_err(|e| bad_url(e.to_string()))?;
@@ -167,14 +168,14 @@ fn is_busy(error: &Error) -> bool {
 /// Accepts a plain path or a `sqlite://`/`sqlite:` URL; refuses in-memory
 /// databases, which a pool of connections cannot share.
 fn database_path(settings: &StoreSettings) -> crate::Result<String> {
-    let url = settings.url.trim();
+    let url = settings.url.expose().trim();
     let path = url
         .strip_prefix("sqlite://")
         .or_else(|| url.strip_prefix("sqlite:"))
         .unwrap_or(url);
     let bad = |reason: &str| Error::BadDatabaseUrl {
         module: settings.module.clone(),
-        url: settings.url.clone(),
+        url: settings.url.redacted(),
         reason: reason.to_string(),
     };
     if path.is_empty() {
@@ -191,6 +192,37 @@ fn database_path(settings: &StoreSettings) -> crate::Result<String> {
         ));
     }
     Ok(path.to_string())
+}
+
+/// Refuses a database file whose directory does not exist, naming the
+/// directory: SQLite would only say that it is "unable to open database
+/// file".
+fn refuse_missing_directory(module: &str, path: &str) -> crate::Result<()> {
+    let Some(directory) = std::path::Path::new(path)
+        .parent()
+        .filter(|directory| !directory.as_os_str().is_empty())
+    else {
+        return Ok(());
+    };
+    match std::fs::metadata(directory) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // A path shown as typed shows its directory too (`data`, a word
+            // that alone would be hidden); a hidden one only what the
+            // directory alone may show.
+            let shown = redact_url(path);
+            let directory = directory.to_string_lossy();
+            Err(Error::MissingDirectory {
+                module: module.to_string(),
+                directory: if shown == path.trim() {
+                    directory.into_owned()
+                } else {
+                    redact_url(&directory)
+                },
+                path: shown,
+            })
+        }
+        _ => Ok(()),
+    }
 }
 
 impl Backend for Sqlite {
@@ -233,10 +265,11 @@ impl Store for Sqlite {
 
     async fn open(settings: &StoreSettings) -> crate::Result<(Self::Pool, Option<WakeupChannel>)> {
         let path = database_path(settings)?;
+        refuse_missing_directory(&settings.module, &path)?;
         if !settings.migrate && !std::path::Path::new(&path).exists() {
             return Err(Error::BadDatabaseUrl {
                 module: settings.module.clone(),
-                url: path,
+                url: redact_url(&path),
                 reason: "no database file there".into(),
             });
         }

@@ -478,24 +478,6 @@ pub async fn configuration_mistakes_fail_at_start_with_clear_errors<B: TestBacke
     assert!(zero_pool.to_string().contains("pool_size"), "{zero_pool}");
 }
 
-/// The error names the module, says why (`cause`), and hides the password.
-pub async fn a_bad_database_url_fails_at_start<B: TestBackend>(bad_url: &str, cause: &str) {
-    let error = tickbox::Module::<B>::builder("orders", bad_url)
-        .start()
-        .await
-        .expect_err("a bad database URL");
-    assert!(matches!(error, Error::BadDatabaseUrl { .. }), "{error}");
-    assert!(error.to_string().contains("module `orders`"), "{error}");
-    assert!(
-        error.to_string().to_lowercase().contains(cause),
-        "the error says why: {error}"
-    );
-    assert!(
-        !error.to_string().contains("hunter2"),
-        "passwords are not shown: {error}"
-    );
-}
-
 pub async fn a_read_only_transaction_reads_without_blocking_and_cannot_publish<B: TestBackend>(
     db: TestDb,
 ) {

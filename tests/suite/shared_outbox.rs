@@ -433,8 +433,7 @@ pub async fn a_database_being_made_is_never_seen_half_made<B: TestBackend>(db: T
     let not_there = B::module(&db, "orders")
         .attach()
         .await
-        .err()
-        .expect("nothing to attach to yet");
+        .expect_err("nothing to attach to yet");
     let making = B::module(&db, "orders").publishes::<Ping>().start();
     let attaching = async {
         let deadline = std::time::Instant::now() + WAIT;

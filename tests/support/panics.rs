@@ -41,7 +41,7 @@ pub fn panic_location(f: impl FnOnce()) -> (String, String) {
     drop(panic::take_hook());
     let earlier = Arc::try_unwrap(earlier).unwrap_or_else(|_| unreachable!("our hook is dropped"));
     panic::set_hook(earlier);
-    let payload = result.err().expect("the closure panics");
+    let payload = result.expect_err("the closure panics");
     let at = seen.lock().unwrap_or_else(|p| p.into_inner()).take();
     (at.expect("the hook saw the panic"), panic_message(payload))
 }

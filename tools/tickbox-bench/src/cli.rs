@@ -2,8 +2,15 @@
 
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser, ValueEnum};
+use secret_args::redact_arguments;
 use std::ffi::OsString;
 use std::process::ExitCode;
+
+// Its value parser is for URLs checked as they are parsed; the benchmark
+// checks its URLs when it connects.
+#[allow(dead_code)]
+#[path = "../../secret_args.rs"]
+mod secret_args;
 
 /// The tickbox benchmark: end-to-end messages per second through the bus,
 /// against the database's own limit measured in the same run.
@@ -289,19 +296,6 @@ fn rate(text: &str) -> Result<f64, String> {
         return Err("must be above zero".into());
     }
     Ok(rate)
-}
-
-/// `text` with every argument that is a database URL with a password shown
-/// with the password masked (a URL may be given without its flag).
-fn redact_arguments(text: &str, args: &[OsString]) -> String {
-    let mut text = text.to_string();
-    for arg in args.iter().filter_map(|arg| arg.to_str()) {
-        let redacted = tickbox::redact_url(arg);
-        if !arg.is_empty() && redacted != arg {
-            text = text.replace(arg, &redacted);
-        }
-    }
-    text
 }
 
 /// The command line, checked; on a usage error, or after `--help` or

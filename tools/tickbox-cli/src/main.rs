@@ -77,6 +77,11 @@ mod modules;
 mod output;
 #[cfg(feature = "amqp")]
 mod queues;
+// Its value parser is for arguments checked as they are parsed; this
+// tool checks its URLs once it has them all (`Target`).
+#[allow(dead_code)]
+#[path = "../../secret_args.rs"]
+mod secret_args;
 mod status;
 mod subscriptions;
 mod sweep;
@@ -86,6 +91,7 @@ use clap::error::ErrorKind;
 use clap::parser::ValueSource;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use modules::Modules;
+use secret_args::redact_arguments;
 use std::ffi::OsString;
 use std::fmt;
 use std::path::PathBuf;
@@ -967,21 +973,6 @@ async fn settle() {
     for _ in 0..3 {
         tokio::task::yield_now().await;
     }
-}
-
-/// Hides the passwords of database URLs given as arguments wherever `text`
-/// repeats them (clap quotes an unexpected argument in its error).
-fn redact_arguments(text: &str, args: &[OsString]) -> String {
-    let mut text = text.to_string();
-    for arg in args {
-        let arg = arg.to_string_lossy();
-        let arg = arg.trim();
-        let redacted = tickbox::redact_url(arg);
-        if !arg.is_empty() && redacted != arg {
-            text = text.replace(arg, &redacted);
-        }
-    }
-    text
 }
 
 /// Reports a failure on stderr and returns its exit code.

@@ -30,7 +30,8 @@ pub(crate) struct Target {
     pub(crate) kind: Kind,
     /// What names the module until its database tells its name (and in the
     /// errors of attaching to it): the SQLite file's stem, or the PostgreSQL
-    /// schema or database name.
+    /// schema or database name (read from the URL as `tickbox::redact_url`
+    /// shows it: a mistyped URL must not become a label).
     pub(crate) module: String,
 }
 
@@ -69,9 +70,11 @@ impl Target {
                     .strip_prefix("sqlite://")
                     .or_else(|| trimmed.strip_prefix("sqlite:"))
                     .unwrap_or(trimmed);
-                Path::new(path)
+                let shown = tickbox::redact_url(path);
+                Path::new(&shown)
                     .file_stem()
                     .and_then(|stem| stem.to_str())
+                    .filter(|stem| !stem.contains("***"))
                     .map(str::to_string)
             }
             Kind::Postgres => schema.clone().or_else(|| database_name(trimmed)),

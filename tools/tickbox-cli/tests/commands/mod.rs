@@ -1054,8 +1054,9 @@ mod postgres {
             "status".into(),
         ])
         .await;
-        run.fails(1, "cannot open the database");
+        run.fails(1, "cannot reach the database server");
         assert!(run.stderr.contains("127.0.0.1:1"), "{run:#?}");
+        assert!(run.stderr.contains("refused the connection"), "{run:#?}");
         assert!(!run.stderr.contains("hunter2"), "password shown: {run:#?}");
 
         // A schema that does not exist, and one that exists but is empty.

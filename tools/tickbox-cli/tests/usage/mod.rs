@@ -355,3 +355,36 @@ async fn a_password_in_a_misplaced_url_is_never_shown() {
     .await;
     assert!(!with_env.ok().contains("S3cret"), "{with_env:#?}");
 }
+
+/// A database URL of any shape — mistyped, a connection string, user info
+/// without a scheme, a lone word — is never shown with its secret: not in
+/// the failure of a command that could not open it (nor as the module's
+/// name there), not in a usage error, from the flag or the environment.
+#[actix::test]
+async fn no_secret_is_shown_whatever_the_shape_of_the_url() {
+    for url in [
+        "amqp//guest:s3cret@h",
+        "postgres//u:S3cret@h/db",
+        "postgres:/u:S3cret@h",
+        "host=h password=S3cret",
+        "u:S3cret@h",
+        "S3cret",
+        "mysql://u:S3cret@h",
+    ] {
+        let given = |command: &str| {
+            let mut given = vec!["--database-url".to_string(), url.to_string()];
+            given.extend(args(command));
+            given
+        };
+        for run in [
+            run_cli(given("status")).await,
+            run_cli(given("dead-letters list")).await,
+            run_cli(given("dead-letters show not-an-id orders.ping")).await,
+            crate::support::run_cli_with_env(args("status"), Some(url.into())).await,
+        ] {
+            assert_ne!(run.code, 0, "{url}: {run:#?}");
+            let shown = format!("{}{}", run.stdout, run.stderr).to_lowercase();
+            assert!(!shown.contains("s3cret"), "{url}: {run:#?}");
+        }
+    }
+}
