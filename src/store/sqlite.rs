@@ -196,10 +196,12 @@ fn database_path(settings: &StoreSettings) -> crate::Result<String> {
 impl Backend for Sqlite {
     const NAME: &'static str = "sqlite";
     const DEFAULT_POOL_SIZE: usize = 4;
+    type Connection = SqliteConnection;
+    type Diesel = diesel::sqlite::Sqlite;
 }
 
 impl Store for Sqlite {
-    type Connection = SqliteConnection;
+    type Conn = SqliteConnection;
     type Pool = Pool<SqliteConnection>;
     type Pooled = Object<SqliteConnection>;
 
@@ -294,27 +296,27 @@ impl Store for Sqlite {
         checkout(pool).await
     }
 
-    async fn begin(conn: &mut Self::Connection) -> QueryResult<()> {
+    async fn begin(conn: &mut Self::Conn) -> QueryResult<()> {
         conn.spawn_blocking(|c| AnsiTransactionManager::begin_transaction_sql(c, "BEGIN IMMEDIATE"))
             .await
     }
 
-    async fn begin_read(conn: &mut Self::Connection) -> QueryResult<()> {
+    async fn begin_read(conn: &mut Self::Conn) -> QueryResult<()> {
         conn.spawn_blocking(|c| AnsiTransactionManager::begin_transaction_sql(c, "BEGIN DEFERRED"))
             .await
     }
 
-    async fn commit(conn: &mut Self::Connection) -> QueryResult<()> {
+    async fn commit(conn: &mut Self::Conn) -> QueryResult<()> {
         conn.spawn_blocking(AnsiTransactionManager::commit_transaction)
             .await
     }
 
-    async fn rollback(conn: &mut Self::Connection) -> QueryResult<()> {
+    async fn rollback(conn: &mut Self::Conn) -> QueryResult<()> {
         conn.spawn_blocking(AnsiTransactionManager::rollback_transaction)
             .await
     }
 
-    async fn notify(_: &mut Self::Connection, _: &str) -> QueryResult<()> {
+    async fn notify(_: &mut Self::Conn, _: &str) -> QueryResult<()> {
         // Never called: `open` gives SQLite modules no wake-up channel.
         Ok(())
     }
@@ -328,7 +330,7 @@ impl Store for Sqlite {
     }
 
     async fn insert_outbox(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         mut rows: Vec<OutboxRow>,
     ) -> QueryResult<Vec<OutboxRow>> {
         if rows.is_empty() {
@@ -371,7 +373,7 @@ impl Store for Sqlite {
     }
 
     async fn tick_inbox(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         message_id: Uuid,
         handler: &str,
         now_us: i64,
@@ -400,7 +402,7 @@ impl Store for Sqlite {
     }
 
     async fn advance_key(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         scope: KeyScope<'_>,
         sequence: i64,
     ) -> QueryResult<bool> {
@@ -414,7 +416,7 @@ impl Store for Sqlite {
     }
 
     async fn start_key(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         scope: KeyScope<'_>,
         sequence: i64,
     ) -> QueryResult<bool> {
@@ -427,14 +429,11 @@ impl Store for Sqlite {
         .await
     }
 
-    async fn load<R: Row>(
-        conn: &mut Self::Connection,
-        statement: Statement,
-    ) -> QueryResult<Vec<R>> {
+    async fn load<R: Row>(conn: &mut Self::Conn, statement: Statement) -> QueryResult<Vec<R>> {
         diesel_async::RunQueryDsl::load(statement, conn).await
     }
 
-    async fn execute(conn: &mut Self::Connection, statement: Statement) -> QueryResult<usize> {
+    async fn execute(conn: &mut Self::Conn, statement: Statement) -> QueryResult<usize> {
         diesel_async::RunQueryDsl::execute(statement, conn).await
     }
 }
