@@ -99,6 +99,14 @@ use diesel_async::AsyncConnection;
 /// }
 /// ```
 ///
+/// An application with many queries, run from many places, gathers them
+/// in a trait of its own over `Backend`, with one blanket implementation
+/// that carries their bounds (`impl<B: Backend> ShopDb for B where …`):
+/// the rest of its code then asks only for that trait (the `minishop`
+/// example's `db.rs`). What truly differs between backends (a row lock
+/// one of them has no syntax for) is a trait of its own too, implemented
+/// for each backend.
+///
 /// A query built for a diesel backend, such as a `Selectable` struct's
 /// `as_select()`, takes [`Backend::Diesel`]:
 /// `dsl::AsSelect<Note, B::Diesel>`.
