@@ -131,6 +131,8 @@ macro_rules! suite {
         case!(faults::messages_beyond_the_announcement_queue_are_delivered_without_waiting_for_a_lease);
         case!(faults::transient_database_failures_are_told_from_permanent_ones);
 
+        case!(generic::a_handler_written_once_runs_its_diesel_queries_on_every_backend);
+
         case!(hostile::hostile_rows_end_as_dead_letters_while_good_messages_flow);
         case!(hostile::a_stalled_message_is_counted_and_named);
 

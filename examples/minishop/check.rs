@@ -2,12 +2,12 @@
 //! amqp those of this process's modules and those found with the check
 //! flags), and what is wrong with it.
 
-use crate::db::Db;
+use crate::db::ShopDb;
 use crate::faults::retrying;
 use crate::tables::OrderStatus;
-use crate::{tables, OrderConfirmed, Shop, SEND_CONFIRMATION, SEND_CONFIRMATION_EFFECT};
+use crate::{OrderConfirmed, Shop, SEND_CONFIRMATION, SEND_CONFIRMATION_EFFECT};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use tickbox::{Backend, EffectPolicy, EffectState, ModuleHandle};
+use tickbox::{EffectPolicy, EffectState, ModuleHandle};
 
 /// What the check reads from the databases this process sees: each part
 /// is `None` when its module's database is not seen here (over amqp, a
@@ -55,7 +55,7 @@ pub struct MailJournal {
 
 impl MailJournal {
     /// Reads the journal and the dead letters of the notifications module.
-    async fn read<B: Backend>(notifications: &ModuleHandle<B>) -> tickbox::Result<MailJournal> {
+    async fn read<B: ShopDb>(notifications: &ModuleHandle<B>) -> tickbox::Result<MailJournal> {
         let states = [EffectState::Succeeded, EffectState::Unknown];
         let effects = retrying("reading the effects journal", || {
             notifications.effects(&states, 0, u64::MAX)
@@ -112,14 +112,13 @@ impl MailJournal {
 
 impl Snapshot {
     /// Reads each database seen in a read-only transaction.
-    pub async fn read<B: Backend>(shop: &Shop<B>) -> tickbox::Result<Snapshot> {
+    pub async fn read<B: ShopDb>(shop: &Shop<B>) -> tickbox::Result<Snapshot> {
         let mut snapshot = Snapshot::default();
         if let Some(orders) = &shop.orders {
             let (loaded, ignored) = retrying("reading orders", || {
                 orders.read(async |tx| {
-                    let mut db = Db::of(tx.conn());
-                    let orders = tables::load_orders(&mut db).await?;
-                    let ignored = tables::ignored_per_reason(&mut db).await?;
+                    let orders = B::load_orders(tx.conn()).await?;
+                    let ignored = B::ignored_per_reason(tx.conn()).await?;
                     Ok::<_, tickbox::Error>((orders, ignored))
                 })
             })
@@ -131,11 +130,10 @@ impl Snapshot {
             let (reservations, stock, shortages, ignored) =
                 retrying("reading reservations", || {
                     warehouse.read(async |tx| {
-                        let mut db = Db::of(tx.conn());
-                        let reservations = tables::load_reservations(&mut db).await?;
-                        let stock = tables::load_stock(&mut db).await?;
-                        let shortages = tables::load_shortages(&mut db).await?;
-                        let ignored = tables::ignored_per_reason(&mut db).await?;
+                        let reservations = B::load_reservations(tx.conn()).await?;
+                        let stock = B::load_stock(tx.conn()).await?;
+                        let shortages = B::load_shortages(tx.conn()).await?;
+                        let ignored = B::ignored_per_reason(tx.conn()).await?;
                         Ok::<_, tickbox::Error>((reservations, stock, shortages, ignored))
                     })
                 })
@@ -148,9 +146,7 @@ impl Snapshot {
         if let Some(notifications) = &shop.notifications {
             let emails = retrying("reading e-mails", || {
                 notifications.read(async |tx| {
-                    Ok::<_, tickbox::Error>(
-                        tables::load_email_orders(&mut Db::of(tx.conn())).await?,
-                    )
+                    Ok::<_, tickbox::Error>(B::load_email_orders(tx.conn()).await?)
                 })
             })
             .await?;

@@ -15,15 +15,15 @@
 //! whether each was ignored.
 
 use crate::check::Problem;
-use crate::db::Db;
+use crate::db::ShopDb;
 use crate::faults::retrying;
-use crate::tables::{self, NewOrder};
+use crate::tables::NewOrder;
 use crate::{
     place_order, OrderPlaced, Shop, StockReserved, StockShort, CONFIRM_ORDER, REJECT_ORDER,
     RESERVE_STOCK,
 };
 use std::time::Duration;
-use tickbox::{Backend, DeliveryError, Envelope, FailureKind, Message, ModuleHandle, Outcome};
+use tickbox::{DeliveryError, Envelope, FailureKind, Message, ModuleHandle, Outcome};
 
 /// The orders a disturbed run places and then disturbs.
 pub struct Targets {
@@ -35,7 +35,7 @@ pub struct Targets {
 
 impl Targets {
     /// Places the two orders, as any order is placed.
-    pub async fn place<B: Backend>(orders: &ModuleHandle<B>) -> tickbox::Result<Targets> {
+    pub async fn place<B: ShopDb>(orders: &ModuleHandle<B>) -> tickbox::Result<Targets> {
         let targets = Targets {
             filled: NewOrder::random(),
             short: NewOrder::beyond_stock(),
@@ -66,7 +66,7 @@ pub struct Disturbance {
 
 /// Delivers the disturbing messages for `targets`, settled by now, one at
 /// a time, and reads back whether each was ignored.
-pub async fn deliver<B: Backend>(
+pub async fn deliver<B: ShopDb>(
     shop: &Shop<B>,
     targets: &Targets,
 ) -> tickbox::Result<Vec<Disturbance>> {
@@ -135,7 +135,7 @@ pub async fn deliver<B: Backend>(
 
 /// Delivers `message` in a new envelope to `handler` of `module`; what
 /// became of it.
-async fn disturb<B: Backend, M: Message>(
+async fn disturb<B: ShopDb, M: Message>(
     module: &ModuleHandle<B>,
     handler: &'static str,
     message: &M,
@@ -151,8 +151,7 @@ async fn disturb<B: Backend, M: Message>(
     let ignored = retrying("reading the messages ignored", || {
         let message_id = message_id.clone();
         module.read(async move |tx| {
-            let mut db = Db::of(tx.conn());
-            let reason = tables::ignored_reason(&mut db, &message_id, handler).await?;
+            let reason = B::ignored_reason(tx.conn(), &message_id, handler).await?;
             Ok::<_, tickbox::Error>(reason)
         })
     })
@@ -170,7 +169,7 @@ async fn disturb<B: Backend, M: Message>(
 /// failure worth another try: with `--fail-rate` the handlers fail on
 /// purpose, and the bus, which retries what it delivers, does not retry
 /// this. At most 25 tries, as the bus's own retry policy here.
-async fn deliver_until_it_ends<B: Backend>(
+async fn deliver_until_it_ends<B: ShopDb>(
     module: &ModuleHandle<B>,
     envelope: Envelope,
     handler: &str,

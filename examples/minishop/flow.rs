@@ -15,12 +15,12 @@
 //! its handlers have been idle for `--settle` after its database holds work
 //! (see [`Settle`]).
 
-use crate::db::Db;
+use crate::db::ShopDb;
 use crate::faults::retrying;
 use crate::tables::{self, PlacingRun};
 use crate::{Shop, CONFIRM_ORDER, REJECT_ORDER, RESERVE_STOCK, SEND_CONFIRMATION};
 use std::time::{Duration, Instant};
-use tickbox::{Backend, BusHandle, ModuleHandle, StoreStats, Subscription};
+use tickbox::{BusHandle, ModuleHandle, StoreStats, Subscription};
 use tokio_util::sync::CancellationToken;
 
 /// How waiting for the work ended.
@@ -44,7 +44,7 @@ const FLOW: [(&str, &str, &str); 4] = [
 ];
 
 /// Every subscription recorded in the flow's outboxes, with its outbox.
-async fn subscriptions<B: Backend>(
+async fn subscriptions<B: ShopDb>(
     shop: &Shop<B>,
 ) -> tickbox::Result<Vec<(&'static str, Subscription)>> {
     let mut all = Vec::new();
@@ -60,7 +60,7 @@ async fn subscriptions<B: Backend>(
 /// subscribes its own when its bus starts), until `deadline` or Ctrl-C. A
 /// message committed while no handler subscribes to its topic is delivered
 /// to none, so orders are placed only after this.
-pub async fn await_subscriptions<B: Backend>(
+pub async fn await_subscriptions<B: ShopDb>(
     shop: &Shop<B>,
     deadline: Option<Instant>,
     stop: &CancellationToken,
@@ -107,13 +107,13 @@ pub async fn await_subscriptions<B: Backend>(
 /// that processes running the other modules wait for its orders. It renews
 /// a lease while it places: a run killed meanwhile counts as ended once the
 /// lease runs out.
-pub struct Placing<'a, B: Backend> {
+pub struct Placing<'a, B: ShopDb> {
     orders: &'a ModuleHandle<B>,
     id: String,
     renewed: Instant,
 }
 
-impl<'a, B: Backend> Placing<'a, B> {
+impl<'a, B: ShopDb> Placing<'a, B> {
     pub async fn start(orders: &'a ModuleHandle<B>, planned: u64) -> tickbox::Result<Self> {
         let run = Placing {
             orders,
@@ -143,11 +143,10 @@ impl<'a, B: Backend> Placing<'a, B> {
         retrying("recording the placing run", || {
             let id = self.id.clone();
             self.orders.transaction(async move |tx| {
-                let mut db = Db::of(tx.conn());
                 match change {
-                    Change::Start(planned) => tables::start_run(&mut db, &id, planned).await?,
-                    Change::Renew => tables::renew_run(&mut db, &id).await?,
-                    Change::End => tables::end_run(&mut db, &id).await?,
+                    Change::Start(planned) => B::start_run(tx.conn(), &id, planned).await?,
+                    Change::Renew => B::renew_run(tx.conn(), &id).await?,
+                    Change::End => B::end_run(tx.conn(), &id).await?,
                 }
                 Ok::<_, tickbox::Error>(())
             })
@@ -164,13 +163,9 @@ enum Change {
 }
 
 /// Every run that placed, or places, orders, read from the orders database.
-pub async fn placing_runs<B: Backend>(
-    orders: &ModuleHandle<B>,
-) -> tickbox::Result<Vec<PlacingRun>> {
+pub async fn placing_runs<B: ShopDb>(orders: &ModuleHandle<B>) -> tickbox::Result<Vec<PlacingRun>> {
     retrying("reading the runs", || {
-        orders.read(async |tx| {
-            Ok::<_, tickbox::Error>(tables::load_runs(&mut Db::of(tx.conn())).await?)
-        })
+        orders.read(async |tx| Ok::<_, tickbox::Error>(B::load_runs(tx.conn()).await?))
     })
     .await
 }
@@ -205,13 +200,11 @@ pub struct Counts {
 }
 
 impl Counts {
-    pub async fn read<B: Backend>(shop: &Shop<B>) -> tickbox::Result<Counts> {
+    pub async fn read<B: ShopDb>(shop: &Shop<B>) -> tickbox::Result<Counts> {
         let mut counts = Counts::default();
         if let Some(orders) = &shop.orders {
             let order_counts = retrying("reading progress", || {
-                orders.read(async |tx| {
-                    Ok::<_, tickbox::Error>(tables::order_counts(&mut Db::of(tx.conn())).await?)
-                })
+                orders.read(async |tx| Ok::<_, tickbox::Error>(B::order_counts(tx.conn()).await?))
             })
             .await?;
             counts.orders = Some(order_counts.all);
@@ -221,9 +214,7 @@ impl Counts {
         if let Some(warehouse) = &shop.warehouse {
             let reservations = retrying("reading progress", || {
                 warehouse.read(async |tx| {
-                    Ok::<_, tickbox::Error>(
-                        tables::reservation_count(&mut Db::of(tx.conn())).await?,
-                    )
+                    Ok::<_, tickbox::Error>(B::reservation_count(tx.conn()).await?)
                 })
             })
             .await?;
@@ -231,9 +222,8 @@ impl Counts {
         }
         if let Some(notifications) = &shop.notifications {
             let emails = retrying("reading progress", || {
-                notifications.read(async |tx| {
-                    Ok::<_, tickbox::Error>(tables::email_count(&mut Db::of(tx.conn())).await?)
-                })
+                notifications
+                    .read(async |tx| Ok::<_, tickbox::Error>(B::email_count(tx.conn()).await?))
             })
             .await?;
             counts.emails = Some(emails);
@@ -299,7 +289,7 @@ impl Settle {
 
 /// Each seen module's tickbox tables: pending outbox messages, dead
 /// letters.
-pub async fn store_stats<B: Backend>(shop: &Shop<B>) -> tickbox::Result<Vec<(String, StoreStats)>> {
+pub async fn store_stats<B: ShopDb>(shop: &Shop<B>) -> tickbox::Result<Vec<(String, StoreStats)>> {
     let mut stats = Vec::new();
     for (name, module) in shop.seen() {
         let module_stats = retrying("reading the outbox and dead letters", || {
@@ -312,7 +302,7 @@ pub async fn store_stats<B: Backend>(shop: &Shop<B>) -> tickbox::Result<Vec<(Str
 }
 
 /// Dead letters over every module seen: deliveries the bus gave up on.
-pub async fn dead_letters<B: Backend>(shop: &Shop<B>) -> tickbox::Result<i64> {
+pub async fn dead_letters<B: ShopDb>(shop: &Shop<B>) -> tickbox::Result<i64> {
     let stats = store_stats(shop).await?;
     Ok(stats.iter().map(|(_, s)| s.dead_letters).sum())
 }
@@ -320,7 +310,7 @@ pub async fn dead_letters<B: Backend>(shop: &Shop<B>) -> tickbox::Result<i64> {
 /// Whether the bus has nothing left to do (`BusHandle::wait_idle`). Over a
 /// broker, idle means idle for half a second on end, so it waits up to a
 /// second; a broker out of reach meanwhile is not idle.
-pub async fn bus_idle<B: Backend>(bus: &BusHandle<B>, over_broker: bool) -> tickbox::Result<bool> {
+pub async fn bus_idle<B: ShopDb>(bus: &BusHandle<B>, over_broker: bool) -> tickbox::Result<bool> {
     if !over_broker {
         return retrying("checking the bus", || bus.wait_idle(Duration::ZERO)).await;
     }
@@ -335,7 +325,7 @@ pub async fn bus_idle<B: Backend>(bus: &BusHandle<B>, over_broker: bool) -> tick
 
 /// What keeps the flow from being done, for a run that gave up waiting.
 /// `runs` are the runs placing orders, when the orders database is seen.
-pub async fn unfinished<B: Backend>(
+pub async fn unfinished<B: ShopDb>(
     shop: &Shop<B>,
     bus: &BusHandle<B>,
     counts: Counts,

@@ -89,8 +89,9 @@
 //! Read this file from top to bottom: the messages, the handlers, starting
 //! the modules and the bus, placing orders (publishing in a transaction),
 //! waiting for the flow, checking the databases. Beside it: `cli.rs` (the
-//! arguments), `tables.rs` (the modules' own tables and queries), `db.rs`
-//! (one query for both backends), `flow.rs` (the flow across processes),
+//! arguments), `tables.rs` (the modules' own tables), `queries.rs` (every
+//! query on them, each a named type), `db.rs` (the queries written once for
+//! every backend: `ShopDb`), `flow.rs` (the flow across processes),
 //! `elsewhere.rs` (finding the other processes' databases over amqp),
 //! `check.rs` (the final check), `disturb.rs` (`--disturb`), `faults.rs`
 //! (injected failures), `mail.rs` (the e-mail over SMTP, and `--crash-at`),
@@ -107,12 +108,13 @@ mod flow;
 mod flow_test;
 mod mail;
 mod progress;
+mod queries;
 mod report;
 mod shutdown;
 mod tables;
 
 use cli::{Args, CheckStore, CrashPoint, ModuleName, Store};
-use db::Db;
+use db::ShopDb;
 use flow::{Counts, Drain};
 use progress::Progress;
 use serde::{Deserialize, Serialize};
@@ -121,8 +123,8 @@ use std::time::{Duration, Instant};
 use tables::{IgnoredMessage, OrderStatus};
 use tickbox::diesel::result::{DatabaseErrorKind, Error::DatabaseError};
 use tickbox::{
-    Backend, Bus, BusHandle, Delivery, Handler, HandlerError, HandlerOptions, Message,
-    ModuleBuilder, ModuleHandle, RetryPolicy, Tx,
+    Bus, BusHandle, Delivery, Handler, HandlerError, HandlerOptions, Message, ModuleBuilder,
+    ModuleHandle, RetryPolicy, Tx,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -182,7 +184,9 @@ impl Message for OrderConfirmed {
 //
 // An application on one backend implements `Handler<Sqlite>` (say) and runs
 // its queries on `tx.conn()`; minishop runs on either backend, so its
-// handlers are generic and run their queries through `Db`.
+// handlers are generic over `B: ShopDb`, the backends whose connection runs
+// every query minishop has (see `db.rs`), and call those queries as
+// `B::settle_order(tx.conn(), …)`.
 
 /// Handler names: part of each inbox row's key, so stable across releases.
 const CONFIRM_ORDER: &str = "orders.confirm_order";
@@ -211,30 +215,29 @@ const SEND_CONFIRMATION_EFFECT: &str = "send_confirmation";
 /// orders: moves order `order_id` from placed to `to` when the order is
 /// placed; otherwise records the message of `delivery` as ignored. Whether
 /// it moved the order.
-async fn settle_order<B: Backend>(
+async fn settle_order<B: ShopDb>(
     tx: &mut Tx<B>,
     order_id: &str,
     to: OrderStatus,
     delivery: &Delivery,
 ) -> Result<bool, HandlerError> {
-    let mut db = Db::of(tx.conn());
-    if tables::settle_order(&mut db, order_id, to).await? {
+    if B::settle_order(tx.conn(), order_id, to).await? {
         return Ok(true);
     }
-    let reason = match tables::order_status(&mut db, order_id).await? {
+    let reason = match B::order_status(tx.conn(), order_id).await? {
         Some(status) => format!("the order is {status} already"),
         None => "no such order".to_string(),
     };
     tracing::warn!(order_id, handler = %delivery.handler, %reason,
         "ignored a message that does not fit its order");
-    tables::record_ignored(&mut db, IgnoredMessage::new(delivery, order_id, reason)).await?;
+    B::record_ignored(tx.conn(), IgnoredMessage::new(delivery, order_id, reason)).await?;
     Ok(false)
 }
 
 /// orders: `StockReserved` → confirm the order, publish `OrderConfirmed`.
 struct ConfirmOrder;
 
-impl<B: Backend> Handler<B> for ConfirmOrder {
+impl<B: ShopDb> Handler<B> for ConfirmOrder {
     type Message = StockReserved;
 
     async fn handle(
@@ -245,7 +248,7 @@ impl<B: Backend> Handler<B> for ConfirmOrder {
     ) -> Result<(), HandlerError> {
         let order_id = reserved.order_id;
         if settle_order(tx, &order_id, OrderStatus::Confirmed, delivery).await? {
-            let customer = tables::order_customer(&mut Db::of(tx.conn()), &order_id).await?;
+            let customer = B::order_customer(tx.conn(), &order_id).await?;
             tx.publish(&OrderConfirmed { order_id, customer })?;
         }
         Ok(())
@@ -255,7 +258,7 @@ impl<B: Backend> Handler<B> for ConfirmOrder {
 /// orders: `StockShort` → reject the order.
 struct RejectOrder;
 
-impl<B: Backend> Handler<B> for RejectOrder {
+impl<B: ShopDb> Handler<B> for RejectOrder {
     type Message = StockShort;
 
     async fn handle(
@@ -281,7 +284,7 @@ impl<B: Backend> Handler<B> for RejectOrder {
 /// held by their own transaction and wait for nobody.
 struct ReserveStock;
 
-impl<B: Backend> Handler<B> for ReserveStock {
+impl<B: ShopDb> Handler<B> for ReserveStock {
     type Message = OrderPlaced;
 
     async fn handle(
@@ -290,16 +293,15 @@ impl<B: Backend> Handler<B> for ReserveStock {
         order: OrderPlaced,
         delivery: &Delivery,
     ) -> Result<(), HandlerError> {
-        let mut db = Db::of(tx.conn());
-        tables::lock_stock(&mut db).await?;
+        B::lock_stock(tx.conn()).await?;
         // Idempotent in its own right, beyond the inbox: an order is
         // answered once, whatever message asks for it; a message asking
         // again is recorded as ignored (`warehouse_ignored` in the report).
-        if let Some(answer) = tables::answer_given(&mut db, &order.order_id).await? {
+        if let Some(answer) = B::answer_given(tx.conn(), &order.order_id).await? {
             let reason = format!("the order was {answer} already");
             tracing::warn!(order_id = %order.order_id, %reason, "ignored an order placed again");
             let ignored = IgnoredMessage::new(delivery, &order.order_id, reason);
-            tables::record_ignored(&mut db, ignored).await?;
+            B::record_ignored(tx.conn(), ignored).await?;
             return Ok(());
         }
         let reservation = tables::NewReservation {
@@ -308,7 +310,7 @@ impl<B: Backend> Handler<B> for ReserveStock {
             quantity: order.quantity,
             reserved_at_us: tables::now_us(),
         };
-        if tables::reserve(&mut db, reservation).await? {
+        if B::reserve(tx.conn(), reservation).await? {
             tx.publish(&StockReserved {
                 order_id: order.order_id,
                 sku: order.sku,
@@ -322,7 +324,7 @@ impl<B: Backend> Handler<B> for ReserveStock {
             quantity: order.quantity,
             short_at_us: tables::now_us(),
         };
-        tables::record_shortage(&mut db, shortage).await?;
+        B::record_shortage(tx.conn(), shortage).await?;
         tx.publish(&StockShort {
             order_id: order.order_id,
             sku: order.sku,
@@ -340,7 +342,7 @@ struct SendConfirmation {
     mailer: Option<mail::Mailer>,
 }
 
-impl<B: Backend> Handler<B> for SendConfirmation {
+impl<B: ShopDb> Handler<B> for SendConfirmation {
     type Message = OrderConfirmed;
 
     async fn handle(
@@ -397,7 +399,7 @@ impl<B: Backend> Handler<B> for SendConfirmation {
         tracing::debug!(to = %email.recipient, order_id = %email.order_id,
             idempotency_key = %email.idempotency_key, attempt = delivery.attempt,
             "confirmation e-mail recorded");
-        tables::insert_email(&mut Db::of(tx.conn()), email).await?;
+        B::insert_email(tx.conn(), email).await?;
         Ok(())
     }
 }
@@ -421,7 +423,7 @@ impl SendConfirmation {
 /// The modules whose databases this process sees: all three over the
 /// local transport; over amqp those it runs and those found with the check
 /// flags (`None` for the others).
-struct Shop<B: Backend> {
+struct Shop<B: ShopDb> {
     orders: Option<ModuleHandle<B>>,
     warehouse: Option<ModuleHandle<B>>,
     notifications: Option<ModuleHandle<B>>,
@@ -432,7 +434,7 @@ struct Shop<B: Backend> {
     on_bus: Vec<ModuleHandle<B>>,
 }
 
-impl<B: Backend> Shop<B> {
+impl<B: ShopDb> Shop<B> {
     /// The modules seen here, with their names.
     fn seen(&self) -> Vec<(&'static str, &ModuleHandle<B>)> {
         [
@@ -448,7 +450,7 @@ impl<B: Backend> Shop<B> {
 
 /// A module's builder made ready: its migrations, the messages it
 /// publishes and, if this process runs it, its handlers.
-fn configure<B: Backend>(
+fn configure<B: ShopDb>(
     args: &Args,
     name: ModuleName,
     builder: ModuleBuilder<B>,
@@ -505,7 +507,7 @@ fn configure<B: Backend>(
 /// over amqp it is not (see [`open_elsewhere`]). `module` makes a module's
 /// builder on the chosen backend. Starting a module creates tickbox's
 /// tables in its database, then runs the module's own migrations.
-async fn start_modules<B: Backend>(
+async fn start_modules<B: ShopDb>(
     args: &Args,
     module: impl Fn(&str) -> ModuleBuilder<B>,
 ) -> tickbox::Result<Shop<B>> {
@@ -547,7 +549,7 @@ async fn start_modules<B: Backend>(
 /// where `elsewhere` finds them (the check flags; it waits for them to
 /// appear), for waiting on the flow and the final check: never on this
 /// process's bus. Without check flags it finds none.
-async fn open_elsewhere<B: Backend>(
+async fn open_elsewhere<B: ShopDb>(
     shop: &mut Shop<B>,
     args: &Args,
     elsewhere: impl AsyncFn(&'static str) -> Result<Option<ModuleBuilder<B>>, String>,
@@ -584,7 +586,7 @@ async fn open_elsewhere<B: Backend>(
 /// (the broker out of reach or restarting, a database busy) is retried
 /// with backoff until `deadline` (a minute without `--timeout`) or Ctrl-C;
 /// any other (the broker refusing the credentials) ends the run at once.
-async fn start_bus<B: Backend>(
+async fn start_bus<B: ShopDb>(
     shop: &Shop<B>,
     args: &Args,
     deadline: Option<Instant>,
@@ -654,7 +656,7 @@ impl OrderPlaced {
 }
 
 /// Places `order`: its row and its `OrderPlaced` in one transaction.
-async fn place_order<B: Backend>(
+async fn place_order<B: ShopDb>(
     orders: &ModuleHandle<B>,
     order: tables::NewOrder,
 ) -> tickbox::Result<()> {
@@ -667,7 +669,7 @@ async fn place_order<B: Backend>(
         let retry = std::mem::replace(&mut tried, true);
         orders.transaction(async move |tx| {
             let placed = OrderPlaced::of(&order);
-            match tables::insert_order(&mut Db::of(tx.conn()), order).await {
+            match B::insert_order(tx.conn(), order).await {
                 Err(DatabaseError(DatabaseErrorKind::UniqueViolation, _)) if retry => return Ok(()),
                 inserted => inserted?,
             }
@@ -681,7 +683,7 @@ async fn place_order<B: Backend>(
 /// Places `n` orders, one transaction each, `interval` apart
 /// (`--order-interval`), until done or Ctrl-C; how many it placed. The run
 /// is recorded while it places (see `flow::Placing`).
-async fn place_orders<B: Backend>(
+async fn place_orders<B: ShopDb>(
     shop: &Shop<B>,
     bus: &BusHandle<B>,
     n: u64,
@@ -770,7 +772,7 @@ async fn place_orders<B: Backend>(
 /// Without a deadline, a process running all three modules gives itself a
 /// minute plus 20 ms per order; one running some of them waits as long as
 /// the others take.
-async fn wait_until_done<B: Backend>(
+async fn wait_until_done<B: ShopDb>(
     shop: &Shop<B>,
     bus: &BusHandle<B>,
     args: &Args,
@@ -844,7 +846,7 @@ async fn wait_until_done<B: Backend>(
 // ---------------------------------------------------------------------------
 // 7. The run: start, place, wait, stop the bus, check the databases.
 
-async fn run<B: Backend>(
+async fn run<B: ShopDb>(
     args: &Args,
     module: impl Fn(&str) -> ModuleBuilder<B>,
     elsewhere: impl AsyncFn(&'static str) -> Result<Option<ModuleBuilder<B>>, String>,
@@ -861,7 +863,7 @@ async fn run<B: Backend>(
 }
 
 /// The run, once the modules are open.
-async fn run_shop<B: Backend>(
+async fn run_shop<B: ShopDb>(
     shop: &Shop<B>,
     args: &Args,
     started: Instant,

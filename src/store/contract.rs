@@ -60,14 +60,17 @@ impl OwnedScope {
 /// `sqlite.rs` and `postgres.rs`. It lives in a private module, so no other
 /// crate can name it: that seals [`Backend`](crate::Backend).
 pub trait Store: Sized + Send + Sync + 'static {
-    /// The diesel-async connection that handlers and transactions receive.
-    type Connection: AsyncConnection + Send + 'static;
+    /// The diesel-async connection tickbox's statements run on: the
+    /// backend's public [`Backend::Connection`](crate::Backend::Connection),
+    /// under another name so that a backend's bounds name only the public
+    /// one.
+    type Conn: AsyncConnection + Send + 'static;
 
     /// A connection pool.
     type Pool: Clone + Send + Sync + 'static;
 
     /// A connection checked out of the pool; returned to it on drop.
-    type Pooled: DerefMut<Target = Self::Connection> + Send + 'static;
+    type Pooled: DerefMut<Target = Self::Conn> + Send + 'static;
 
     /// The database takes one writer at a time (SQLite): writers of one
     /// process then queue in memory, first come first served, instead of
@@ -112,25 +115,23 @@ pub trait Store: Sized + Send + Sync + 'static {
 
     /// Begins a write transaction. SQLite takes its write lock at once
     /// (`BEGIN IMMEDIATE`), so concurrent writers wait instead of failing.
-    fn begin(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<()>> + Send;
+    fn begin(conn: &mut Self::Conn) -> impl Future<Output = QueryResult<()>> + Send;
 
     /// Begins a read-only transaction: one snapshot, no write lock.
-    fn begin_read(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<()>> + Send;
+    fn begin_read(conn: &mut Self::Conn) -> impl Future<Output = QueryResult<()>> + Send;
 
     /// Commits the transaction begun by [`Store::begin`].
-    fn commit(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<()>> + Send;
+    fn commit(conn: &mut Self::Conn) -> impl Future<Output = QueryResult<()>> + Send;
 
     /// Rolls back the transaction begun by [`Store::begin`].
-    fn rollback(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<()>> + Send;
+    fn rollback(conn: &mut Self::Conn) -> impl Future<Output = QueryResult<()>> + Send;
 
     /// Sends a wake-up on `channel` inside the open transaction: listeners
     /// receive it if and only if the transaction commits (PostgreSQL
     /// `pg_notify`). Called only with a channel `open` returned, so never on
     /// SQLite.
-    fn notify(
-        conn: &mut Self::Connection,
-        channel: &str,
-    ) -> impl Future<Output = QueryResult<()>> + Send;
+    fn notify(conn: &mut Self::Conn, channel: &str)
+        -> impl Future<Output = QueryResult<()>> + Send;
 
     /// A task that listens on the module's wake-up channel, on a connection
     /// of its own outside the pool, and calls `wake` for every notification
@@ -149,7 +150,7 @@ pub trait Store: Sized + Send + Sync + 'static {
     /// one first (in [`numbering_order`]); returns the rows with their
     /// numbers.
     fn insert_outbox(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         rows: Vec<OutboxRow>,
     ) -> impl Future<Output = QueryResult<Vec<OutboxRow>>> + Send;
 
@@ -157,7 +158,7 @@ pub trait Store: Sized + Send + Sync + 'static {
     /// for a new keyed message (`key`: its scope and number), moves the
     /// handler's progress in the key to it if it is the key's next.
     fn tick_inbox(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         message_id: Uuid,
         handler: &str,
         now_us: i64,
@@ -168,7 +169,7 @@ pub trait Store: Sized + Send + Sync + 'static {
     /// key to `sequence` if that is the key's next message; false otherwise
     /// (see [`Ordering::take_turn`](crate::store::ordering::Ordering::take_turn)).
     fn advance_key(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         scope: KeyScope<'_>,
         sequence: i64,
     ) -> impl Future<Output = QueryResult<bool>> + Send;
@@ -177,7 +178,7 @@ pub trait Store: Sized + Send + Sync + 'static {
     /// key at `sequence` unless it has progress there already; true when it
     /// did.
     fn start_key(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         scope: KeyScope<'_>,
         sequence: i64,
     ) -> impl Future<Output = QueryResult<bool>> + Send;
@@ -198,13 +199,13 @@ pub trait Store: Sized + Send + Sync + 'static {
 
     /// Runs a [`Statement`] and reads its rows.
     fn load<R: Row>(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         statement: Statement,
     ) -> impl Future<Output = QueryResult<Vec<R>>> + Send;
 
     /// Runs a [`Statement`]; the number of rows it changed.
     fn execute(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         statement: Statement,
     ) -> impl Future<Output = QueryResult<usize>> + Send;
 

@@ -81,7 +81,7 @@ pub trait JournalQueries: Store {
     /// Records an effect about to be called for the first time, unless a
     /// row for it exists; 1 if it was recorded.
     fn insert_journal_entry(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         row: &EffectRow,
     ) -> impl Future<Output = QueryResult<usize>> + Send {
         let mut b = StatementBuilder::new(Self::DIALECT);
@@ -108,7 +108,7 @@ pub trait JournalQueries: Store {
 
     /// One effect's row.
     fn journal_entry(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         id: &EffectId,
     ) -> impl Future<Output = QueryResult<Option<EffectRow>>> + Send {
         let mut b = StatementBuilder::new(Self::DIALECT);
@@ -127,7 +127,7 @@ pub trait JournalQueries: Store {
 
     /// Changes an effect's row if it is as `change` expects; 1 if it was.
     fn update_journal_entry(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         id: &EffectId,
         change: EffectChange,
     ) -> impl Future<Output = QueryResult<usize>> + Send {
@@ -156,7 +156,7 @@ pub trait JournalQueries: Store {
     /// Effects, most recently changed last, from `offset`: all of them, or
     /// those in one of `states`.
     fn journal_entries(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         states: &[&str],
         offset: i64,
         limit: i64,
@@ -178,7 +178,7 @@ pub trait JournalQueries: Store {
 
     /// Whether the database (PostgreSQL: the current schema) has the
     /// journal's table.
-    fn has_journal(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<bool>> + Send {
+    fn has_journal(conn: &mut Self::Conn) -> impl Future<Output = QueryResult<bool>> + Send {
         let sql = format!(
             "SELECT count(*) AS n FROM {} = 'tickbox_effects'",
             Self::TABLES_BY_NAME
@@ -190,7 +190,7 @@ pub trait JournalQueries: Store {
     /// How many effects are unknown, per handler (read through the partial
     /// index of unsettled rows).
     fn unknown_effects(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
     ) -> impl Future<Output = QueryResult<Vec<UnknownCount>>> + Send {
         let sql = format!(
             "SELECT handler, count(*) AS n FROM tickbox_effects \
@@ -204,7 +204,7 @@ pub trait JournalQueries: Store {
     /// messages in `keep` (dead letters, which a replay may bring back: a
     /// succeeded effect must still be found then).
     fn sweep_effects(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         before_us: i64,
         keep: &[Uuid],
         batch: i64,

@@ -53,7 +53,7 @@ pub trait Ordering: Store {
     /// published before the handler first started: that one was never owed
     /// to it. Any other message waits for its predecessor.
     fn take_turn(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         scope: KeyScope<'_>,
         sequence: i64,
         previous_at_us: Option<i64>,
@@ -128,7 +128,7 @@ pub trait Ordering: Store {
     /// Records when each of `handlers` first started in this database (kept
     /// from the first time on).
     fn record_handler_starts(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         handlers: &[&str],
         now_us: i64,
     ) -> impl Future<Output = QueryResult<()>> + Send {
@@ -154,7 +154,7 @@ pub trait Ordering: Store {
     /// Moves the handler's progress in the key to `sequence` unless it is
     /// past it already: an operator skipped that message.
     fn skip_to(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         scope: KeyScope<'_>,
         sequence: i64,
     ) -> impl Future<Output = QueryResult<()>> + Send {
@@ -179,7 +179,7 @@ pub trait Ordering: Store {
     /// The dead letters of the key (the one that parks it and those parked
     /// behind it), in the key's order.
     fn key_dead_letters(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         scope: KeyScope<'_>,
     ) -> impl Future<Output = QueryResult<Vec<DeadLetterRow>>> + Send {
         let mut b = StatementBuilder::new(Self::DIALECT);
@@ -196,7 +196,7 @@ pub trait Ordering: Store {
 
     /// The keys parked per handler: (handler, number of keys).
     fn parked_keys(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
     ) -> impl Future<Output = QueryResult<Vec<ParkedKeys>>> + Send {
         let statement = StatementBuilder::new(Self::DIALECT).finish(
             "SELECT handler, count(*) AS keys FROM (SELECT DISTINCT handler, key_publisher, \

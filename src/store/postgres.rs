@@ -517,10 +517,12 @@ async fn listen_until_failure(wakeup: &WakeupChannel, module: &str, wake: &impl 
 impl Backend for Postgres {
     const NAME: &'static str = "postgres";
     const DEFAULT_POOL_SIZE: usize = 8;
+    type Connection = AsyncPgConnection;
+    type Diesel = diesel::pg::Pg;
 }
 
 impl Store for Postgres {
-    type Connection = AsyncPgConnection;
+    type Conn = AsyncPgConnection;
     type Pool = Pool<AsyncPgConnection>;
     type Pooled = Object<AsyncPgConnection>;
 
@@ -705,23 +707,23 @@ impl Store for Postgres {
         checkout(pool).await
     }
 
-    async fn begin(conn: &mut Self::Connection) -> QueryResult<()> {
+    async fn begin(conn: &mut Self::Conn) -> QueryResult<()> {
         AnsiTransactionManager::begin_transaction(conn).await
     }
 
-    async fn begin_read(conn: &mut Self::Connection) -> QueryResult<()> {
+    async fn begin_read(conn: &mut Self::Conn) -> QueryResult<()> {
         AnsiTransactionManager::begin_transaction_sql(conn, "BEGIN READ ONLY").await
     }
 
-    async fn commit(conn: &mut Self::Connection) -> QueryResult<()> {
+    async fn commit(conn: &mut Self::Conn) -> QueryResult<()> {
         AnsiTransactionManager::commit_transaction(conn).await
     }
 
-    async fn rollback(conn: &mut Self::Connection) -> QueryResult<()> {
+    async fn rollback(conn: &mut Self::Conn) -> QueryResult<()> {
         AnsiTransactionManager::rollback_transaction(conn).await
     }
 
-    async fn notify(conn: &mut Self::Connection, channel: &str) -> QueryResult<()> {
+    async fn notify(conn: &mut Self::Conn, channel: &str) -> QueryResult<()> {
         use diesel_async::RunQueryDsl;
         diesel::sql_query("SELECT pg_notify($1, '')")
             .bind::<diesel::sql_types::Text, _>(channel)
@@ -739,7 +741,7 @@ impl Store for Postgres {
     }
 
     async fn advance_key(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         scope: KeyScope<'_>,
         sequence: i64,
     ) -> QueryResult<bool> {
@@ -751,7 +753,7 @@ impl Store for Postgres {
     }
 
     async fn start_key(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         scope: KeyScope<'_>,
         sequence: i64,
     ) -> QueryResult<bool> {
@@ -760,7 +762,7 @@ impl Store for Postgres {
     }
 
     async fn tick_inbox(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         message_id: Uuid,
         handler: &str,
         now_us: i64,
@@ -788,7 +790,7 @@ impl Store for Postgres {
     }
 
     async fn insert_outbox(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         mut rows: Vec<OutboxRow>,
     ) -> QueryResult<Vec<OutboxRow>> {
         use diesel::OptionalExtension;
@@ -832,14 +834,11 @@ impl Store for Postgres {
         Ok(rows)
     }
 
-    async fn load<R: Row>(
-        conn: &mut Self::Connection,
-        statement: Statement,
-    ) -> QueryResult<Vec<R>> {
+    async fn load<R: Row>(conn: &mut Self::Conn, statement: Statement) -> QueryResult<Vec<R>> {
         diesel_async::RunQueryDsl::load(statement, conn).await
     }
 
-    async fn execute(conn: &mut Self::Connection, statement: Statement) -> QueryResult<usize> {
+    async fn execute(conn: &mut Self::Conn, statement: Statement) -> QueryResult<usize> {
         diesel_async::RunQueryDsl::execute(statement, conn).await
     }
 }

@@ -86,7 +86,7 @@ pub trait Queries: Store {
     /// Records subscriptions, or updates the ones recorded (topic, when
     /// seen), keeping when each was first recorded.
     fn record_subscriptions(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         rows: Vec<SubscriptionRow>,
     ) -> impl Future<Output = QueryResult<()>> + Send {
         async move {
@@ -117,7 +117,7 @@ pub trait Queries: Store {
 
     /// Every subscription recorded in this outbox's database.
     fn subscriptions(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
     ) -> impl Future<Output = QueryResult<Vec<SubscriptionRow>>> + Send {
         let sql = format!(
             "SELECT {SUBSCRIPTION_COLUMNS} FROM tickbox_subscriptions ORDER BY module, handler"
@@ -128,7 +128,7 @@ pub trait Queries: Store {
     /// Extends (or takes) the claim of `bus` on these undelivered rows unless
     /// another bus holds a live claim on them.
     fn renew_claims(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         ids: Vec<Uuid>,
         bus: Uuid,
         now_us: i64,
@@ -148,7 +148,7 @@ pub trait Queries: Store {
     /// Gives up every claim of `bus` on undelivered rows (on a graceful
     /// stop).
     fn release_claims(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         bus: Uuid,
     ) -> impl Future<Output = QueryResult<usize>> + Send {
         let mut b = StatementBuilder::new(Self::DIALECT);
@@ -163,7 +163,7 @@ pub trait Queries: Store {
     /// Records a dead letter, or updates the one already recorded for the
     /// same message and handler.
     fn insert_dead_letter(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         row: DeadLetterRow,
     ) -> impl Future<Output = QueryResult<()>> + Send {
         let mut b = StatementBuilder::new(Self::DIALECT);
@@ -197,7 +197,7 @@ pub trait Queries: Store {
 
     /// Dead letters, oldest first, from `offset`.
     fn dead_letters(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         offset: i64,
         limit: i64,
     ) -> impl Future<Output = QueryResult<Vec<DeadLetterRow>>> + Send {
@@ -212,7 +212,7 @@ pub trait Queries: Store {
 
     /// One dead letter.
     fn dead_letter(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         message_id: Uuid,
         handler: String,
     ) -> impl Future<Output = QueryResult<Option<DeadLetterRow>>> + Send {
@@ -231,7 +231,7 @@ pub trait Queries: Store {
 
     /// The ids of the messages that have a dead letter.
     fn dead_letter_ids(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
     ) -> impl Future<Output = QueryResult<Vec<Uuid>>> + Send {
         let sql = "SELECT DISTINCT message_id FROM tickbox_dead_letters";
         let statement = plain(Self::DIALECT, sql);
@@ -243,7 +243,7 @@ pub trait Queries: Store {
 
     /// Deletes one dead letter; the number of rows deleted.
     fn delete_dead_letter(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         message_id: Uuid,
         handler: String,
     ) -> impl Future<Output = QueryResult<usize>> + Send {
@@ -259,7 +259,7 @@ pub trait Queries: Store {
     /// the row already there back to that state; every subscription then
     /// receives it again (the inbox skips it where it was handled).
     fn requeue_or_insert(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         row: OutboxRow,
     ) -> impl Future<Output = QueryResult<()>> + Send {
         let mut b = StatementBuilder::new(Self::DIALECT);
@@ -300,7 +300,7 @@ pub trait Queries: Store {
     /// outside the subquery: a message's rows for several handlers share its
     /// id.
     fn sweep_inbox(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         before_us: i64,
         batch: i64,
     ) -> impl Future<Output = QueryResult<usize>> + Send {
@@ -314,7 +314,7 @@ pub trait Queries: Store {
 
     /// Deletes up to `batch` outbox rows delivered before `before_us`.
     fn sweep_outbox(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         before_us: i64,
         batch: i64,
     ) -> impl Future<Output = QueryResult<usize>> + Send {
@@ -359,7 +359,7 @@ pub trait Queries: Store {
     /// How many of tickbox's tables the database (PostgreSQL: the current
     /// schema) holds: [`TABLES`] when it is up to date, fewer when an older
     /// version of tickbox made them, none when it is not a module's database.
-    fn count_tables(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<i64>> + Send {
+    fn count_tables(conn: &mut Self::Conn) -> impl Future<Output = QueryResult<i64>> + Send {
         let sql = format!(
             "SELECT count(*) AS n FROM {} IN ({TABLE_NAMES})",
             Self::TABLES_BY_NAME
@@ -368,17 +368,13 @@ pub trait Queries: Store {
     }
 
     /// Counts the dead letters (a small table).
-    fn count_dead_letters(
-        conn: &mut Self::Connection,
-    ) -> impl Future<Output = QueryResult<i64>> + Send {
+    fn count_dead_letters(conn: &mut Self::Conn) -> impl Future<Output = QueryResult<i64>> + Send {
         let sql = "SELECT count(*) AS n FROM tickbox_dead_letters";
         count::<Self>(conn, plain(Self::DIALECT, sql))
     }
 
     /// Counts the rows of the inbox and of the dead letters.
-    fn table_sizes(
-        conn: &mut Self::Connection,
-    ) -> impl Future<Output = QueryResult<(i64, i64)>> + Send {
+    fn table_sizes(conn: &mut Self::Conn) -> impl Future<Output = QueryResult<(i64, i64)>> + Send {
         async move {
             let inbox = plain(Self::DIALECT, "SELECT count(*) AS n FROM tickbox_inbox");
             let inbox = count::<Self>(conn, inbox).await?;
@@ -389,7 +385,7 @@ pub trait Queries: Store {
 
     /// Marks outbox rows delivered.
     fn mark_delivered(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         ids: Vec<Uuid>,
         now_us: i64,
     ) -> impl Future<Output = QueryResult<usize>> + Send {
@@ -406,7 +402,7 @@ pub trait Queries: Store {
     /// The number of undelivered outbox rows and the creation time of the
     /// oldest.
     fn outbox_backlog(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
     ) -> impl Future<Output = QueryResult<(i64, Option<i64>)>> + Send {
         async move {
             // The count reads only the partial index of pending ids; the
@@ -469,10 +465,7 @@ impl Sweep {
 }
 
 /// Runs a statement selecting one count (`n`).
-pub(crate) async fn count<S: Store>(
-    conn: &mut S::Connection,
-    statement: Statement,
-) -> QueryResult<i64> {
+pub(crate) async fn count<S: Store>(conn: &mut S::Conn, statement: Statement) -> QueryResult<i64> {
     let rows: Vec<Count> = S::load(conn, statement).await?;
     Ok(rows.into_iter().next().map_or(0, |row| row.n))
 }

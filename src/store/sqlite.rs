@@ -228,10 +228,12 @@ fn refuse_missing_directory(module: &str, path: &str) -> crate::Result<()> {
 impl Backend for Sqlite {
     const NAME: &'static str = "sqlite";
     const DEFAULT_POOL_SIZE: usize = 4;
+    type Connection = SqliteConnection;
+    type Diesel = diesel::sqlite::Sqlite;
 }
 
 impl Store for Sqlite {
-    type Connection = SqliteConnection;
+    type Conn = SqliteConnection;
     type Pool = Pool<SqliteConnection>;
     type Pooled = Object<SqliteConnection>;
 
@@ -327,27 +329,27 @@ impl Store for Sqlite {
         checkout(pool).await
     }
 
-    async fn begin(conn: &mut Self::Connection) -> QueryResult<()> {
+    async fn begin(conn: &mut Self::Conn) -> QueryResult<()> {
         conn.spawn_blocking(|c| AnsiTransactionManager::begin_transaction_sql(c, "BEGIN IMMEDIATE"))
             .await
     }
 
-    async fn begin_read(conn: &mut Self::Connection) -> QueryResult<()> {
+    async fn begin_read(conn: &mut Self::Conn) -> QueryResult<()> {
         conn.spawn_blocking(|c| AnsiTransactionManager::begin_transaction_sql(c, "BEGIN DEFERRED"))
             .await
     }
 
-    async fn commit(conn: &mut Self::Connection) -> QueryResult<()> {
+    async fn commit(conn: &mut Self::Conn) -> QueryResult<()> {
         conn.spawn_blocking(AnsiTransactionManager::commit_transaction)
             .await
     }
 
-    async fn rollback(conn: &mut Self::Connection) -> QueryResult<()> {
+    async fn rollback(conn: &mut Self::Conn) -> QueryResult<()> {
         conn.spawn_blocking(AnsiTransactionManager::rollback_transaction)
             .await
     }
 
-    async fn notify(_: &mut Self::Connection, _: &str) -> QueryResult<()> {
+    async fn notify(_: &mut Self::Conn, _: &str) -> QueryResult<()> {
         // Never called: `open` gives SQLite modules no wake-up channel.
         Ok(())
     }
@@ -361,7 +363,7 @@ impl Store for Sqlite {
     }
 
     async fn insert_outbox(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         mut rows: Vec<OutboxRow>,
     ) -> QueryResult<Vec<OutboxRow>> {
         if rows.is_empty() {
@@ -404,7 +406,7 @@ impl Store for Sqlite {
     }
 
     async fn tick_inbox(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         message_id: Uuid,
         handler: &str,
         now_us: i64,
@@ -433,7 +435,7 @@ impl Store for Sqlite {
     }
 
     async fn advance_key(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         scope: KeyScope<'_>,
         sequence: i64,
     ) -> QueryResult<bool> {
@@ -447,7 +449,7 @@ impl Store for Sqlite {
     }
 
     async fn start_key(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         scope: KeyScope<'_>,
         sequence: i64,
     ) -> QueryResult<bool> {
@@ -460,14 +462,11 @@ impl Store for Sqlite {
         .await
     }
 
-    async fn load<R: Row>(
-        conn: &mut Self::Connection,
-        statement: Statement,
-    ) -> QueryResult<Vec<R>> {
+    async fn load<R: Row>(conn: &mut Self::Conn, statement: Statement) -> QueryResult<Vec<R>> {
         diesel_async::RunQueryDsl::load(statement, conn).await
     }
 
-    async fn execute(conn: &mut Self::Connection, statement: Statement) -> QueryResult<usize> {
+    async fn execute(conn: &mut Self::Conn, statement: Statement) -> QueryResult<usize> {
         diesel_async::RunQueryDsl::execute(statement, conn).await
     }
 }

@@ -11,6 +11,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod catalog;
+mod generic_handler;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -195,7 +196,14 @@ fn example(name: &str) -> PathBuf {
 /// Runs example `name` in `dir` to its end (at most two minutes); panics
 /// unless it succeeds.
 fn run(name: &str, dir: &Path) -> String {
+    run_with(name, dir, &[])
+}
+
+/// Like [`run`], with arguments.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+fn run_with(name: &str, dir: &Path, args: &[&str]) -> String {
     let mut child = Command::new(example(name))
+        .args(args)
         .current_dir(dir)
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())

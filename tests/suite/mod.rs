@@ -4,6 +4,7 @@
 pub mod batches;
 pub mod effects;
 pub mod faults;
+pub mod generic;
 pub mod hostile;
 pub mod kit;
 pub mod observability;
