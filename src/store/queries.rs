@@ -328,7 +328,7 @@ pub trait Queries: Store {
 
     /// Records that module `name` starts on this database now.
     fn record_module_start(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
         name: &str,
         now_us: i64,
     ) -> impl Future<Output = QueryResult<()>> + Send {
@@ -344,7 +344,7 @@ pub trait Queries: Store {
     /// The name of the module that started last on this database, if one
     /// has started since it was migrated.
     fn last_started_module(
-        conn: &mut Self::Connection,
+        conn: &mut Self::Conn,
     ) -> impl Future<Output = QueryResult<Option<String>>> + Send {
         let statement = plain(
             Self::DIALECT,

@@ -1,7 +1,9 @@
 //! No secret shown, whatever the shape of the URL it is in.
 
 use super::{assert_hidden, HOSTILE};
-use crate::support::{trace_init, TestBackend, TestDb};
+use crate::support::trace_init;
+#[cfg(feature = "amqp")]
+use crate::support::{TestBackend, TestDb};
 use std::process::Command;
 use tickbox::{Module, Sqlite};
 

@@ -570,6 +570,7 @@ mod tests {
 }
 
 /// This process's TCP sockets whose far end is loopback port `port`.
+#[cfg_attr(not(feature = "amqp"), allow(dead_code))]
 pub fn sockets_to(port: u16) -> usize {
     let mine: std::collections::HashSet<u64> = std::fs::read_dir("/proc/self/fd")
         .expect("/proc/self/fd")
