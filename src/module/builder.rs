@@ -89,12 +89,20 @@ impl<B: Backend> ModuleBuilder<B> {
     /// the module starts, after tickbox's own and under the same lock (so
     /// processes starting together run them once):
     ///
-    /// ```ignore
+    /// ```no_run
+    /// # use tickbox::{Module, Sqlite};
     /// use diesel_migrations::{embed_migrations, EmbeddedMigrations};
+    /// # use tickbox::diesel_migrations;
     /// // The folder, relative to the crate's root, holds one folder per
     /// // migration: 2026-12-07-120000_create_reservations/up.sql, …
-    /// const WAREHOUSE: EmbeddedMigrations = embed_migrations!("migrations/warehouse");
-    /// Module::<Sqlite>::builder("warehouse", "data/warehouse.db").migrations(&WAREHOUSE)
+    /// const WAREHOUSE: EmbeddedMigrations =
+    ///     embed_migrations!("examples/quick_start/migrations/warehouse");
+    /// # async fn start() -> tickbox::Result<()> {
+    /// let warehouse = Module::<Sqlite>::builder("warehouse", "data/warehouse.db")
+    ///     .migrations(&WAREHOUSE)
+    ///     .start()
+    ///     .await?;
+    /// # Ok(()) }
     /// ```
     ///
     /// The README's quick start shows it whole, with the migrations' files.
