@@ -54,7 +54,13 @@ async fn sample_outbox<B: Backend>(core: Arc<ModuleCore<B>>) {
                 Ok((backlog, dead, parked))
             })
             .await?;
-        let unknown = core.handlers.journal.unknown_per_handler().await?;
+        // Only handlers make effects: a module without them reads no journal
+        // (another process's handlers may have made one beside its file).
+        let unknown = if core.handlers.entries.is_empty() {
+            Vec::new()
+        } else {
+            core.handlers.journal.unknown_per_handler().await?
+        };
         for entry in &core.handlers.entries {
             let keys = parked
                 .iter()
