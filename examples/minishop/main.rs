@@ -801,16 +801,27 @@ async fn wait_until_done<B: ShopDb>(
         if stop.is_cancelled() {
             break Drain::Interrupted;
         }
+        // The runs are read before the counts, so that every order of a run
+        // seen done is in the counts, and after them, so that a run that
+        // starts (and perhaps ends) meanwhile shows.
+        let runs_before = match &shop.orders {
+            Some(orders) => Some(flow::placing_runs(orders).await?),
+            None => None,
+        };
         counts = Counts::read(shop).await?;
         let idle = flow::bus_idle(bus, over_amqp).await? && counts.pending == 0;
-        // Read last: a run that starts after the counts were read shows here.
         let runs = match &shop.orders {
             Some(orders) => Some(flow::placing_runs(orders).await?),
             None => None,
         };
-        let done = match &runs {
-            Some(runs) => idle && counts.complete() && flow::placing_done(runs, least_runs),
-            None => settle.over(counts.hold_work(), idle),
+        let done = match (&runs_before, &runs) {
+            (Some(before), Some(runs)) => {
+                idle && counts.complete()
+                    && flow::placing_done(before, least_runs)
+                    && runs.len() == before.len()
+                    && flow::placing_done(runs, least_runs)
+            }
+            _ => settle.over(counts.hold_work(), idle),
         };
         if done {
             break Drain::Finished;
