@@ -369,7 +369,7 @@ async fn mark<B: Backend>(
         .write_call("marking messages delivered", async move |conn| {
             let ids = marked;
             let finish = subscription::finish(B::DIALECT, &ids, &served, now_us(), delete);
-            let changed = B::execute(conn, finish).await?;
+            let changed = B::execute_statement(conn, finish).await?;
             // The common case: every message finished. Otherwise, those
             // still pending are owed elsewhere (the others were finished, or
             // were already gone).
@@ -377,7 +377,7 @@ async fn mark<B: Backend>(
                 Vec::new()
             } else {
                 let pending = subscription::pending_among(B::DIALECT, &ids);
-                B::load::<IdRow>(conn, pending)
+                B::load_statement::<IdRow>(conn, pending)
                     .await?
                     .into_iter()
                     .map(|row| row.id.0)
@@ -389,11 +389,13 @@ async fn mark<B: Backend>(
                     .filter(|id| !rest.contains(id))
                     .copied()
                     .collect();
-                B::execute(conn, subscription::forget_done(B::DIALECT, &finished)).await?;
+                B::execute_statement(conn, subscription::forget_done(B::DIALECT, &finished))
+                    .await?;
             }
             if !rest.is_empty() {
-                B::execute(conn, subscription::record_done(B::DIALECT, &rest, &served)).await?;
-                B::execute(conn, subscription::release(B::DIALECT, &rest, bus)).await?;
+                B::execute_statement(conn, subscription::record_done(B::DIALECT, &rest, &served))
+                    .await?;
+                B::execute_statement(conn, subscription::release(B::DIALECT, &rest, bus)).await?;
                 if let Some(wakeup) = &wakeup {
                     B::notify(conn, &wakeup.channel).await?;
                 }
@@ -433,7 +435,7 @@ async fn upkeep<B: Backend>(
             .write_call(
                 "finishing what every subscription is done with",
                 async |conn| {
-                    let completed = B::load::<IdRow>(
+                    let completed = B::load_statement::<IdRow>(
                         conn,
                         subscription::complete(
                             B::DIALECT,
@@ -445,7 +447,7 @@ async fn upkeep<B: Backend>(
                     .await?
                     .len();
                     if others || completed > 0 {
-                        B::execute(conn, subscription::clear_done(B::DIALECT)).await?;
+                        B::execute_statement(conn, subscription::clear_done(B::DIALECT)).await?;
                     }
                     Ok(completed)
                 },
@@ -522,7 +524,7 @@ impl<B: Backend> State<B> {
                     .core
                     .db
                     .write_call("claiming outbox rows", async move |conn| {
-                        Ok(B::load::<ClaimedRow>(conn, statement).await?)
+                        Ok(B::load_statement::<ClaimedRow>(conn, statement).await?)
                     })
                     .await
                     .map_err(|e| e.to_string());
@@ -699,7 +701,7 @@ impl<B: Backend> State<B> {
             .db
             .write_call(
                 "recording that the subscriptions stopped",
-                async move |conn| Ok(B::execute(conn, statement).await?),
+                async move |conn| Ok(B::execute_statement(conn, statement).await?),
             )
             .await;
         if let Err(error) = stopped {

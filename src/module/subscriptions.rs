@@ -57,11 +57,12 @@ impl<B: Backend> ModuleHandle<B> {
             .db
             .write_call("retiring a subscription", async |conn| {
                 for statement in retire(B::DIALECT, id) {
-                    B::execute(conn, statement).await?;
+                    B::execute_statement(conn, statement).await?;
                 }
                 let owed = Owed::Topic(&subscription.topic);
-                let finished = B::load(conn, complete(B::DIALECT, owed, now, delete)).await?;
-                B::execute(conn, clear_done(B::DIALECT)).await?;
+                let finished =
+                    B::load_statement(conn, complete(B::DIALECT, owed, now, delete)).await?;
+                B::execute_statement(conn, clear_done(B::DIALECT)).await?;
                 Ok(finished)
             })
             .await?;

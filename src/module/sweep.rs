@@ -47,7 +47,7 @@ impl<B: Backend> ModuleHandle<B> {
         }
         // What subscriptions recorded done with messages since delivered.
         db.write_call("clearing subscriptions' done records", async |conn| {
-            Ok(B::execute(conn, clear_done(B::DIALECT)).await?)
+            Ok(B::execute_statement(conn, clear_done(B::DIALECT)).await?)
         })
         .await?;
         if report != SweepReport::default() {

@@ -174,7 +174,7 @@ pub(crate) async fn read<B: Backend>(outbox: &Database<B>) -> Result<Vec<Subscri
     let (rows, oldest) = outbox
         .call("reading subscriptions", async |conn| {
             let rows = B::subscriptions(conn).await?;
-            let oldest: Vec<OldestOwed> = B::load(conn, oldest_owed(B::DIALECT)).await?;
+            let oldest: Vec<OldestOwed> = B::load_statement(conn, oldest_owed(B::DIALECT)).await?;
             Ok((rows, oldest))
         })
         .await?;
@@ -395,7 +395,7 @@ pub(crate) async fn report_claimed_elsewhere<B: Backend>(
 ) -> Result<()> {
     let rows: Vec<ClaimedElsewhere> = outbox
         .call("reading other buses' claims", async |conn| {
-            Ok(B::load(conn, claimed_elsewhere(B::DIALECT, bus, now_us)).await?)
+            Ok(B::load_statement(conn, claimed_elsewhere(B::DIALECT, bus, now_us)).await?)
         })
         .await?;
     if let Some(ClaimedElsewhere {

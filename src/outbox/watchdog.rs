@@ -65,7 +65,7 @@ pub(crate) async fn look<B: Backend>(
     let before = Id::earliest_at(now_us.saturating_sub(threshold.as_micros() as i64)).0;
     let mut b = StatementBuilder::new(B::DIALECT);
     let cutoff = b.id(before);
-    let count: Vec<Count> = B::load(
+    let count: Vec<Count> = B::load_statement(
         conn,
         b.finish(format!(
             "SELECT count(*) AS n FROM tickbox_outbox \
@@ -79,7 +79,7 @@ pub(crate) async fn look<B: Backend>(
     }
     let mut b = StatementBuilder::new(B::DIALECT);
     let cutoff = b.id(before);
-    let oldest: Vec<OldestRow> = B::load(
+    let oldest: Vec<OldestRow> = B::load_statement(
         conn,
         b.finish(format!(
             "SELECT id, claimed_by, claimed_until_us FROM tickbox_outbox \
@@ -90,7 +90,7 @@ pub(crate) async fn look<B: Backend>(
     let Some(row) = oldest.into_iter().next() else {
         return Ok(Stalled::default());
     };
-    let owing: Vec<OwingRow> = B::load(
+    let owing: Vec<OwingRow> = B::load_statement(
         conn,
         crate::outbox::subscription::owing(B::DIALECT, row.id.0),
     )

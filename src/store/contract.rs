@@ -4,7 +4,9 @@
 
 use crate::store::schema::OutboxRow;
 use crate::store::settings::{StoreSettings, WakeupChannel};
-use crate::store::statement::{Dialect, Row, Statement};
+use crate::store::sql::Row;
+use crate::store::sql::Sql;
+use crate::store::statement::{Dialect, Statement};
 use diesel::QueryResult;
 use diesel_async::AsyncConnection;
 use std::future::Future;
@@ -198,16 +200,25 @@ pub trait Store: Sized + Send + Sync + 'static {
     const CLAIM_COLUMNS: &'static str;
 
     /// Runs a [`Statement`] and reads its rows.
-    fn load<R: Row>(
+    fn load_statement<R: Row>(
         conn: &mut Self::Conn,
         statement: Statement,
     ) -> impl Future<Output = QueryResult<Vec<R>>> + Send;
 
     /// Runs a [`Statement`]; the number of rows it changed.
-    fn execute(
+    fn execute_statement(
         conn: &mut Self::Conn,
         statement: Statement,
     ) -> impl Future<Output = QueryResult<usize>> + Send;
+
+    /// Runs an [`Sql`] statement and reads its rows.
+    fn load<R: Row>(
+        conn: &mut Self::Conn,
+        sql: Sql,
+    ) -> impl Future<Output = QueryResult<Vec<R>>> + Send;
+
+    /// Runs an [`Sql`] statement; the number of rows it changed.
+    fn execute(conn: &mut Self::Conn, sql: Sql) -> impl Future<Output = QueryResult<usize>> + Send;
 
     /// Where the catalog lists tables by name, as a query's `FROM` and the
     /// start of its `WHERE`: `… WHERE <name column>` (the current schema's

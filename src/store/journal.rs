@@ -103,7 +103,7 @@ pub trait JournalQueries: Store {
             "INSERT INTO tickbox_effects ({EFFECT_COLUMNS}) VALUES ({values}) \
              ON CONFLICT (message_id, handler, effect) DO NOTHING"
         );
-        Self::execute(conn, b.finish(sql))
+        Self::execute_statement(conn, b.finish(sql))
     }
 
     /// One effect's row.
@@ -120,7 +120,7 @@ pub trait JournalQueries: Store {
         );
         let statement = b.finish(sql);
         async move {
-            let rows: Vec<EffectRow> = Self::load(conn, statement).await?;
+            let rows: Vec<EffectRow> = Self::load_statement(conn, statement).await?;
             Ok(rows.into_iter().next())
         }
     }
@@ -150,7 +150,7 @@ pub trait JournalQueries: Store {
              WHERE message_id = {message} AND handler = {handler} AND effect = {effect} \
              AND state = {from_state} AND calls = {from_calls}"
         );
-        Self::execute(conn, b.finish(sql))
+        Self::execute_statement(conn, b.finish(sql))
     }
 
     /// Effects, most recently changed last, from `offset`: all of them, or
@@ -173,7 +173,7 @@ pub trait JournalQueries: Store {
             "SELECT {EFFECT_COLUMNS} FROM tickbox_effects WHERE {filter} \
              ORDER BY updated_at_us, message_id, handler, effect LIMIT {limit} OFFSET {offset}"
         );
-        Self::load(conn, b.finish(sql))
+        Self::load_statement(conn, b.finish(sql))
     }
 
     /// Whether the database (PostgreSQL: the current schema) has the
@@ -196,7 +196,7 @@ pub trait JournalQueries: Store {
             "SELECT handler, count(*) AS n FROM tickbox_effects \
              WHERE {UNSETTLED} AND state = 'unknown' GROUP BY handler ORDER BY handler"
         );
-        Self::load(conn, StatementBuilder::new(Self::DIALECT).finish(sql))
+        Self::load_statement(conn, StatementBuilder::new(Self::DIALECT).finish(sql))
     }
 
     /// Deletes up to `batch` messages' settled effects (succeeded or
@@ -217,7 +217,7 @@ pub trait JournalQueries: Store {
             id: "message_id",
             done_at: "updated_at_us",
         };
-        Self::execute(conn, sweep.statement_where(b, &condition, before_us, batch))
+        Self::execute_statement(conn, sweep.statement_where(b, &condition, before_us, batch))
     }
 }
 

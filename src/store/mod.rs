@@ -13,6 +13,7 @@ pub(crate) mod pool;
 pub(crate) mod queries;
 pub(crate) mod schema;
 pub(crate) mod settings;
+pub(crate) mod sql;
 pub(crate) mod statement;
 
 #[cfg(feature = "postgres")]

@@ -96,19 +96,19 @@ pub trait Ordering: Store {
                 .to_string(),
         );
         async move {
-            let rows: Vec<Seq> = Self::load(conn, progress).await?;
+            let rows: Vec<Seq> = Self::load_statement(conn, progress).await?;
             let last = rows.into_iter().next().map(|row| row.last_seq);
             if let Some(last) = last.filter(|last| sequence <= *last) {
                 return Ok(Turn::Stale(last));
             }
-            let parked: Vec<DeadLetterRow> = Self::load(conn, parked).await?;
+            let parked: Vec<DeadLetterRow> = Self::load_statement(conn, parked).await?;
             if let Some(dead) = parked.into_iter().next() {
                 return Ok(Turn::Parked(dead.message_id.0));
             }
             if let Some(last) = last {
                 return Ok(Turn::Early(last));
             }
-            let rows: Vec<Seq> = Self::load(conn, since).await?;
+            let rows: Vec<Seq> = Self::load_statement(conn, since).await?;
             // A handler with no recorded start (a database opened by a
             // tool) takes any message as the start.
             let starts = match (rows.into_iter().next(), previous_at_us) {
@@ -145,7 +145,7 @@ pub trait Ordering: Store {
             .collect();
         async move {
             for statement in statements {
-                Self::execute(conn, statement).await?;
+                Self::execute_statement(conn, statement).await?;
             }
             Ok(())
         }
@@ -173,7 +173,7 @@ pub trait Ordering: Store {
              DO UPDATE SET last_seq = excluded.last_seq \
              WHERE tickbox_key_progress.last_seq < excluded.last_seq"
         ));
-        async move { Self::execute(conn, statement).await.map(drop) }
+        async move { Self::execute_statement(conn, statement).await.map(drop) }
     }
 
     /// The dead letters of the key (the one that parks it and those parked
@@ -191,7 +191,7 @@ pub trait Ordering: Store {
             b.text(scope.topic),
             b.text(scope.key)
         );
-        Self::load(conn, b.finish(sql))
+        Self::load_statement(conn, b.finish(sql))
     }
 
     /// The keys parked per handler: (handler, number of keys).
@@ -204,7 +204,7 @@ pub trait Ordering: Store {
              GROUP BY handler ORDER BY handler"
                 .to_string(),
         );
-        Self::load(conn, statement)
+        Self::load_statement(conn, statement)
     }
 }
 

@@ -7,6 +7,7 @@
 
 use crate::store::contract::Store;
 use crate::store::schema::{DeadLetterRow, Id, OutboxRow, SubscriptionRow};
+use crate::store::sql::{sql, Sql};
 use crate::store::statement::{Bind, Dialect, Statement, StatementBuilder};
 use diesel::sql_types::{BigInt, Nullable};
 use diesel::QueryResult;
@@ -109,7 +110,7 @@ pub trait Queries: Store {
                      handler = excluded.handler, topic = excluded.topic, \
                      seen_at_us = excluded.seen_at_us, alive_until_us = excluded.alive_until_us"
                 );
-                Self::execute(conn, b.finish(sql)).await?;
+                Self::execute_statement(conn, b.finish(sql)).await?;
             }
             Ok(())
         }
@@ -122,7 +123,7 @@ pub trait Queries: Store {
         let sql = format!(
             "SELECT {SUBSCRIPTION_COLUMNS} FROM tickbox_subscriptions ORDER BY module, handler"
         );
-        Self::load(conn, plain(Self::DIALECT, &sql))
+        Self::load_statement(conn, plain(Self::DIALECT, &sql))
     }
 
     /// Extends (or takes) the claim of `bus` on these undelivered rows unless
@@ -142,7 +143,7 @@ pub trait Queries: Store {
              WHERE {listed} AND delivered_at_us IS NULL \
              AND (claimed_by = {bus} OR claimed_until_us IS NULL OR claimed_until_us < {now})"
         );
-        Self::execute(conn, b.finish(sql))
+        Self::execute_statement(conn, b.finish(sql))
     }
 
     /// Gives up every claim of `bus` on undelivered rows (on a graceful
@@ -157,7 +158,7 @@ pub trait Queries: Store {
             "UPDATE tickbox_outbox SET claimed_by = NULL, claimed_until_us = NULL \
              WHERE delivered_at_us IS NULL AND claimed_by = {bus}"
         );
-        Self::execute(conn, b.finish(sql))
+        Self::execute_statement(conn, b.finish(sql))
     }
 
     /// Records a dead letter, or updates the one already recorded for the
@@ -192,7 +193,7 @@ pub trait Queries: Store {
              parked_behind = excluded.parked_behind"
         );
         let statement = b.finish(sql);
-        async move { Self::execute(conn, statement).await.map(drop) }
+        async move { Self::execute_statement(conn, statement).await.map(drop) }
     }
 
     /// Dead letters, oldest first, from `offset`.
@@ -207,7 +208,7 @@ pub trait Queries: Store {
             "SELECT {DEAD_LETTER_COLUMNS} FROM tickbox_dead_letters \
              ORDER BY dead_at_us, message_id, handler LIMIT {limit} OFFSET {offset}"
         );
-        Self::load(conn, b.finish(sql))
+        Self::load_statement(conn, b.finish(sql))
     }
 
     /// One dead letter.
@@ -224,7 +225,7 @@ pub trait Queries: Store {
         );
         let statement = b.finish(sql);
         async move {
-            let rows: Vec<DeadLetterRow> = Self::load(conn, statement).await?;
+            let rows: Vec<DeadLetterRow> = Self::load_statement(conn, statement).await?;
             Ok(rows.into_iter().next())
         }
     }
@@ -233,8 +234,7 @@ pub trait Queries: Store {
     fn dead_letter_ids(
         conn: &mut Self::Conn,
     ) -> impl Future<Output = QueryResult<Vec<Uuid>>> + Send {
-        let sql = "SELECT DISTINCT message_id FROM tickbox_dead_letters";
-        let statement = plain(Self::DIALECT, sql);
+        let statement = Sql::plain("SELECT DISTINCT message_id FROM tickbox_dead_letters");
         async move {
             let rows: Vec<MessageIdRow> = Self::load(conn, statement).await?;
             Ok(rows.into_iter().map(|row| row.message_id.0).collect())
@@ -247,12 +247,14 @@ pub trait Queries: Store {
         message_id: Uuid,
         handler: String,
     ) -> impl Future<Output = QueryResult<usize>> + Send {
-        let mut b = StatementBuilder::new(Self::DIALECT);
-        let (id, handler) = (b.id(message_id), b.text(&handler));
-        let sql = format!(
-            "DELETE FROM tickbox_dead_letters WHERE message_id = {id} AND handler = {handler}"
-        );
-        Self::execute(conn, b.finish(sql))
+        Self::execute(
+            conn,
+            sql!(
+                "DELETE FROM tickbox_dead_letters WHERE message_id = ? AND handler = ?",
+                message_id,
+                handler
+            ),
+        )
     }
 
     /// Writes a message into the outbox as pending and unclaimed, or puts
@@ -290,8 +292,8 @@ pub trait Queries: Store {
             "DELETE FROM tickbox_outbox_done WHERE message_id = {id}"
         ));
         async move {
-            Self::execute(conn, insert).await?;
-            Self::execute(conn, forget).await.map(drop)
+            Self::execute_statement(conn, insert).await?;
+            Self::execute_statement(conn, forget).await.map(drop)
         }
     }
 
@@ -309,7 +311,7 @@ pub trait Queries: Store {
             id: "message_id",
             done_at: "processed_at_us",
         };
-        Self::execute(conn, sweep.statement(Self::DIALECT, before_us, batch))
+        Self::execute_statement(conn, sweep.statement(Self::DIALECT, before_us, batch))
     }
 
     /// Deletes up to `batch` outbox rows delivered before `before_us`.
@@ -323,7 +325,7 @@ pub trait Queries: Store {
             id: "id",
             done_at: "delivered_at_us",
         };
-        Self::execute(conn, sweep.statement(Self::DIALECT, before_us, batch))
+        Self::execute_statement(conn, sweep.statement(Self::DIALECT, before_us, batch))
     }
 
     /// Records that module `name` starts on this database now.
@@ -338,7 +340,7 @@ pub trait Queries: Store {
             "INSERT INTO tickbox_modules (name, last_started_at_us) VALUES ({name}, {now}) \
              ON CONFLICT (name) DO UPDATE SET last_started_at_us = excluded.last_started_at_us"
         ));
-        async move { Self::execute(conn, statement).await.map(drop) }
+        async move { Self::execute_statement(conn, statement).await.map(drop) }
     }
 
     /// The name of the module that started last on this database, if one
@@ -351,7 +353,7 @@ pub trait Queries: Store {
             "SELECT name FROM tickbox_modules ORDER BY last_started_at_us DESC, name LIMIT 1",
         );
         async move {
-            let rows: Vec<ModuleName> = Self::load(conn, statement).await?;
+            let rows: Vec<ModuleName> = Self::load_statement(conn, statement).await?;
             Ok(rows.into_iter().next().map(|row| row.name))
         }
     }
@@ -396,7 +398,7 @@ pub trait Queries: Store {
             "UPDATE tickbox_outbox SET delivered_at_us = {now}, claimed_until_us = NULL \
              WHERE {listed}"
         );
-        Self::execute(conn, b.finish(sql))
+        Self::execute_statement(conn, b.finish(sql))
     }
 
     /// The number of undelivered outbox rows and the creation time of the
@@ -412,7 +414,8 @@ pub trait Queries: Store {
             let pending = count::<Self>(conn, plain(Self::DIALECT, sql)).await?;
             let sql = "SELECT created_at_us FROM tickbox_outbox \
                        WHERE delivered_at_us IS NULL ORDER BY id LIMIT 1";
-            let oldest: Vec<Published> = Self::load(conn, plain(Self::DIALECT, sql)).await?;
+            let oldest: Vec<Published> =
+                Self::load_statement(conn, plain(Self::DIALECT, sql)).await?;
             Ok((
                 pending,
                 oldest.into_iter().next().and_then(|p| p.created_at_us),
@@ -466,6 +469,6 @@ impl Sweep {
 
 /// Runs a statement selecting one count (`n`).
 pub(crate) async fn count<S: Store>(conn: &mut S::Conn, statement: Statement) -> QueryResult<i64> {
-    let rows: Vec<Count> = S::load(conn, statement).await?;
+    let rows: Vec<Count> = S::load_statement(conn, statement).await?;
     Ok(rows.into_iter().next().map_or(0, |row| row.n))
 }

@@ -18,7 +18,9 @@ use crate::store::migrations::{refuse_clashing_versions, refuse_newer_migrations
 use crate::store::pool::{build_pool, checkout, close_idle, discard};
 use crate::store::schema::{tickbox_outbox, OutboxRow};
 use crate::store::settings::{StoreSettings, WakeupChannel};
-use crate::store::statement::{Dialect, Row, Statement};
+use crate::store::sql::Row;
+use crate::store::sql::Sql;
+use crate::store::statement::{Dialect, Statement};
 use diesel::QueryResult;
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::pooled_connection::deadpool::{Object, Pool};
@@ -834,12 +836,23 @@ impl Store for Postgres {
         Ok(rows)
     }
 
-    async fn load<R: Row>(conn: &mut Self::Conn, statement: Statement) -> QueryResult<Vec<R>> {
+    async fn load_statement<R: Row>(
+        conn: &mut Self::Conn,
+        statement: Statement,
+    ) -> QueryResult<Vec<R>> {
         diesel_async::RunQueryDsl::load(statement, conn).await
     }
 
-    async fn execute(conn: &mut Self::Conn, statement: Statement) -> QueryResult<usize> {
+    async fn execute_statement(conn: &mut Self::Conn, statement: Statement) -> QueryResult<usize> {
         diesel_async::RunQueryDsl::execute(statement, conn).await
+    }
+
+    async fn load<R: Row>(conn: &mut Self::Conn, sql: Sql) -> QueryResult<Vec<R>> {
+        diesel_async::RunQueryDsl::load(sql, conn).await
+    }
+
+    async fn execute(conn: &mut Self::Conn, sql: Sql) -> QueryResult<usize> {
+        diesel_async::RunQueryDsl::execute(sql, conn).await
     }
 }
 
