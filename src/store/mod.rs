@@ -12,6 +12,7 @@ pub(crate) mod ordering;
 pub(crate) mod pool;
 pub(crate) mod queries;
 pub(crate) mod schema;
+pub(crate) mod scratch;
 pub(crate) mod settings;
 pub(crate) mod sql;
 pub(crate) mod statement;

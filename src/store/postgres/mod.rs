@@ -6,6 +6,8 @@
 //! deliver sends `pg_notify` on the outbox's channel just before COMMIT, and
 //! a bus listens on that channel on a connection of its own.
 
+mod scratch;
+
 use crate::error::Error;
 use crate::redact::{redact_url, SecretUrl};
 use crate::store::backend::Backend;

@@ -4,6 +4,8 @@
 //! SQLite has no notifications: commits made by another process are found by
 //! the bus's periodic outbox scan (`BusBuilder::scan_interval`).
 
+mod scratch;
+
 use crate::error::Error;
 use crate::redact::redact_url;
 use crate::store::backend::Backend;
