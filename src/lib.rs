@@ -421,11 +421,6 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
-#[cfg(not(any(feature = "sqlite", feature = "postgres")))]
-compile_error!(
-    "tickbox needs a backend: enable the `sqlite` feature, the `postgres` feature, or both"
-);
-
 #[cfg(feature = "amqp")]
 mod amqp;
 mod bus;
@@ -485,7 +480,7 @@ pub use outbox::subscription::Subscription;
 pub use redact::redact_url;
 pub use retention::{Retention, SweepReport};
 pub use retry::RetryPolicy;
-pub use store::backend::Backend;
+pub use store::backend::{Backend, Schemas};
 pub use store::deadline::CallMetrics;
 pub use tx::Tx;
 
@@ -501,9 +496,4 @@ pub use amqp::topology::QueueStatus;
 #[cfg(feature = "prometheus")]
 #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub use prometheus::{install_prometheus, PrometheusExporter};
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use store::postgres::Postgres;
-#[cfg(feature = "sqlite")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-pub use store::sqlite::{Sqlite, SqliteConnection};
+pub use store::backends::*;

@@ -6,7 +6,6 @@
 //! ([`Store::TRANSIENT_MESSAGES`](crate::store::contract::Store::TRANSIENT_MESSAGES)).
 
 use crate::error::Error;
-use crate::store::contract::Store;
 use diesel::result::{DatabaseErrorKind as Kind, Error as DieselError, SqlState, SqlStateClass};
 
 impl Error {
@@ -58,13 +57,7 @@ fn is_transient_state(state: SqlState) -> bool {
 
 /// Whether an enabled backend reports this failure, in words, as transient.
 fn reported_in_words(message: &str) -> bool {
-    const LISTS: &[&[&str]] = &[
-        #[cfg(feature = "sqlite")]
-        <crate::Sqlite as Store>::TRANSIENT_MESSAGES,
-        #[cfg(feature = "postgres")]
-        <crate::Postgres as Store>::TRANSIENT_MESSAGES,
-    ];
-    LISTS
+    crate::store::TRANSIENT_MESSAGES
         .iter()
         .copied()
         .flatten()

@@ -14,7 +14,7 @@ use crate::module::handle::ModuleHandle;
 use crate::outbox::Outbox;
 use crate::redact::SecretUrl;
 use crate::retention::Retention;
-use crate::store::backend::Backend;
+use crate::store::backend::{Backend, Schemas};
 use crate::store::database::Database;
 use crate::store::deadline::{CallWatch, Deadlines, MIN_DEADLINE};
 use crate::store::settings::{MigrationSet, StoreSettings};
@@ -42,8 +42,7 @@ pub struct ModuleBuilder<B: Backend> {
     handlers: Vec<HandlerEntry<B>>,
 }
 
-#[cfg(feature = "postgres")]
-impl ModuleBuilder<crate::Postgres> {
+impl<B: Schemas> ModuleBuilder<B> {
     /// Keeps the module's tables in this schema (created if missing)
     /// instead of the connection's default one. Lets several modules share
     /// one database while each owns its tables.

@@ -129,3 +129,8 @@ pub trait Backend:
     /// `diesel::sqlite::Sqlite` or `diesel::pg::Pg`.
     type Diesel: diesel::backend::Backend;
 }
+
+/// A backend whose server keeps tables in named namespaces, one of which a
+/// module can take for its own: a PostgreSQL schema. See
+/// [`ModuleBuilder::schema`](crate::ModuleBuilder::schema).
+pub trait Schemas: Backend {}

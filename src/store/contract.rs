@@ -4,9 +4,9 @@
 
 use crate::store::schema::OutboxRow;
 use crate::store::settings::{StoreSettings, WakeupChannel};
-use crate::store::sql::Row;
 use crate::store::sql::Sql;
 use crate::store::statement::{Dialect, Statement};
+use crate::store::Row;
 use diesel::QueryResult;
 use diesel_async::AsyncConnection;
 use std::future::Future;

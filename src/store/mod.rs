@@ -17,7 +17,61 @@ pub(crate) mod settings;
 pub(crate) mod sql;
 pub(crate) mod statement;
 
+// The backends. Adding one is a folder of its own beside these and its
+// lines in each list below; nothing else outside its folder names it.
+
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
+
+#[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+compile_error!(
+    "tickbox needs a backend: enable the `sqlite` feature, the `postgres` feature, or both"
+);
+
+/// The backends' public types, re-exported by the crate root.
+pub(crate) mod backends {
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub use super::postgres::Postgres;
+    #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+    pub use super::sqlite::{Sqlite, SqliteConnection};
+}
+
+/// The words by which an enabled backend reports a failure worth retrying
+/// when it gives no error code for it (see
+/// [`Store::TRANSIENT_MESSAGES`](contract::Store::TRANSIENT_MESSAGES)).
+pub(crate) const TRANSIENT_MESSAGES: &[&[&str]] = &[
+    #[cfg(feature = "sqlite")]
+    <sqlite::Sqlite as contract::Store>::TRANSIENT_MESSAGES,
+    #[cfg(feature = "postgres")]
+    <postgres::Postgres as contract::Store>::TRANSIENT_MESSAGES,
+];
+
+/// A row an [`Sql`](sql::Sql) statement returns, readable on every enabled
+/// backend (written out so that code generic over the backend can name it).
+pub trait Row: Send + 'static + SqliteRow + PgRow {}
+
+impl<T: Send + 'static + SqliteRow + PgRow> Row for T {}
+
+/// Readable from SQLite (when the `sqlite` feature is on).
+#[cfg(feature = "sqlite")]
+pub trait SqliteRow: diesel::QueryableByName<diesel::sqlite::Sqlite> {}
+#[cfg(feature = "sqlite")]
+impl<T: diesel::QueryableByName<diesel::sqlite::Sqlite>> SqliteRow for T {}
+#[cfg(not(feature = "sqlite"))]
+pub trait SqliteRow {}
+#[cfg(not(feature = "sqlite"))]
+impl<T> SqliteRow for T {}
+
+/// Readable from PostgreSQL (when the `postgres` feature is on).
+#[cfg(feature = "postgres")]
+pub trait PgRow: diesel::QueryableByName<diesel::pg::Pg> {}
+#[cfg(feature = "postgres")]
+impl<T: diesel::QueryableByName<diesel::pg::Pg>> PgRow for T {}
+#[cfg(not(feature = "postgres"))]
+pub trait PgRow {}
+#[cfg(not(feature = "postgres"))]
+impl<T> PgRow for T {}

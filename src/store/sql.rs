@@ -175,32 +175,6 @@ fn miscounted(sql: &Sql) -> diesel::result::Error {
     )
 }
 
-/// A row an [`Sql`] statement returns, readable on every enabled backend
-/// (written out so that code generic over the backend can name it).
-pub trait Row: Send + 'static + SqliteRow + PgRow {}
-
-impl<T: Send + 'static + SqliteRow + PgRow> Row for T {}
-
-/// Readable from SQLite (when the `sqlite` feature is on).
-#[cfg(feature = "sqlite")]
-pub trait SqliteRow: diesel::QueryableByName<diesel::sqlite::Sqlite> {}
-#[cfg(feature = "sqlite")]
-impl<T: diesel::QueryableByName<diesel::sqlite::Sqlite>> SqliteRow for T {}
-#[cfg(not(feature = "sqlite"))]
-pub trait SqliteRow {}
-#[cfg(not(feature = "sqlite"))]
-impl<T> SqliteRow for T {}
-
-/// Readable from PostgreSQL (when the `postgres` feature is on).
-#[cfg(feature = "postgres")]
-pub trait PgRow: diesel::QueryableByName<diesel::pg::Pg> {}
-#[cfg(feature = "postgres")]
-impl<T: diesel::QueryableByName<diesel::pg::Pg>> PgRow for T {}
-#[cfg(not(feature = "postgres"))]
-pub trait PgRow {}
-#[cfg(not(feature = "postgres"))]
-impl<T> PgRow for T {}
-
 #[cfg(all(test, feature = "sqlite"))]
 mod tests {
     use super::*;

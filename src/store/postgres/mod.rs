@@ -10,7 +10,7 @@ mod scratch;
 
 use crate::error::Error;
 use crate::redact::{redact_url, SecretUrl};
-use crate::store::backend::Backend;
+use crate::store::backend::{Backend, Schemas};
 use crate::store::contract::{
     advance_key_statement, bump_sequence_statement, first_sequence_statement, numbering_order,
     start_key_statement, tick_inbox_statement, KeyScope, Store, Tick,
@@ -20,9 +20,9 @@ use crate::store::migrations::{refuse_clashing_versions, refuse_newer_migrations
 use crate::store::pool::{build_pool, checkout, close_idle, discard};
 use crate::store::schema::{tickbox_outbox, OutboxRow};
 use crate::store::settings::{StoreSettings, WakeupChannel};
-use crate::store::sql::Row;
 use crate::store::sql::Sql;
 use crate::store::statement::{Dialect, Statement};
+use crate::store::Row;
 use diesel::QueryResult;
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::pooled_connection::deadpool::{Object, Pool};
@@ -517,6 +517,8 @@ async fn listen_until_failure(wakeup: &WakeupChannel, module: &str, wake: &impl 
         }
     }
 }
+
+impl Schemas for Postgres {}
 
 impl Backend for Postgres {
     const NAME: &'static str = "postgres";

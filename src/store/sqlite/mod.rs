@@ -18,9 +18,9 @@ use crate::store::migrations::{refuse_clashing_versions, refuse_newer_migrations
 use crate::store::pool::{build_pool, checkout, close_idle, discard};
 use crate::store::schema::{tickbox_outbox, OutboxRow};
 use crate::store::settings::{MigrationSet, StoreSettings, WakeupChannel};
-use crate::store::sql::Row;
 use crate::store::sql::Sql;
 use crate::store::statement::{Dialect, Statement};
+use crate::store::Row;
 use diesel::connection::{
     AnsiTransactionManager, Connection, SimpleConnection, TransactionManager,
 };
