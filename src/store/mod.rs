@@ -9,12 +9,14 @@ pub(crate) mod deadline;
 pub(crate) mod journal;
 pub(crate) mod migrations;
 pub(crate) mod ordering;
+pub(crate) mod outbox;
 pub(crate) mod pool;
 pub(crate) mod queries;
 pub(crate) mod schema;
 pub(crate) mod settings;
 pub(crate) mod sql;
 pub(crate) mod statement;
+pub(crate) mod subscriptions;
 
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
