@@ -368,7 +368,9 @@ pub trait OutboxStatements: Store {
         async move {
             let pending: Vec<Counted> = Self::load(
                 conn,
-                Sql::plain("SELECT count(*) AS n FROM tickbox_outbox WHERE delivered_at_us IS NULL"),
+                Sql::plain(
+                    "SELECT count(*) AS n FROM tickbox_outbox WHERE delivered_at_us IS NULL",
+                ),
             )
             .await?;
             let oldest: Vec<Published> = Self::load(

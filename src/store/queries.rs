@@ -255,7 +255,6 @@ pub trait Queries: Store {
             Ok((inbox, dead))
         }
     }
-
 }
 
 impl<S: Store> Queries for S {}

@@ -129,7 +129,10 @@ pub trait SubscriptionStatements: Store {
 
     /// For the watchdog: the subscriptions that still owe message `id`, by
     /// module and handler.
-    fn owing(conn: &mut Self::Conn, id: Uuid) -> impl Future<Output = QueryResult<Vec<Owing>>> + Send {
+    fn owing(
+        conn: &mut Self::Conn,
+        id: Uuid,
+    ) -> impl Future<Output = QueryResult<Vec<Owing>>> + Send {
         Self::load(
             conn,
             sql!(

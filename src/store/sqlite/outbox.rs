@@ -4,6 +4,7 @@
 
 use super::ids::{among, hex_set, id_rows, json_array};
 use super::Sqlite;
+use crate::store::contract::Store;
 use crate::store::outbox::{
     bump_sequence_statement, claim_owed_text, finish_delivered_text, first_sequence_statement,
     forget_done_text, numbering_order, record_done_text, release_text, renew_claims_text,
@@ -11,7 +12,6 @@ use crate::store::outbox::{
 };
 use crate::store::schema::{tickbox_outbox, ClaimedRow, DbUuid, Id, OutboxRow};
 use crate::store::sql::sql;
-use crate::store::contract::Store;
 use diesel::QueryResult;
 use uuid::Uuid;
 
@@ -173,7 +173,9 @@ mod tests {
         let mut migrating = <diesel::SqliteConnection as diesel::Connection>::establish(&path)
             .expect("the database opens");
         migrating
-            .run_pending_migrations(crate::store::settings::MigrationSet(&super::super::MIGRATIONS))
+            .run_pending_migrations(crate::store::settings::MigrationSet(
+                &super::super::MIGRATIONS,
+            ))
             .expect("the migrations run");
         SqliteConnection::establish(&path)
             .await
@@ -218,7 +220,10 @@ mod tests {
         let (here, elsewhere, bus) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
         Sqlite::record_subscriptions(
             &mut conn,
-            vec![subscription(here, "here"), subscription(elsewhere, "elsewhere")],
+            vec![
+                subscription(here, "here"),
+                subscription(elsewhere, "elsewhere"),
+            ],
         )
         .await
         .unwrap();
@@ -250,6 +255,9 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(changed, 1);
-        assert_eq!(Sqlite::forget_done(&mut conn, &[done, gone]).await.unwrap(), 2);
+        assert_eq!(
+            Sqlite::forget_done(&mut conn, &[done, gone]).await.unwrap(),
+            2
+        );
     }
 }
