@@ -25,8 +25,8 @@ use crate::module::handle::ModuleHandle;
 use crate::outbox::subscription::{self, Served};
 use crate::outbox::watchdog::{self, Stalled};
 use crate::store::backend::Backend;
-use crate::store::contract::Claim;
-use crate::store::schema::{ClaimedRow, DbUuid, Id, MalformedRow};
+use crate::store::outbox::{Claim, Owed};
+use crate::store::schema::{ClaimedRow, MalformedRow};
 use futures_util::future::join_all;
 use std::collections::{HashSet, VecDeque};
 
@@ -76,13 +76,6 @@ enum Finished {
 
 /// A scan's position: `None` before the first row, then the last id read.
 type Cursor = Option<Uuid>;
-
-/// A row of a statement returning ids.
-#[derive(diesel::QueryableByName)]
-struct IdRow {
-    #[diesel(sql_type = DbUuid)]
-    id: Id,
-}
 
 /// Ids of messages marked delivered lately, so that a late announcement (of
 /// a message a scan claimed and delivered first) does not start them again.
@@ -368,20 +361,14 @@ async fn mark<B: Backend>(
         .db
         .write_call("marking messages delivered", async move |conn| {
             let ids = marked;
-            let finish = subscription::finish(B::DIALECT, &ids, &served, now_us(), delete);
-            let changed = B::execute_statement(conn, finish).await?;
+            let changed = B::finish_delivered(conn, &ids, &served, now_us(), delete).await?;
             // The common case: every message finished. Otherwise, those
             // still pending are owed elsewhere (the others were finished, or
             // were already gone).
             let rest: Vec<Uuid> = if changed >= ids.len() {
                 Vec::new()
             } else {
-                let pending = subscription::pending_among(B::DIALECT, &ids);
-                B::load_statement::<IdRow>(conn, pending)
-                    .await?
-                    .into_iter()
-                    .map(|row| row.id.0)
-                    .collect()
+                B::still_pending(conn, &ids).await?
             };
             if others {
                 let finished: Vec<Uuid> = ids
@@ -389,13 +376,10 @@ async fn mark<B: Backend>(
                     .filter(|id| !rest.contains(id))
                     .copied()
                     .collect();
-                B::execute_statement(conn, subscription::forget_done(B::DIALECT, &finished))
-                    .await?;
+                B::forget_done(conn, &finished).await?;
             }
             if !rest.is_empty() {
-                B::execute_statement(conn, subscription::record_done(B::DIALECT, &rest, &served))
-                    .await?;
-                B::execute_statement(conn, subscription::release(B::DIALECT, &rest, bus)).await?;
+                B::hand_over(conn, &rest, &served, bus).await?;
                 if let Some(wakeup) = &wakeup {
                     B::notify(conn, &wakeup.channel).await?;
                 }
@@ -435,19 +419,10 @@ async fn upkeep<B: Backend>(
             .write_call(
                 "finishing what every subscription is done with",
                 async |conn| {
-                    let completed = B::load_statement::<IdRow>(
-                        conn,
-                        subscription::complete(
-                            B::DIALECT,
-                            subscription::Owed::PartlyDone,
-                            now,
-                            delete,
-                        ),
-                    )
-                    .await?
-                    .len();
+                    let completed =
+                        B::finish_completed(conn, Owed::PartlyDone, now, delete).await?;
                     if others || completed > 0 {
-                        B::execute_statement(conn, subscription::clear_done(B::DIALECT)).await?;
+                        B::clear_done(conn).await?;
                     }
                     Ok(completed)
                 },
@@ -517,14 +492,12 @@ impl<B: Backend> State<B> {
                 served: self.served_ids.clone(),
             };
             let limit = claim.limit;
-            let statement =
-                subscription::claim(B::DIALECT, B::SKIP_LOCKED, B::CLAIM_COLUMNS, &claim);
             return Some(tokio::spawn(async move {
                 let rows = source
                     .core
                     .db
                     .write_call("claiming outbox rows", async move |conn| {
-                        Ok(B::load_statement::<ClaimedRow>(conn, statement).await?)
+                        Ok(B::claim_owed(conn, &claim).await?)
                     })
                     .await
                     .map_err(|e| e.to_string());
@@ -541,7 +514,7 @@ impl<B: Backend> State<B> {
                     .write_call("renewing claims", async move |conn| {
                         let now = now_us();
                         let until = now + lease.as_micros() as i64;
-                        Ok(B::renew_claims(conn, ids, bus, now, until).await?)
+                        Ok(B::renew_claims(conn, &ids, bus, now, until).await?)
                     })
                     .await;
                 Done::Renewed(renewed.map_err(|e| e.to_string()))
@@ -694,14 +667,14 @@ impl<B: Backend> State<B> {
         if self.served_ids.is_empty() {
             return;
         }
-        let statement = subscription::stopped(B::DIALECT, &self.served_ids, now_us());
+        let served = self.served_ids.clone();
         let stopped = self
             .source
             .core
             .db
             .write_call(
                 "recording that the subscriptions stopped",
-                async move |conn| Ok(B::execute_statement(conn, statement).await?),
+                async move |conn| Ok(B::stop_serving(conn, &served, now_us()).await?),
             )
             .await;
         if let Err(error) = stopped {
@@ -839,7 +812,7 @@ async fn reject_row<B: Backend>(
                 .core
                 .db
                 .write_call("marking a malformed row delivered", async move |conn| {
-                    B::mark_delivered(conn, vec![id], now_us()).await?;
+                    B::mark_delivered(conn, id, now_us()).await?;
                     Ok(())
                 })
         })

@@ -3,10 +3,9 @@
 use crate::error::{Error, Result};
 use crate::message::now_us;
 use crate::module::handle::ModuleHandle;
-use crate::outbox::subscription::{
-    clear_done, complete, read, retire, subscription_id, Finished, Owed, Subscription,
-};
+use crate::outbox::subscription::{read, subscription_id, Subscription};
 use crate::store::backend::Backend;
+use crate::store::outbox::Owed;
 use std::time::Duration;
 
 impl<B: Backend> ModuleHandle<B> {
@@ -52,21 +51,18 @@ impl<B: Backend> ModuleHandle<B> {
         }
         let delete = self.core.retention.outbox == Some(Duration::ZERO);
         let id = subscription_id(module, handler);
-        let finished: Vec<Finished> = self
+        let finished = self
             .core
             .db
             .write_call("retiring a subscription", async |conn| {
-                for statement in retire(B::DIALECT, id) {
-                    B::execute_statement(conn, statement).await?;
-                }
+                B::retire(conn, id).await?;
                 let owed = Owed::Topic(&subscription.topic);
-                let finished =
-                    B::load_statement(conn, complete(B::DIALECT, owed, now, delete)).await?;
-                B::execute_statement(conn, clear_done(B::DIALECT)).await?;
+                let finished = B::finish_completed(conn, owed, now, delete).await?;
+                B::clear_done(conn).await?;
                 Ok(finished)
             })
             .await?;
-        tracing::info!(outbox = %self.name(), module, handler, finished = finished.len(), "subscription retired");
-        Ok(finished.len())
+        tracing::info!(outbox = %self.name(), module, handler, finished, "subscription retired");
+        Ok(finished)
     }
 }

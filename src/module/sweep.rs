@@ -5,7 +5,6 @@ use crate::delivery::handler::BoxFuture;
 use crate::error::Result;
 use crate::message::now_us;
 use crate::module::handle::ModuleHandle;
-use crate::outbox::subscription::clear_done;
 use crate::retention::SweepReport;
 use crate::store::backend::Backend;
 use crate::store::database::Database;
@@ -47,7 +46,7 @@ impl<B: Backend> ModuleHandle<B> {
         }
         // What subscriptions recorded done with messages since delivered.
         db.write_call("clearing subscriptions' done records", async |conn| {
-            Ok(B::execute_statement(conn, clear_done(B::DIALECT)).await?)
+            Ok(B::clear_done(conn).await?)
         })
         .await?;
         if report != SweepReport::default() {

@@ -1,6 +1,8 @@
 //! Subscriptions: which handlers, in any process, subscribe to an outbox's
 //! topics, recorded in the outbox's own database where every process sees
-//! them, and the statements that deliver a shared outbox by them.
+//! them, and how a shared outbox is delivered by them (the statements are
+//! [`SubscriptionStatements`](crate::store::subscriptions::SubscriptionStatements)
+//! and [`OutboxStatements`](crate::store::outbox::OutboxStatements)).
 //!
 //! A pending message is owed to every subscription of its topic. A bus
 //! finishes a message (marks it delivered, or deletes it) only if no
@@ -15,10 +17,9 @@
 
 use crate::error::{Error, Result};
 use crate::store::backend::Backend;
-use crate::store::contract::Claim;
 use crate::store::database::Database;
+use crate::store::outbox::ClaimedElsewhere;
 use crate::store::schema::{Id, SubscriptionRow};
-use crate::store::statement::{Dialect, Statement, StatementBuilder};
 use serde::Serialize;
 use std::sync::Arc;
 use uuid::Uuid;
@@ -140,41 +141,13 @@ pub(crate) async fn record<B: Backend>(
         .await
 }
 
-/// Records that no running bus serves these subscriptions any more (its bus
-/// stopped): they stay, and keep their messages, until served again or
-/// retired.
-pub(crate) fn stopped(dialect: Dialect, served: &[Uuid], now_us: i64) -> Statement {
-    let mut b = StatementBuilder::new(dialect);
-    let now = b.int(now_us);
-    let listed = b.in_ids("id", served);
-    b.finish(format!(
-        "UPDATE tickbox_subscriptions SET alive_until_us = {now} WHERE {listed}"
-    ))
-}
-
-#[derive(diesel::QueryableByName)]
-struct OldestOwed {
-    #[diesel(sql_type = crate::store::schema::DbUuid)]
-    id: Id,
-    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
-    oldest: Option<i64>,
-}
-
-/// A message a statement finished.
-#[derive(diesel::QueryableByName)]
-pub(crate) struct Finished {
-    #[diesel(sql_type = crate::store::schema::DbUuid)]
-    #[allow(dead_code)] // counted only
-    id: Id,
-}
-
 /// The subscriptions recorded in `outbox`'s database, with the oldest
 /// message each still owes.
 pub(crate) async fn read<B: Backend>(outbox: &Database<B>) -> Result<Vec<Subscription>> {
     let (rows, oldest) = outbox
         .call("reading subscriptions", async |conn| {
             let rows = B::subscriptions(conn).await?;
-            let oldest: Vec<OldestOwed> = B::load_statement(conn, oldest_owed(B::DIALECT)).await?;
+            let oldest = B::oldest_owed(conn).await?;
             Ok((rows, oldest))
         })
         .await?;
@@ -195,196 +168,6 @@ pub(crate) async fn read<B: Backend>(outbox: &Database<B>) -> Result<Vec<Subscri
         .collect())
 }
 
-/// `EXISTS` a subscription of the message `outer` (a table name or alias
-/// with `id` and `topic`) that none of `served` is and that is not done with
-/// it: the message is still owed elsewhere.
-fn owed_elsewhere(b: &mut StatementBuilder, outer: &str, served: &[Uuid]) -> String {
-    let others = b.not_among("s.id", served);
-    format!(
-        "EXISTS (SELECT 1 FROM tickbox_subscriptions s \
-         WHERE s.topic = {outer}.topic AND {others} \
-         AND NOT EXISTS (SELECT 1 FROM tickbox_outbox_done d \
-             WHERE d.message_id = {outer}.id AND d.subscription = s.id))"
-    )
-}
-
-/// Finishes those of `ids` that no subscription outside `served` still owes:
-/// marks them delivered at `now_us`, or deletes them (`delete`, an outbox
-/// retention of zero). Returns no rows (SQLite would gather `RETURNING` rows
-/// in a temporary table on every call): when it changes fewer rows than
-/// `ids`, [`pending_among`] tells which are left.
-pub(crate) fn finish(
-    dialect: Dialect,
-    ids: &[Uuid],
-    served: &[Uuid],
-    now_us: i64,
-    delete: bool,
-) -> Statement {
-    let mut b = StatementBuilder::new(dialect);
-    let listed = b.in_ids("id", ids);
-    let owed = owed_elsewhere(&mut b, "tickbox_outbox", served);
-    let sql = if delete {
-        format!("DELETE FROM tickbox_outbox WHERE {listed} AND NOT {owed}")
-    } else {
-        let now = b.int(now_us);
-        format!(
-            "UPDATE tickbox_outbox SET delivered_at_us = {now}, claimed_until_us = NULL \
-             WHERE {listed} AND NOT {owed}"
-        )
-    };
-    b.finish(sql)
-}
-
-/// Which of `ids` are still pending.
-pub(crate) fn pending_among(dialect: Dialect, ids: &[Uuid]) -> Statement {
-    let mut b = StatementBuilder::new(dialect);
-    let listed = b.in_ids("id", ids);
-    b.finish(format!(
-        "SELECT id FROM tickbox_outbox WHERE {listed} AND delivered_at_us IS NULL"
-    ))
-}
-
-/// Records that the subscriptions in `served` are done with `ids` (those of
-/// them whose topic each subscribes to).
-pub(crate) fn record_done(dialect: Dialect, ids: &[Uuid], served: &[Uuid]) -> Statement {
-    let mut b = StatementBuilder::new(dialect);
-    let listed = b.in_ids("o.id", ids);
-    let mine = b.among("s.id", served);
-    b.finish(format!(
-        "INSERT INTO tickbox_outbox_done (message_id, subscription) \
-         SELECT o.id, s.id FROM tickbox_outbox o \
-         JOIN tickbox_subscriptions s ON s.topic = o.topic \
-         WHERE {listed} AND {mine} \
-         ON CONFLICT DO NOTHING"
-    ))
-}
-
-/// Gives up `bus`'s claims on those of `ids` still pending.
-pub(crate) fn release(dialect: Dialect, ids: &[Uuid], bus: Uuid) -> Statement {
-    let mut b = StatementBuilder::new(dialect);
-    let listed = b.in_ids("id", ids);
-    let bus = b.id(bus);
-    b.finish(format!(
-        "UPDATE tickbox_outbox SET claimed_by = NULL, claimed_until_us = NULL \
-         WHERE {listed} AND claimed_by = {bus} AND delivered_at_us IS NULL"
-    ))
-}
-
-/// Which pending messages [`complete`] looks at.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Owed<'a> {
-    /// Those some subscription is done with (when the last two buses
-    /// recorded their parts at the same moment, neither saw the other's).
-    PartlyDone,
-    /// Those of a topic that just lost a subscription (retired): the rest
-    /// of its subscriptions may be done with them, or none be left.
-    Topic(&'a str),
-}
-
-/// Finishes every pending message among `among` that no subscription still
-/// owes. Returns the ids finished.
-pub(crate) fn complete(dialect: Dialect, among: Owed<'_>, now_us: i64, delete: bool) -> Statement {
-    let mut b = StatementBuilder::new(dialect);
-    let owed = owed_elsewhere(&mut b, "tickbox_outbox", &[]);
-    let done = match among {
-        Owed::PartlyDone => "id IN (SELECT message_id FROM tickbox_outbox_done)".to_string(),
-        Owed::Topic(topic) => format!("topic = {}", b.text(topic)),
-    };
-    let sql = if delete {
-        format!(
-            "DELETE FROM tickbox_outbox WHERE delivered_at_us IS NULL AND {done} \
-             AND NOT {owed} RETURNING id"
-        )
-    } else {
-        let now = b.int(now_us);
-        format!(
-            "UPDATE tickbox_outbox SET delivered_at_us = {now}, claimed_until_us = NULL \
-             WHERE delivered_at_us IS NULL AND {done} AND NOT {owed} RETURNING id"
-        )
-    };
-    b.finish(sql)
-}
-
-/// Deletes the done rows of messages `ids` (just finished).
-pub(crate) fn forget_done(dialect: Dialect, ids: &[Uuid]) -> Statement {
-    let mut b = StatementBuilder::new(dialect);
-    let listed = b.in_ids("message_id", ids);
-    b.finish(format!("DELETE FROM tickbox_outbox_done WHERE {listed}"))
-}
-
-/// Deletes the done rows of messages no longer pending.
-pub(crate) fn clear_done(dialect: Dialect) -> Statement {
-    StatementBuilder::new(dialect).finish(
-        "DELETE FROM tickbox_outbox_done WHERE NOT EXISTS \
-         (SELECT 1 FROM tickbox_outbox o \
-          WHERE o.id = tickbox_outbox_done.message_id AND o.delivered_at_us IS NULL)"
-            .to_string(),
-    )
-}
-
-/// Claims, for `claim.bus`, up to `claim.limit` pending rows past the cursor
-/// that are unclaimed, claimed by it, or whose claim expired, and that it
-/// has work for: a subscription it serves is not done with them, or their
-/// topic has no subscription at all (it then finds the topic unknown, or
-/// without subscribers, itself). A keyed row waits while an earlier row of
-/// its key is under another bus's live claim, so two processes do not
-/// deliver one key's messages at once. `lock` is the dialect's row locking
-/// (`FOR UPDATE SKIP LOCKED` on PostgreSQL), `columns` its `RETURNING` list
-/// for a [`ClaimedRow`](crate::store::schema::ClaimedRow).
-pub(crate) fn claim(dialect: Dialect, lock: &str, columns: &str, claim: &Claim) -> Statement {
-    let mut b = StatementBuilder::new(dialect);
-    let bus = b.id(claim.bus);
-    let until = b.int(claim.until_us);
-    let now = b.int(claim.now_us);
-    let limit = b.int(claim.limit);
-    let beyond = b.int(claim.beyond_us);
-    let after = match claim.after {
-        Some(after) => format!("AND o.id > {}", b.id(after)),
-        None => String::new(),
-    };
-    let mine = b.among("s.id", &claim.served);
-    b.finish(format!(
-        "UPDATE tickbox_outbox SET claimed_by = {bus}, claimed_until_us = {until} \
-         WHERE id IN (SELECT o.id FROM tickbox_outbox o \
-             WHERE o.delivered_at_us IS NULL {after} \
-             AND (o.claimed_until_us IS NULL OR o.claimed_until_us < {now} \
-                  OR o.claimed_until_us > {beyond} OR o.claimed_by = {bus}) \
-             AND (NOT EXISTS (SELECT 1 FROM tickbox_subscriptions s WHERE s.topic = o.topic) \
-                  OR EXISTS (SELECT 1 FROM tickbox_subscriptions s \
-                      WHERE s.topic = o.topic AND {mine} \
-                      AND NOT EXISTS (SELECT 1 FROM tickbox_outbox_done d \
-                          WHERE d.message_id = o.id AND d.subscription = s.id))) \
-             AND (o.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM tickbox_outbox e \
-                 WHERE e.delivered_at_us IS NULL AND e.topic = o.topic \
-                 AND e.ordering_key = o.ordering_key AND e.key_seq < o.key_seq \
-                 AND e.claimed_by <> {bus} AND e.claimed_until_us >= {now} \
-                 AND e.claimed_until_us <= {beyond})) \
-             ORDER BY o.id LIMIT {limit} {lock}) \
-         RETURNING {columns}"
-    ))
-}
-
-/// How many pending messages another bus holds a live claim on, and until
-/// when the last of those claims runs.
-#[derive(diesel::QueryableByName)]
-pub(crate) struct ClaimedElsewhere {
-    #[diesel(sql_type = diesel::sql_types::BigInt)]
-    pub(crate) n: i64,
-    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
-    pub(crate) until_us: Option<i64>,
-}
-
-/// [`ClaimedElsewhere`] for bus `bus` at `now_us`.
-pub(crate) fn claimed_elsewhere(dialect: Dialect, bus: Uuid, now_us: i64) -> Statement {
-    let mut b = StatementBuilder::new(dialect);
-    let bus = b.id(bus);
-    let now = b.int(now_us);
-    b.finish(format!(
-        "SELECT count(*) AS n, max(claimed_until_us) AS until_us FROM tickbox_outbox \
-         WHERE delivered_at_us IS NULL AND claimed_until_us > {now} AND claimed_by <> {bus}"
-    ))
-}
-
 /// Says, at a bus's start, what of `outbox` other buses' claims hold back
 /// (a process that just crashed left them): otherwise a restarted process
 /// would look idle while it waits.
@@ -393,15 +176,15 @@ pub(crate) async fn report_claimed_elsewhere<B: Backend>(
     bus: Uuid,
     now_us: i64,
 ) -> Result<()> {
-    let rows: Vec<ClaimedElsewhere> = outbox
+    let claimed = outbox
         .call("reading other buses' claims", async |conn| {
-            Ok(B::load_statement(conn, claimed_elsewhere(B::DIALECT, bus, now_us)).await?)
+            Ok(B::claimed_elsewhere(conn, bus, now_us).await?)
         })
         .await?;
-    if let Some(ClaimedElsewhere {
+    if let ClaimedElsewhere {
         n,
         until_us: Some(until),
-    }) = rows.into_iter().next()
+    } = claimed
     {
         if n > 0 {
             tracing::info!(
@@ -418,47 +201,6 @@ pub(crate) async fn report_claimed_elsewhere<B: Backend>(
     Ok(())
 }
 
-/// Each subscription's id and the publication time of the oldest message it
-/// still owes (`oldest`, NULL if none).
-pub(crate) fn oldest_owed(dialect: Dialect) -> Statement {
-    StatementBuilder::new(dialect).finish(
-        "SELECT s.id AS id, (SELECT o.created_at_us FROM tickbox_outbox o \
-             WHERE o.delivered_at_us IS NULL AND o.topic = s.topic \
-             AND NOT EXISTS (SELECT 1 FROM tickbox_outbox_done d \
-                 WHERE d.message_id = o.id AND d.subscription = s.id) \
-             ORDER BY o.id LIMIT 1) AS oldest \
-         FROM tickbox_subscriptions s"
-            .to_string(),
-    )
-}
-
-/// The subscriptions that still owe message `id` (`module`, `handler`,
-/// `alive_until_us`).
-pub(crate) fn owing(dialect: Dialect, id: Uuid) -> Statement {
-    let mut b = StatementBuilder::new(dialect);
-    let id = b.id(id);
-    b.finish(format!(
-        "SELECT s.module AS module, s.handler AS handler, s.alive_until_us AS alive_until_us \
-         FROM tickbox_subscriptions s JOIN tickbox_outbox o ON s.topic = o.topic \
-         WHERE o.id = {id} AND NOT EXISTS (SELECT 1 FROM tickbox_outbox_done d \
-             WHERE d.message_id = o.id AND d.subscription = s.id) \
-         ORDER BY s.module, s.handler"
-    ))
-}
-
-/// Deletes subscription `id` and what it recorded as done.
-pub(crate) fn retire(dialect: Dialect, id: Uuid) -> [Statement; 2] {
-    let statement = |sql: &str| {
-        let mut b = StatementBuilder::new(dialect);
-        let id = b.id(id);
-        b.finish(sql.replace("{id}", &id))
-    };
-    [
-        statement("DELETE FROM tickbox_outbox_done WHERE subscription = {id}"),
-        statement("DELETE FROM tickbox_subscriptions WHERE id = {id}"),
-    ]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -472,33 +214,5 @@ mod tests {
         // The separator keeps apart pairs whose concatenations agree.
         assert_ne!(subscription_id("ab", "c"), subscription_id("a", "bc"));
         assert_eq!(id.get_version_num(), 5);
-    }
-
-    #[test]
-    fn finishing_excludes_only_the_served_subscriptions_and_updates_or_deletes() {
-        const TEST: Dialect = Dialect {
-            id_rows: |param| format!("(ROWS {param})"),
-            id_rows_text: |ids| ids.len().to_string(),
-            id_among: |column, param| format!("{column} AMONG {param}"),
-            id_among_text: |ids| ids.len().to_string(),
-        };
-        let update = finish(TEST, &[Uuid::nil()], &[], 7, false);
-        assert!(update
-            .sql
-            .starts_with("UPDATE tickbox_outbox SET delivered_at_us"));
-        assert!(update.sql.contains("NOT (s.id AMONG"), "{}", update.sql);
-        assert!(
-            update.sql.contains("d.subscription = s.id"),
-            "{}",
-            update.sql
-        );
-        let delete = finish(TEST, &[Uuid::nil()], &[Uuid::max()], 7, true);
-        assert!(
-            delete
-                .sql
-                .starts_with("DELETE FROM tickbox_outbox WHERE id IN (ROWS"),
-            "{}",
-            delete.sql
-        );
     }
 }

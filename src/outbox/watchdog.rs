@@ -4,9 +4,7 @@
 //! holds it up — so that work never sits stuck in silence.
 
 use crate::store::backend::Backend;
-use crate::store::schema::{DbUuid, Id, Lenient};
-use crate::store::statement::StatementBuilder;
-use diesel::sql_types::{BigInt, Nullable, Text};
+use crate::store::schema::Id;
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -29,32 +27,6 @@ pub(crate) struct StalledMessage {
     pub(crate) owing: Vec<(String, String, i64)>,
 }
 
-#[derive(diesel::QueryableByName)]
-struct Count {
-    #[diesel(sql_type = BigInt)]
-    n: i64,
-}
-
-#[derive(diesel::QueryableByName)]
-struct OldestRow {
-    #[diesel(sql_type = DbUuid)]
-    id: Id,
-    #[diesel(sql_type = Nullable<DbUuid>)]
-    claimed_by: Lenient<Option<Id>>,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    claimed_until_us: Lenient<Option<i64>>,
-}
-
-#[derive(diesel::QueryableByName)]
-struct OwingRow {
-    #[diesel(sql_type = Text)]
-    module: String,
-    #[diesel(sql_type = Text)]
-    handler: String,
-    #[diesel(sql_type = BigInt)]
-    alive_until_us: i64,
-}
-
 /// Reads the pending messages of the outbox on `conn` published before
 /// `now_us - threshold` (by their UUIDv7 ids, so the pending index answers).
 pub(crate) async fn look<B: Backend>(
@@ -63,38 +35,14 @@ pub(crate) async fn look<B: Backend>(
     threshold: Duration,
 ) -> crate::Result<Stalled> {
     let before = Id::earliest_at(now_us.saturating_sub(threshold.as_micros() as i64)).0;
-    let mut b = StatementBuilder::new(B::DIALECT);
-    let cutoff = b.id(before);
-    let count: Vec<Count> = B::load_statement(
-        conn,
-        b.finish(format!(
-            "SELECT count(*) AS n FROM tickbox_outbox \
-             WHERE delivered_at_us IS NULL AND id < {cutoff}"
-        )),
-    )
-    .await?;
-    let count = count.first().map_or(0, |c| c.n);
+    let count = B::count_stalled(conn, before).await?;
     if count == 0 {
         return Ok(Stalled::default());
     }
-    let mut b = StatementBuilder::new(B::DIALECT);
-    let cutoff = b.id(before);
-    let oldest: Vec<OldestRow> = B::load_statement(
-        conn,
-        b.finish(format!(
-            "SELECT id, claimed_by, claimed_until_us FROM tickbox_outbox \
-             WHERE delivered_at_us IS NULL AND id < {cutoff} ORDER BY id LIMIT 1"
-        )),
-    )
-    .await?;
-    let Some(row) = oldest.into_iter().next() else {
+    let Some(row) = B::oldest_stalled(conn, before).await? else {
         return Ok(Stalled::default());
     };
-    let owing: Vec<OwingRow> = B::load_statement(
-        conn,
-        crate::outbox::subscription::owing(B::DIALECT, row.id.0),
-    )
-    .await?;
+    let owing = B::owing(conn, row.id.0).await?;
     let claim = match (row.claimed_by.0, row.claimed_until_us.0) {
         (Ok(Some(bus)), Ok(Some(until))) => Some((bus.0, until)),
         _ => None,

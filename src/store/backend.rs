@@ -2,8 +2,10 @@
 
 use crate::store::journal::JournalQueries;
 use crate::store::ordering::Ordering;
+use crate::store::outbox::OutboxStatements;
 use crate::store::queries::Queries;
 use crate::store::scratch::ScratchDatabases;
+use crate::store::subscriptions::SubscriptionStatements;
 use diesel_async::AsyncConnection;
 
 /// A database backend: `Sqlite` (feature `sqlite`) or `Postgres` (feature
@@ -112,7 +114,12 @@ use diesel_async::AsyncConnection;
 /// `as_select()`, takes [`Backend::Diesel`]:
 /// `dsl::AsSelect<Note, B::Diesel>`.
 pub trait Backend:
-    Queries<Conn = <Self as Backend>::Connection> + Ordering + JournalQueries + ScratchDatabases
+    Queries<Conn = <Self as Backend>::Connection>
+    + Ordering
+    + JournalQueries
+    + OutboxStatements
+    + SubscriptionStatements
+    + ScratchDatabases
 {
     /// A short name for logs and metrics: `sqlite` or `postgres`.
     const NAME: &'static str;

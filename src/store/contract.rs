@@ -2,7 +2,6 @@
 //! for what truly differs between them. What reads the same on every backend
 //! is written once, in [`Queries`](crate::store::queries::Queries).
 
-use crate::store::schema::OutboxRow;
 use crate::store::settings::{StoreSettings, WakeupChannel};
 use crate::store::sql::Sql;
 use crate::store::statement::{Dialect, Statement};
@@ -148,14 +147,6 @@ pub trait Store: Sized + Send + Sync + 'static {
         wake: impl Fn() + Send + Sync + 'static,
     ) -> Option<impl Future<Output = ()> + Send + 'static>;
 
-    /// Inserts published messages into the outbox, numbering each keyed
-    /// one first (in [`numbering_order`]); returns the rows with their
-    /// numbers.
-    fn insert_outbox(
-        conn: &mut Self::Conn,
-        rows: Vec<OutboxRow>,
-    ) -> impl Future<Output = QueryResult<Vec<OutboxRow>>> + Send;
-
     /// Records `(message_id, handler)` in the inbox unless it is there and,
     /// for a new keyed message (`key`: its scope and number), moves the
     /// handler's progress in the key to it if it is the key's next.
@@ -188,17 +179,6 @@ pub trait Store: Sized + Send + Sync + 'static {
     /// How the dialect spells what tickbox's [`Statement`]s need.
     const DIALECT: Dialect;
 
-    /// What a claim's row selection ends with: `FOR UPDATE SKIP LOCKED` on
-    /// PostgreSQL, so concurrent claims skip each other's rows instead of
-    /// waiting; nothing on SQLite, whose writers take turns.
-    const SKIP_LOCKED: &'static str;
-
-    /// The `RETURNING` list of a claim, read as a
-    /// [`ClaimedRow`](crate::store::schema::ClaimedRow): text columns as raw bytes
-    /// and a creation time that is NULL unless it is an integer, so that one
-    /// malformed row is decoded (and dead-lettered) on its own.
-    const CLAIM_COLUMNS: &'static str;
-
     /// Runs a [`Statement`] and reads its rows.
     fn load_statement<R: Row>(
         conn: &mut Self::Conn,
@@ -226,27 +206,6 @@ pub trait Store: Sized + Send + Sync + 'static {
     const TABLES_BY_NAME: &'static str;
 }
 
-/// What a bus asks for when it claims outbox rows.
-#[derive(Debug, Clone)]
-pub(crate) struct Claim {
-    /// The claiming bus instance.
-    pub(crate) bus: Uuid,
-    pub(crate) now_us: i64,
-    /// The claim holds until then unless renewed.
-    pub(crate) until_us: i64,
-    /// A claim said to hold beyond this was not taken by a live bus (buses
-    /// claim one lease at a time): it is taken like an expired one, so a
-    /// corrupted claim cannot hide a row for ever.
-    pub(crate) beyond_us: i64,
-    /// Only rows with ids above this are read (a scan's cursor); `None`
-    /// from the first row on.
-    pub(crate) after: Option<Uuid>,
-    pub(crate) limit: i64,
-    /// The subscriptions the claiming bus serves: it claims only rows one of
-    /// them still owes (or rows of a topic nobody subscribes to).
-    pub(crate) served: std::sync::Arc<[Uuid]>,
-}
-
 /// The inbox guard's insert: `(message_id, handler)` unless present. Each
 /// backend runs it its own way (SQLite on its blocking thread, where the
 /// statement of this fixed shape is prepared once and its SQL never rebuilt).
@@ -264,62 +223,6 @@ macro_rules! tick_inbox_statement {
     }};
 }
 pub(crate) use tick_inbox_statement;
-
-/// A key's counter moves to its next number, published at `$at_us`:
-/// `(number, when the previous one was published)`, or no row for a key that
-/// has none yet. Inside the publishing transaction, the row stays locked
-/// until it ends. Fixed shape, like [`tick_inbox_statement`] (an upsert's
-/// `DO UPDATE` is never kept prepared by diesel; these two are).
-macro_rules! bump_sequence_statement {
-    ($topic:expr, $key:expr, $at_us:expr) => {{
-        use diesel::{ExpressionMethods, NullableExpressionMethods, QueryDsl};
-        use $crate::store::schema::tickbox_key_sequences::dsl as seq;
-        diesel::update(
-            seq::tickbox_key_sequences
-                .filter(seq::topic.eq($topic))
-                .filter(seq::ordering_key.eq($key)),
-        )
-        .set((
-            seq::last_seq.eq(seq::last_seq + 1_i64),
-            seq::previous_at_us.eq(seq::last_at_us.nullable()),
-            seq::last_at_us.eq($at_us),
-        ))
-        .returning((seq::last_seq, seq::previous_at_us))
-    }};
-}
-pub(crate) use bump_sequence_statement;
-
-/// A key's counter starts at 1, unless another transaction started it
-/// first (PostgreSQL: this one then waits for that one's end).
-macro_rules! first_sequence_statement {
-    ($topic:expr, $key:expr, $at_us:expr) => {{
-        use diesel::ExpressionMethods;
-        use $crate::store::schema::tickbox_key_sequences::dsl as seq;
-        diesel::insert_into(seq::tickbox_key_sequences)
-            .values((
-                seq::topic.eq($topic),
-                seq::ordering_key.eq($key),
-                seq::last_seq.eq(1_i64),
-                seq::last_at_us.eq($at_us),
-            ))
-            .on_conflict_do_nothing()
-    }};
-}
-pub(crate) use first_sequence_statement;
-
-/// The order in which a transaction's keyed rows take their numbers: by
-/// topic, then key, then as published, so that transactions publishing for
-/// the same keys lock their counters in one order and never wait for each
-/// other crosswise.
-pub(crate) fn numbering_order(rows: &[OutboxRow]) -> Vec<usize> {
-    let mut keyed: Vec<usize> = (0..rows.len())
-        .filter(|&i| rows[i].ordering_key.is_some())
-        .collect();
-    keyed.sort_by(|&a, &b| {
-        (&rows[a].topic, &rows[a].ordering_key).cmp(&(&rows[b].topic, &rows[b].ordering_key))
-    });
-    keyed
-}
 
 /// How the inbox guard's first statement went.
 #[derive(Debug, Clone, Copy)]

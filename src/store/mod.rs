@@ -9,6 +9,7 @@ pub(crate) mod deadline;
 pub(crate) mod journal;
 pub(crate) mod migrations;
 pub(crate) mod ordering;
+pub(crate) mod outbox;
 pub(crate) mod pool;
 pub(crate) mod queries;
 pub(crate) mod schema;
@@ -16,6 +17,7 @@ pub(crate) mod scratch;
 pub(crate) mod settings;
 pub(crate) mod sql;
 pub(crate) mod statement;
+pub(crate) mod subscriptions;
 
 // The backends. Adding one is a folder of its own beside these and its
 // lines in each list below; nothing else outside its folder names it.

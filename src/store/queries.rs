@@ -6,10 +6,10 @@
 //! `postgres.rs`.
 
 use crate::store::contract::Store;
-use crate::store::schema::{DeadLetterRow, Id, OutboxRow, SubscriptionRow};
+use crate::store::schema::{DeadLetterRow, Id};
 use crate::store::sql::{sql, Sql};
 use crate::store::statement::{Bind, Dialect, Statement, StatementBuilder};
-use diesel::sql_types::{BigInt, Nullable};
+use diesel::sql_types::BigInt;
 use diesel::QueryResult;
 use std::future::Future;
 use uuid::Uuid;
@@ -21,10 +21,6 @@ pub(crate) const TABLES: i64 = 10;
 const TABLE_NAMES: &str = "'tickbox_outbox', 'tickbox_inbox', 'tickbox_dead_letters', \
      'tickbox_subscriptions', 'tickbox_outbox_done', 'tickbox_schema_version', \
      'tickbox_key_sequences', 'tickbox_key_progress', 'tickbox_handlers', 'tickbox_modules'";
-
-/// The columns of a subscription row, in [`SubscriptionRow`]'s order.
-const SUBSCRIPTION_COLUMNS: &str =
-    "id, module, handler, topic, subscribed_at_us, seen_at_us, alive_until_us";
 
 /// The columns of a dead letter row, in [`DeadLetterRow`]'s order.
 pub(crate) const DEAD_LETTER_COLUMNS: &str =
@@ -54,14 +50,6 @@ struct ModuleName {
     name: String,
 }
 
-/// When a message was published.
-#[derive(diesel::QueryableByName)]
-struct Published {
-    /// Microseconds since the Unix epoch.
-    #[diesel(sql_type = Nullable<BigInt>)]
-    created_at_us: Option<i64>,
-}
-
 /// A statement without binds.
 pub(crate) fn plain(dialect: Dialect, sql: &str) -> Statement {
     StatementBuilder::new(dialect).finish(sql.to_string())
@@ -84,83 +72,6 @@ fn optional_int(b: &mut StatementBuilder, value: Option<i64>) -> String {
 
 /// The queries every backend runs alike, for every [`Store`].
 pub trait Queries: Store {
-    /// Records subscriptions, or updates the ones recorded (topic, when
-    /// seen), keeping when each was first recorded.
-    fn record_subscriptions(
-        conn: &mut Self::Conn,
-        rows: Vec<SubscriptionRow>,
-    ) -> impl Future<Output = QueryResult<()>> + Send {
-        async move {
-            // One statement per row: a bus has few handlers.
-            for row in rows {
-                let mut b = StatementBuilder::new(Self::DIALECT);
-                let values = [
-                    b.id(row.id.0),
-                    b.text(&row.module),
-                    b.text(&row.handler),
-                    b.text(&row.topic),
-                    b.int(row.subscribed_at_us),
-                    b.int(row.seen_at_us),
-                    b.int(row.alive_until_us),
-                ]
-                .join(", ");
-                let sql = format!(
-                    "INSERT INTO tickbox_subscriptions ({SUBSCRIPTION_COLUMNS}) VALUES ({values}) \
-                     ON CONFLICT (id) DO UPDATE SET module = excluded.module, \
-                     handler = excluded.handler, topic = excluded.topic, \
-                     seen_at_us = excluded.seen_at_us, alive_until_us = excluded.alive_until_us"
-                );
-                Self::execute_statement(conn, b.finish(sql)).await?;
-            }
-            Ok(())
-        }
-    }
-
-    /// Every subscription recorded in this outbox's database.
-    fn subscriptions(
-        conn: &mut Self::Conn,
-    ) -> impl Future<Output = QueryResult<Vec<SubscriptionRow>>> + Send {
-        let sql = format!(
-            "SELECT {SUBSCRIPTION_COLUMNS} FROM tickbox_subscriptions ORDER BY module, handler"
-        );
-        Self::load_statement(conn, plain(Self::DIALECT, &sql))
-    }
-
-    /// Extends (or takes) the claim of `bus` on these undelivered rows unless
-    /// another bus holds a live claim on them.
-    fn renew_claims(
-        conn: &mut Self::Conn,
-        ids: Vec<Uuid>,
-        bus: Uuid,
-        now_us: i64,
-        until_us: i64,
-    ) -> impl Future<Output = QueryResult<usize>> + Send {
-        let mut b = StatementBuilder::new(Self::DIALECT);
-        let (bus, now, until) = (b.id(bus), b.int(now_us), b.int(until_us));
-        let listed = b.in_ids("id", &ids);
-        let sql = format!(
-            "UPDATE tickbox_outbox SET claimed_by = {bus}, claimed_until_us = {until} \
-             WHERE {listed} AND delivered_at_us IS NULL \
-             AND (claimed_by = {bus} OR claimed_until_us IS NULL OR claimed_until_us < {now})"
-        );
-        Self::execute_statement(conn, b.finish(sql))
-    }
-
-    /// Gives up every claim of `bus` on undelivered rows (on a graceful
-    /// stop).
-    fn release_claims(
-        conn: &mut Self::Conn,
-        bus: Uuid,
-    ) -> impl Future<Output = QueryResult<usize>> + Send {
-        let mut b = StatementBuilder::new(Self::DIALECT);
-        let bus = b.id(bus);
-        let sql = format!(
-            "UPDATE tickbox_outbox SET claimed_by = NULL, claimed_until_us = NULL \
-             WHERE delivered_at_us IS NULL AND claimed_by = {bus}"
-        );
-        Self::execute_statement(conn, b.finish(sql))
-    }
-
     /// Records a dead letter, or updates the one already recorded for the
     /// same message and handler.
     fn insert_dead_letter(
@@ -257,46 +168,6 @@ pub trait Queries: Store {
         )
     }
 
-    /// Writes a message into the outbox as pending and unclaimed, or puts
-    /// the row already there back to that state; every subscription then
-    /// receives it again (the inbox skips it where it was handled).
-    fn requeue_or_insert(
-        conn: &mut Self::Conn,
-        row: OutboxRow,
-    ) -> impl Future<Output = QueryResult<()>> + Send {
-        let mut b = StatementBuilder::new(Self::DIALECT);
-        let id = b.id(row.id.0);
-        let values = [
-            id.clone(),
-            b.text(&row.topic),
-            b.text(&row.payload),
-            b.id(row.correlation_id.0),
-            optional_id(&mut b, row.causation_id),
-            b.int(row.created_at_us),
-            optional_text(&mut b, row.ordering_key.as_deref()),
-            optional_int(&mut b, row.key_seq),
-            optional_text(&mut b, row.key_publisher.as_deref()),
-            optional_int(&mut b, row.key_previous_at_us),
-        ]
-        .join(", ");
-        let insert = b.finish(format!(
-            "INSERT INTO tickbox_outbox (id, topic, payload, correlation_id, causation_id, \
-             created_at_us, ordering_key, key_seq, key_publisher, key_previous_at_us) \
-             VALUES ({values}) \
-             ON CONFLICT (id) DO UPDATE SET delivered_at_us = NULL, claimed_by = NULL, \
-             claimed_until_us = NULL"
-        ));
-        let mut b = StatementBuilder::new(Self::DIALECT);
-        let id = b.id(row.id.0);
-        let forget = b.finish(format!(
-            "DELETE FROM tickbox_outbox_done WHERE message_id = {id}"
-        ));
-        async move {
-            Self::execute_statement(conn, insert).await?;
-            Self::execute_statement(conn, forget).await.map(drop)
-        }
-    }
-
     /// Deletes up to `batch` messages' inbox rows processed before
     /// `before_us`; the number of rows deleted. The row is tested again
     /// outside the subquery: a message's rows for several handlers share its
@@ -382,44 +253,6 @@ pub trait Queries: Store {
             let inbox = count::<Self>(conn, inbox).await?;
             let dead = Self::count_dead_letters(conn).await?;
             Ok((inbox, dead))
-        }
-    }
-
-    /// Marks outbox rows delivered.
-    fn mark_delivered(
-        conn: &mut Self::Conn,
-        ids: Vec<Uuid>,
-        now_us: i64,
-    ) -> impl Future<Output = QueryResult<usize>> + Send {
-        let mut b = StatementBuilder::new(Self::DIALECT);
-        let now = b.int(now_us);
-        let listed = b.in_ids("id", &ids);
-        let sql = format!(
-            "UPDATE tickbox_outbox SET delivered_at_us = {now}, claimed_until_us = NULL \
-             WHERE {listed}"
-        );
-        Self::execute_statement(conn, b.finish(sql))
-    }
-
-    /// The number of undelivered outbox rows and the creation time of the
-    /// oldest.
-    fn outbox_backlog(
-        conn: &mut Self::Conn,
-    ) -> impl Future<Output = QueryResult<(i64, Option<i64>)>> + Send {
-        async move {
-            // The count reads only the partial index of pending ids; the
-            // oldest message is the first of them (ids are UUIDv7s, ordered
-            // by time): one more row, not a scan of all pending rows.
-            let sql = "SELECT count(*) AS n FROM tickbox_outbox WHERE delivered_at_us IS NULL";
-            let pending = count::<Self>(conn, plain(Self::DIALECT, sql)).await?;
-            let sql = "SELECT created_at_us FROM tickbox_outbox \
-                       WHERE delivered_at_us IS NULL ORDER BY id LIMIT 1";
-            let oldest: Vec<Published> =
-                Self::load_statement(conn, plain(Self::DIALECT, sql)).await?;
-            Ok((
-                pending,
-                oldest.into_iter().next().and_then(|p| p.created_at_us),
-            ))
         }
     }
 }

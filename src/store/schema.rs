@@ -284,7 +284,7 @@ where
 /// An outbox row as a scan claims it: every column read leniently (text as
 /// raw bytes), so each row is decoded on its own.
 #[derive(Debug, diesel::QueryableByName)]
-pub(crate) struct ClaimedRow {
+pub struct ClaimedRow {
     #[diesel(sql_type = DbUuid)]
     pub(crate) id: Lenient<Id>,
     #[diesel(sql_type = diesel::sql_types::Binary)]

@@ -20,11 +20,6 @@ use uuid::Uuid;
 #[derive(Debug, Clone, Copy)]
 
 pub struct Dialect {
-    /// A subquery yielding the ids in the text parameter `param`, to drive
-    /// an index lookup (`id IN (…)`).
-    pub(crate) id_rows: fn(param: &str) -> String,
-    /// The ids as that parameter's value.
-    pub(crate) id_rows_text: fn(ids: &[Uuid]) -> String,
     /// A test that `column` is one of the ids in the text parameter `param`:
     /// cheap to repeat for every row of a correlated subquery (no temporary
     /// table).
@@ -136,14 +131,6 @@ impl StatementBuilder {
         self.bind(Bind::Text(value.to_string()))
     }
 
-    /// `column IN (…ids)`, the ids bound as one value whatever their number
-    /// (none included), read once to look each up: for the rows a statement
-    /// works on.
-    pub(crate) fn in_ids(&mut self, column: &str, ids: &[Uuid]) -> String {
-        let param = self.bind(Bind::Text((self.dialect.id_rows_text)(ids)));
-        format!("{column} IN {}", (self.dialect.id_rows)(&param))
-    }
-
     /// Whether `column` is one of `ids`, as a test to repeat row by row.
     pub(crate) fn among(&mut self, column: &str, ids: &[Uuid]) -> String {
         let param = self.bind(Bind::Text((self.dialect.id_among_text)(ids)));
@@ -169,8 +156,6 @@ mod tests {
     use super::*;
 
     const TEST: Dialect = Dialect {
-        id_rows: |param| format!("(ROWS {param})"),
-        id_rows_text: |ids| format!("{}", ids.len()),
         id_among: |column, param| format!("{column} AMONG {param}"),
         id_among_text: |ids| format!("{}", ids.len()),
     };
@@ -179,10 +164,10 @@ mod tests {
     fn placeholders_are_marked_in_bind_order_and_lists_are_one_value() {
         let mut b = StatementBuilder::new(TEST);
         let a = b.int(1);
-        let list = b.in_ids("id", &[Uuid::nil(), Uuid::max()]);
+        let list = b.among("id", &[Uuid::nil(), Uuid::max()]);
         let none = b.not_among("s.id", &[]);
         assert_eq!(a, "\u{1}0\u{1}");
-        assert_eq!(list, "id IN (ROWS \u{1}1\u{1})");
+        assert_eq!(list, "id AMONG \u{1}1\u{1}");
         assert_eq!(none, "NOT (s.id AMONG \u{1}2\u{1})");
         let statement = b.finish(format!("{a} {list} {a}"));
         assert!(matches!(statement.binds[1], Bind::Text(ref t) if t == "2"));

@@ -12,13 +12,11 @@ use crate::error::Error;
 use crate::redact::{redact_url, SecretUrl};
 use crate::store::backend::{Backend, Schemas};
 use crate::store::contract::{
-    advance_key_statement, bump_sequence_statement, first_sequence_statement, numbering_order,
-    start_key_statement, tick_inbox_statement, KeyScope, Store, Tick,
+    advance_key_statement, start_key_statement, tick_inbox_statement, KeyScope, Store, Tick,
 };
 use crate::store::journal::JournalQueries;
 use crate::store::migrations::{refuse_clashing_versions, refuse_newer_migrations};
 use crate::store::pool::{build_pool, checkout, close_idle, discard};
-use crate::store::schema::{tickbox_outbox, OutboxRow};
 use crate::store::settings::{StoreSettings, WakeupChannel};
 use crate::store::sql::Sql;
 use crate::store::statement::{Dialect, Statement};
@@ -36,6 +34,12 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use uuid::Uuid;
+
+mod ids;
+mod outbox;
+mod subscriptions;
+
+use ids::uuid_array;
 
 /// The PostgreSQL backend, for production. A module's tables live in its own
 /// database, or in its own schema when the module sets one. Transactions run
@@ -116,12 +120,6 @@ fn schema_pool(
             })
         }),
     )
-}
-
-/// Ids as a PostgreSQL array literal, `{…,…}`.
-fn uuid_array(ids: &[Uuid]) -> String {
-    let ids: Vec<String> = ids.iter().map(Uuid::to_string).collect();
-    format!("{{{}}}", ids.join(","))
 }
 
 /// Every wake-up channel's name starts with this.
@@ -533,15 +531,9 @@ impl Store for Postgres {
     type Pooled = Object<AsyncPgConnection>;
 
     const DIALECT: Dialect = Dialect {
-        id_rows: |param| format!("(SELECT unnest(CAST({param} AS uuid[])))"),
-        id_rows_text: uuid_array,
         id_among: |column, param| format!("{column} = ANY(CAST({param} AS uuid[]))"),
         id_among_text: uuid_array,
     };
-    const SKIP_LOCKED: &'static str = "FOR UPDATE SKIP LOCKED";
-    const CLAIM_COLUMNS: &'static str =
-        "id, convert_to(topic, 'UTF8') AS topic, convert_to(payload, 'UTF8') AS payload, \
-         correlation_id, causation_id, created_at_us, ordering_key, key_seq, key_publisher, key_previous_at_us";
     const TABLES_BY_NAME: &'static str =
         "information_schema.tables WHERE table_schema = current_schema() AND table_name";
     const ONE_WRITER: bool = false;
@@ -793,51 +785,6 @@ impl Store for Postgres {
             _ => false,
         };
         Ok(Tick { inserted, key_turn })
-    }
-
-    async fn insert_outbox(
-        conn: &mut Self::Conn,
-        mut rows: Vec<OutboxRow>,
-    ) -> QueryResult<Vec<OutboxRow>> {
-        use diesel::OptionalExtension;
-        use diesel_async::RunQueryDsl;
-        for i in numbering_order(&rows) {
-            let row = &rows[i];
-            let (topic, key, at) = (
-                &row.topic,
-                row.ordering_key.as_deref().unwrap_or_default(),
-                row.created_at_us,
-            );
-            let numbered = loop {
-                let bumped = bump_sequence_statement!(topic, key, at)
-                    .get_result::<(i64, Option<i64>)>(conn)
-                    .await
-                    .optional()?;
-                if let Some(numbered) = bumped {
-                    break numbered;
-                }
-                // A new key: start it, unless another transaction did
-                // first (this insert then waits for that one's end, and the
-                // counter is bumped again).
-                if first_sequence_statement!(topic, key, at)
-                    .execute(conn)
-                    .await?
-                    == 1
-                {
-                    break (1, None);
-                }
-            };
-            (rows[i].key_seq, rows[i].key_previous_at_us) = (Some(numbered.0), numbered.1);
-        }
-        // One row (the common case) is a statement of a fixed shape, prepared
-        // once per connection without building its SQL again.
-        let insert = diesel::insert_into(tickbox_outbox::table);
-        match rows.as_slice() {
-            [] => 0,
-            [row] => insert.values(row).execute(conn).await?,
-            many => insert.values(many).execute(conn).await?,
-        };
-        Ok(rows)
     }
 
     async fn load_statement<R: Row>(

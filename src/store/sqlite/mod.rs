@@ -10,13 +10,12 @@ use crate::error::Error;
 use crate::redact::redact_url;
 use crate::store::backend::Backend;
 use crate::store::contract::{
-    advance_key_statement, bump_sequence_statement, first_sequence_statement, numbering_order,
-    start_key_statement, tick_inbox_statement, KeyScope, OwnedScope, Store, Tick,
+    advance_key_statement, start_key_statement, tick_inbox_statement, KeyScope, OwnedScope, Store,
+    Tick,
 };
 use crate::store::journal::JournalQueries;
 use crate::store::migrations::{refuse_clashing_versions, refuse_newer_migrations};
 use crate::store::pool::{build_pool, checkout, close_idle, discard};
-use crate::store::schema::{tickbox_outbox, OutboxRow};
 use crate::store::settings::{MigrationSet, StoreSettings, WakeupChannel};
 use crate::store::sql::Sql;
 use crate::store::statement::{Dialect, Statement};
@@ -30,6 +29,10 @@ use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::{AsyncConnection, SimpleAsyncConnection};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 use uuid::Uuid;
+
+mod ids;
+mod outbox;
+mod subscriptions;
 
 /// The embedded SQLite backend (the default). A module's database is one file;
 /// nothing needs to be installed.
@@ -242,28 +245,11 @@ impl Store for Sqlite {
     type Pooled = Object<SqliteConnection>;
 
     const DIALECT: Dialect = Dialect {
-        // SQLite has no arrays: a JSON array of the ids in hex to look up,
-        // and ",HEX,HEX," to search in (no temporary table per row).
-        id_rows: |param| format!("(SELECT unhex(value) FROM json_each({param}))"),
-        id_rows_text: |ids| {
-            let hex: Vec<String> = ids
-                .iter()
-                .map(|id| format!("\"{}\"", id.simple()))
-                .collect();
-            format!("[{}]", hex.join(","))
-        },
+        // SQLite has no arrays: ",HEX,HEX," to search in (no temporary
+        // table per row).
         id_among: |column, param| format!("instr({param}, ',' || hex({column}) || ',') > 0"),
-        id_among_text: |ids| {
-            let hex: String = ids.iter().map(|id| format!("{:X},", id.simple())).collect();
-            format!(",{hex}")
-        },
+        id_among_text: ids::hex_set,
     };
-    const SKIP_LOCKED: &'static str = "";
-    const CLAIM_COLUMNS: &'static str =
-        "id, CAST(topic AS BLOB) AS topic, CAST(payload AS BLOB) AS payload, \
-         correlation_id, causation_id, \
-         CASE WHEN typeof(created_at_us) = 'integer' THEN created_at_us END AS created_at_us, \
-         ordering_key, key_seq, key_publisher, key_previous_at_us";
     const TABLES_BY_NAME: &'static str = "sqlite_master WHERE type = 'table' AND name";
     const ONE_WRITER: bool = true;
     // SQLite reports a lock held by another connection only in words.
@@ -364,49 +350,6 @@ impl Store for Sqlite {
         _: impl Fn() + Send + Sync + 'static,
     ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
         None::<std::future::Ready<()>>
-    }
-
-    async fn insert_outbox(
-        conn: &mut Self::Conn,
-        mut rows: Vec<OutboxRow>,
-    ) -> QueryResult<Vec<OutboxRow>> {
-        if rows.is_empty() {
-            return Ok(rows);
-        }
-        // On its blocking thread, the synchronous connection prepares
-        // statements of fixed shape once and never builds their SQL again
-        // (the async wrapper would render them for every call), and batches
-        // multi-row inserts: the keys' numbers and the rows in one visit.
-        conn.spawn_blocking(move |c| {
-            use diesel::{OptionalExtension, RunQueryDsl};
-            for i in numbering_order(&rows) {
-                let row = &rows[i];
-                let (topic, key, at) = (
-                    &row.topic,
-                    row.ordering_key.as_deref().unwrap_or_default(),
-                    row.created_at_us,
-                );
-                let numbered = match bump_sequence_statement!(topic, key, at)
-                    .get_result::<(i64, Option<i64>)>(c)
-                    .optional()?
-                {
-                    Some(numbered) => numbered,
-                    None => {
-                        // One writer at a time: nobody started it meanwhile.
-                        first_sequence_statement!(topic, key, at).execute(c)?;
-                        (1, None)
-                    }
-                };
-                (rows[i].key_seq, rows[i].key_previous_at_us) = (Some(numbered.0), numbered.1);
-            }
-            let insert = diesel::insert_into(tickbox_outbox::table);
-            match rows.as_slice() {
-                [row] => insert.values(row).execute(c)?,
-                rows => insert.values(rows).execute(c)?,
-            };
-            Ok(rows)
-        })
-        .await
     }
 
     async fn tick_inbox(

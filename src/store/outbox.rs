@@ -1,0 +1,663 @@
+//! The outbox's statements: what publishing writes, and what a bus does to
+//! deliver a shared outbox — claim the rows its subscriptions are owed,
+//! finish them, or hand them over to the subscriptions other processes
+//! serve (see [`crate::outbox::subscription`]).
+//!
+//! What reads the same in standard SQL on every backend is stated once, as
+//! the default of an [`OutboxStatements`] method. Statements that take a
+//! list of ids are stated once too, here, as text macros (`*_text!`) that
+//! take the backend's spelling of a list bound as one value (`$rows!()`, a
+//! subquery of the ids; `$among!(column)`, a test repeated row by row); each
+//! backend runs them with its spelling, in `store/<backend>/outbox.rs`.
+
+use crate::store::contract::Store;
+use crate::store::schema::{ClaimedRow, DbUuid, Id, Lenient, OutboxRow};
+use crate::store::sql::{sql, Bind, Sql};
+use diesel::sql_types::{BigInt, Nullable};
+use diesel::QueryResult;
+use std::future::Future;
+use uuid::Uuid;
+
+/// What a bus asks for when it claims outbox rows.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    /// The claiming bus instance.
+    pub(crate) bus: Uuid,
+    /// The time of the claim (µs since the Unix epoch): claims that ran out
+    /// before it are taken over.
+    pub(crate) now_us: i64,
+    /// The claim holds until then unless renewed.
+    pub(crate) until_us: i64,
+    /// A claim said to hold beyond this was not taken by a live bus (buses
+    /// claim one lease at a time): it is taken like an expired one, so a
+    /// corrupted claim cannot hide a row for ever.
+    pub(crate) beyond_us: i64,
+    /// Only rows with ids above this are read (a scan's cursor); `None`
+    /// from the first row on.
+    pub(crate) after: Option<Uuid>,
+    /// The most rows one claim takes.
+    pub(crate) limit: i64,
+    /// The subscriptions the claiming bus serves: it claims only rows one of
+    /// them still owes (or rows of a topic nobody subscribes to).
+    pub(crate) served: std::sync::Arc<[Uuid]>,
+}
+
+impl Claim {
+    /// The claim as a statement: `first_page` (a [`claim_owed_text!`]
+    /// without a cursor) or `next_page` (with one), whichever
+    /// [`Claim::after`] calls for, with its values in order; `served` is
+    /// [`Claim::served`] as the backend binds a list tested row by row.
+    pub(crate) fn statement(
+        &self,
+        first_page: &'static str,
+        next_page: &'static str,
+        served: String,
+    ) -> Sql {
+        let mut binds: Vec<Bind> = vec![self.bus.into(), self.until_us.into()];
+        let text = match self.after {
+            Some(after) => {
+                binds.push(after.into());
+                next_page
+            }
+            None => first_page,
+        };
+        binds.extend([
+            self.now_us.into(),
+            self.beyond_us.into(),
+            self.bus.into(),
+            served.into(),
+            self.bus.into(),
+            self.now_us.into(),
+            self.beyond_us.into(),
+            self.limit.into(),
+        ]);
+        Sql { text, binds }
+    }
+}
+
+/// Which pending messages [`OutboxStatements::finish_completed`] looks at.
+#[derive(Debug, Clone, Copy)]
+pub enum Owed<'a> {
+    /// Those some subscription is done with (when the last two buses
+    /// recorded their parts at the same moment, neither saw the other's).
+    PartlyDone,
+    /// Those of a topic that just lost a subscription (retired): the rest
+    /// of its subscriptions may be done with them, or none be left.
+    Topic(&'a str),
+}
+
+/// How many pending messages another bus holds a live claim on, and until
+/// when the last of those claims runs.
+#[derive(diesel::QueryableByName)]
+pub struct ClaimedElsewhere {
+    /// The number of such messages.
+    #[diesel(sql_type = BigInt)]
+    pub(crate) n: i64,
+    /// When the last of their claims runs out; `None` when there are none.
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) until_us: Option<i64>,
+}
+
+/// The oldest stalled message, as the outbox holds it.
+#[derive(diesel::QueryableByName)]
+pub struct StalledRow {
+    /// The message's id.
+    #[diesel(sql_type = DbUuid)]
+    pub(crate) id: Id,
+    /// The bus that claimed it, if any (read leniently: a corrupted claim
+    /// must not hide the report).
+    #[diesel(sql_type = Nullable<DbUuid>)]
+    pub(crate) claimed_by: Lenient<Option<Id>>,
+    /// Until when that claim holds.
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) claimed_until_us: Lenient<Option<i64>>,
+}
+
+/// A message a statement finished.
+#[derive(diesel::QueryableByName)]
+struct Finished {
+    /// Its id.
+    #[diesel(sql_type = DbUuid)]
+    #[allow(dead_code)] // counted only
+    id: Id,
+}
+
+/// A count.
+#[derive(diesel::QueryableByName)]
+struct Counted {
+    /// The number counted.
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+/// When a message was published.
+#[derive(diesel::QueryableByName)]
+struct Published {
+    /// Microseconds since the Unix epoch.
+    #[diesel(sql_type = Nullable<BigInt>)]
+    created_at_us: Option<i64>,
+}
+
+/// The outbox's statements, implemented by each backend in
+/// `store/<backend>/outbox.rs`.
+pub trait OutboxStatements: Store {
+    /// Inside the publishing transaction: inserts the published messages
+    /// into the outbox, numbering each keyed one first, in
+    /// [`numbering_order`] (its key's counter moves to the next number and
+    /// stays locked until the transaction ends; a new key's counter
+    /// starts at 1). Returns the rows with their numbers and the
+    /// publication time of each key's previous message.
+    fn insert_outbox(
+        conn: &mut Self::Conn,
+        rows: Vec<OutboxRow>,
+    ) -> impl Future<Output = QueryResult<Vec<OutboxRow>>> + Send;
+
+    /// A scan's page: claims, for `claim.bus`, up to `claim.limit` pending
+    /// rows past the cursor, in id order, that are unclaimed, claimed by it,
+    /// or whose claim expired (or is said to hold implausibly long), and
+    /// that it has work for: a subscription it serves is not done with
+    /// them, or their topic has no subscription at all (it then finds the
+    /// topic unknown, or without subscribers, itself). A keyed row waits
+    /// while an earlier row of its key is under another bus's live claim,
+    /// so two processes do not deliver one key's messages at once.
+    /// Concurrent claims skip each other's rows instead of waiting
+    /// (PostgreSQL's `FOR UPDATE SKIP LOCKED`; SQLite's writers take
+    /// turns). Returns the claimed rows, every column read leniently (text
+    /// as raw bytes, a creation time that is NULL unless it is an integer),
+    /// so that one malformed row is decoded, and dead-lettered, on its own.
+    fn claim_owed(
+        conn: &mut Self::Conn,
+        claim: &Claim,
+    ) -> impl Future<Output = QueryResult<Vec<ClaimedRow>>> + Send;
+
+    /// While deliveries run: extends (or takes) the claim of `bus` on these
+    /// pending rows until `until_us`, unless another bus holds a live claim
+    /// on them at `now_us`. Returns how many rows it renewed.
+    fn renew_claims(
+        conn: &mut Self::Conn,
+        ids: &[Uuid],
+        bus: Uuid,
+        now_us: i64,
+        until_us: i64,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
+
+    /// When a bus stops gracefully: gives up every claim of `bus` on
+    /// pending rows, so that the next bus takes them at once. Returns how
+    /// many it released.
+    fn release_claims(
+        conn: &mut Self::Conn,
+        bus: Uuid,
+    ) -> impl Future<Output = QueryResult<usize>> + Send {
+        Self::execute(
+            conn,
+            sql!(
+                "UPDATE tickbox_outbox SET claimed_by = NULL, claimed_until_us = NULL \
+                 WHERE delivered_at_us IS NULL AND claimed_by = ?",
+                bus
+            ),
+        )
+    }
+
+    /// When every subscriber on a bus is done with `ids`: finishes those
+    /// that no subscription outside `served` still owes — marks them
+    /// delivered at `now_us`, or deletes them (`delete`: an outbox
+    /// retention of zero). The test is part of the statement, so a
+    /// subscription another process recorded a moment earlier is never
+    /// missed. Returns how many rows it changed, and no rows (SQLite would
+    /// gather `RETURNING` rows in a temporary table on every call): when it
+    /// changed fewer than `ids`, [`OutboxStatements::still_pending`] tells
+    /// which are left.
+    fn finish_delivered(
+        conn: &mut Self::Conn,
+        ids: &[Uuid],
+        served: &[Uuid],
+        now_us: i64,
+        delete: bool,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
+
+    /// Which of `ids` are still pending (after
+    /// [`OutboxStatements::finish_delivered`]: those owed elsewhere).
+    fn still_pending(
+        conn: &mut Self::Conn,
+        ids: &[Uuid],
+    ) -> impl Future<Output = QueryResult<Vec<Uuid>>> + Send;
+
+    /// Hands pending messages `ids` over to the subscriptions other
+    /// processes serve: records that the subscriptions in `served` are done
+    /// with them (those of them whose topic each subscribes to), and gives
+    /// up the claims of `bus` on them; the bus serving the rest finishes
+    /// them.
+    fn hand_over(
+        conn: &mut Self::Conn,
+        ids: &[Uuid],
+        served: &[Uuid],
+        bus: Uuid,
+    ) -> impl Future<Output = QueryResult<()>> + Send;
+
+    /// Deletes what subscriptions recorded done with messages `ids`, just
+    /// finished.
+    fn forget_done(
+        conn: &mut Self::Conn,
+        ids: &[Uuid],
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
+
+    /// Deletes what subscriptions recorded done with messages no longer
+    /// pending (finished since, or swept). Returns how many records it
+    /// deleted.
+    fn clear_done(conn: &mut Self::Conn) -> impl Future<Output = QueryResult<usize>> + Send {
+        Self::execute(
+            conn,
+            Sql::plain(
+                "DELETE FROM tickbox_outbox_done WHERE NOT EXISTS \
+                 (SELECT 1 FROM tickbox_outbox o \
+                  WHERE o.id = tickbox_outbox_done.message_id AND o.delivered_at_us IS NULL)",
+            ),
+        )
+    }
+
+    /// Finishes every pending message among `among` that no subscription
+    /// still owes (each subscription of its topic recorded done with it, or
+    /// none left): marks it delivered at `now_us`, or deletes it
+    /// (`delete`). Returns how many it finished.
+    fn finish_completed(
+        conn: &mut Self::Conn,
+        among: Owed<'_>,
+        now_us: i64,
+        delete: bool,
+    ) -> impl Future<Output = QueryResult<usize>> + Send {
+        /// The part that says nobody owes the message any more.
+        macro_rules! owed_by_nobody {
+            () => {
+                "NOT EXISTS (SELECT 1 FROM tickbox_subscriptions s \
+                 WHERE s.topic = tickbox_outbox.topic \
+                 AND NOT EXISTS (SELECT 1 FROM tickbox_outbox_done d \
+                     WHERE d.message_id = tickbox_outbox.id AND d.subscription = s.id)) \
+                 RETURNING id"
+            };
+        }
+        /// The messages some subscription is done with.
+        macro_rules! partly_done {
+            () => {
+                "id IN (SELECT message_id FROM tickbox_outbox_done) AND "
+            };
+        }
+        let statement = match (among, delete) {
+            (Owed::PartlyDone, true) => sql!(concat!(
+                "DELETE FROM tickbox_outbox WHERE delivered_at_us IS NULL AND ",
+                partly_done!(),
+                owed_by_nobody!()
+            )),
+            (Owed::PartlyDone, false) => sql!(
+                concat!(
+                    "UPDATE tickbox_outbox SET delivered_at_us = ?, claimed_until_us = NULL \
+                     WHERE delivered_at_us IS NULL AND ",
+                    partly_done!(),
+                    owed_by_nobody!()
+                ),
+                now_us
+            ),
+            (Owed::Topic(topic), true) => sql!(
+                concat!(
+                    "DELETE FROM tickbox_outbox WHERE delivered_at_us IS NULL AND topic = ? AND ",
+                    owed_by_nobody!()
+                ),
+                topic
+            ),
+            (Owed::Topic(topic), false) => sql!(
+                concat!(
+                    "UPDATE tickbox_outbox SET delivered_at_us = ?, claimed_until_us = NULL \
+                     WHERE delivered_at_us IS NULL AND topic = ? AND ",
+                    owed_by_nobody!()
+                ),
+                now_us,
+                topic
+            ),
+        };
+        async move { Ok(Self::load::<Finished>(conn, statement).await?.len()) }
+    }
+
+    /// Marks message `id` delivered at `now_us` (a malformed row, once it
+    /// is recorded as a dead letter). Returns how many rows it changed.
+    fn mark_delivered(
+        conn: &mut Self::Conn,
+        id: Uuid,
+        now_us: i64,
+    ) -> impl Future<Output = QueryResult<usize>> + Send {
+        Self::execute(
+            conn,
+            sql!(
+                "UPDATE tickbox_outbox SET delivered_at_us = ?, claimed_until_us = NULL \
+                 WHERE id = ?",
+                now_us,
+                id
+            ),
+        )
+    }
+
+    /// At a bus's start: how many pending messages another bus than `bus`
+    /// holds a live claim on at `now_us` (a process that just crashed left
+    /// them), and until when the last of those claims runs.
+    fn claimed_elsewhere(
+        conn: &mut Self::Conn,
+        bus: Uuid,
+        now_us: i64,
+    ) -> impl Future<Output = QueryResult<ClaimedElsewhere>> + Send {
+        let statement = sql!(
+            "SELECT count(*) AS n, max(claimed_until_us) AS until_us FROM tickbox_outbox \
+             WHERE delivered_at_us IS NULL AND claimed_until_us > ? AND claimed_by <> ?",
+            now_us,
+            bus
+        );
+        async move {
+            let rows: Vec<ClaimedElsewhere> = Self::load(conn, statement).await?;
+            Ok(rows.into_iter().next().unwrap_or(ClaimedElsewhere {
+                n: 0,
+                until_us: None,
+            }))
+        }
+    }
+
+    /// For the gauges: the number of pending outbox rows and the
+    /// publication time of the oldest. The count reads only the partial
+    /// index of pending ids; the oldest message is the first of them (ids
+    /// are UUIDv7s, ordered by time): one more row, not a scan of all
+    /// pending rows.
+    fn outbox_backlog(
+        conn: &mut Self::Conn,
+    ) -> impl Future<Output = QueryResult<(i64, Option<i64>)>> + Send {
+        async move {
+            let pending: Vec<Counted> = Self::load(
+                conn,
+                Sql::plain(
+                    "SELECT count(*) AS n FROM tickbox_outbox WHERE delivered_at_us IS NULL",
+                ),
+            )
+            .await?;
+            let oldest: Vec<Published> = Self::load(
+                conn,
+                Sql::plain(
+                    "SELECT created_at_us FROM tickbox_outbox \
+                     WHERE delivered_at_us IS NULL ORDER BY id LIMIT 1",
+                ),
+            )
+            .await?;
+            Ok((
+                pending.into_iter().next().map_or(0, |c| c.n),
+                oldest.into_iter().next().and_then(|p| p.created_at_us),
+            ))
+        }
+    }
+
+    /// For the watchdog: how many pending messages have ids below
+    /// `before` (published before the time it encodes: ids are UUIDv7s, so
+    /// the pending index answers).
+    fn count_stalled(
+        conn: &mut Self::Conn,
+        before: Uuid,
+    ) -> impl Future<Output = QueryResult<i64>> + Send {
+        let statement = sql!(
+            "SELECT count(*) AS n FROM tickbox_outbox \
+             WHERE delivered_at_us IS NULL AND id < ?",
+            before
+        );
+        async move {
+            let rows: Vec<Counted> = Self::load(conn, statement).await?;
+            Ok(rows.into_iter().next().map_or(0, |c| c.n))
+        }
+    }
+
+    /// For the watchdog: the oldest pending message with an id below
+    /// `before`, and its claim.
+    fn oldest_stalled(
+        conn: &mut Self::Conn,
+        before: Uuid,
+    ) -> impl Future<Output = QueryResult<Option<StalledRow>>> + Send {
+        let statement = sql!(
+            "SELECT id, claimed_by, claimed_until_us FROM tickbox_outbox \
+             WHERE delivered_at_us IS NULL AND id < ? ORDER BY id LIMIT 1",
+            before
+        );
+        async move { Ok(Self::load(conn, statement).await?.into_iter().next()) }
+    }
+
+    /// Writes a message into the outbox as pending and unclaimed, or puts
+    /// the row already there back to that state, and forgets which
+    /// subscriptions were done with it: every subscription then receives it
+    /// again (the inbox skips it where it was handled). For a dead letter
+    /// put back.
+    fn requeue_or_insert(
+        conn: &mut Self::Conn,
+        row: OutboxRow,
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        let insert = sql!(
+            "INSERT INTO tickbox_outbox (id, topic, payload, correlation_id, causation_id, \
+             created_at_us, ordering_key, key_seq, key_publisher, key_previous_at_us) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (id) DO UPDATE SET delivered_at_us = NULL, claimed_by = NULL, \
+             claimed_until_us = NULL",
+            row.id,
+            row.topic,
+            row.payload,
+            row.correlation_id,
+            row.causation_id,
+            row.created_at_us,
+            row.ordering_key,
+            row.key_seq,
+            row.key_publisher,
+            row.key_previous_at_us
+        );
+        let forget = sql!(
+            "DELETE FROM tickbox_outbox_done WHERE message_id = ?",
+            row.id
+        );
+        async move {
+            Self::execute(conn, insert).await?;
+            Self::execute(conn, forget).await.map(drop)
+        }
+    }
+}
+
+/// [`OutboxStatements::claim_owed`]'s statement, written once: `$after` is
+/// `""` for a scan's first page or `"AND o.id > ? "` for the next ones,
+/// `$among` the backend's test of a list bound as one value, `$lock` what
+/// the row selection ends with (`FOR UPDATE SKIP LOCKED` where concurrent
+/// claims must skip each other's rows), `$columns!()` the `RETURNING`
+/// list read as a [`ClaimedRow`]. Values, in order: the bus, the claim's end,
+/// the cursor (if `$after` has it), now, the implausible horizon, the bus,
+/// the served subscriptions, the bus, now, the horizon, the limit (see
+/// [`Claim::statement`]).
+macro_rules! claim_owed_text {
+    ($after:literal, $among:ident, $lock:literal, $columns:ident) => {
+        concat!(
+            "UPDATE tickbox_outbox SET claimed_by = ?, claimed_until_us = ? \
+             WHERE id IN (SELECT o.id FROM tickbox_outbox o \
+             WHERE o.delivered_at_us IS NULL ",
+            $after,
+            "AND (o.claimed_until_us IS NULL OR o.claimed_until_us < ? \
+                  OR o.claimed_until_us > ? OR o.claimed_by = ?) \
+             AND (NOT EXISTS (SELECT 1 FROM tickbox_subscriptions s WHERE s.topic = o.topic) \
+                  OR EXISTS (SELECT 1 FROM tickbox_subscriptions s \
+                      WHERE s.topic = o.topic AND ",
+            $among!("s.id"),
+            " AND NOT EXISTS (SELECT 1 FROM tickbox_outbox_done d \
+                          WHERE d.message_id = o.id AND d.subscription = s.id))) \
+             AND (o.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM tickbox_outbox e \
+                 WHERE e.delivered_at_us IS NULL AND e.topic = o.topic \
+                 AND e.ordering_key = o.ordering_key AND e.key_seq < o.key_seq \
+                 AND e.claimed_by <> ? AND e.claimed_until_us >= ? \
+                 AND e.claimed_until_us <= ?)) \
+             ORDER BY o.id LIMIT ? ",
+            $lock,
+            ") RETURNING ",
+            $columns!()
+        )
+    };
+}
+pub(crate) use claim_owed_text;
+
+/// [`OutboxStatements::renew_claims`]'s statement. Values: the bus, the
+/// claim's end, the ids, the bus, now.
+macro_rules! renew_claims_text {
+    ($rows:ident) => {
+        concat!(
+            "UPDATE tickbox_outbox SET claimed_by = ?, claimed_until_us = ? \
+             WHERE id IN ",
+            $rows!(),
+            " AND delivered_at_us IS NULL \
+             AND (claimed_by = ? OR claimed_until_us IS NULL OR claimed_until_us < ?)"
+        )
+    };
+}
+pub(crate) use renew_claims_text;
+
+/// The test that a subscription outside the served ones (bound as one
+/// value, tested by `$among`) still owes the `tickbox_outbox` row: a
+/// subscription of its topic not done with it.
+macro_rules! owed_elsewhere_text {
+    ($among:ident) => {
+        concat!(
+            "EXISTS (SELECT 1 FROM tickbox_subscriptions s \
+             WHERE s.topic = tickbox_outbox.topic AND NOT (",
+            $among!("s.id"),
+            ") AND NOT EXISTS (SELECT 1 FROM tickbox_outbox_done d \
+                 WHERE d.message_id = tickbox_outbox.id AND d.subscription = s.id))"
+        )
+    };
+}
+pub(crate) use owed_elsewhere_text;
+
+/// [`OutboxStatements::finish_delivered`]'s statements: `update` (values:
+/// now, the ids, the served subscriptions) or `delete` (the ids, the
+/// served subscriptions).
+macro_rules! finish_delivered_text {
+    (update, $rows:ident, $among:ident) => {
+        concat!(
+            "UPDATE tickbox_outbox SET delivered_at_us = ?, claimed_until_us = NULL \
+             WHERE id IN ",
+            $rows!(),
+            " AND NOT ",
+            $crate::store::outbox::owed_elsewhere_text!($among)
+        )
+    };
+    (delete, $rows:ident, $among:ident) => {
+        concat!(
+            "DELETE FROM tickbox_outbox WHERE id IN ",
+            $rows!(),
+            " AND NOT ",
+            $crate::store::outbox::owed_elsewhere_text!($among)
+        )
+    };
+}
+pub(crate) use finish_delivered_text;
+
+/// [`OutboxStatements::still_pending`]'s statement. Value: the ids.
+macro_rules! still_pending_text {
+    ($rows:ident) => {
+        concat!(
+            "SELECT id FROM tickbox_outbox WHERE id IN ",
+            $rows!(),
+            " AND delivered_at_us IS NULL"
+        )
+    };
+}
+pub(crate) use still_pending_text;
+
+/// The first of [`OutboxStatements::hand_over`]'s statements: the served
+/// subscriptions are done with the messages. Values: the ids, the served
+/// subscriptions.
+macro_rules! record_done_text {
+    ($rows:ident, $among:ident) => {
+        concat!(
+            "INSERT INTO tickbox_outbox_done (message_id, subscription) \
+             SELECT o.id, s.id FROM tickbox_outbox o \
+             JOIN tickbox_subscriptions s ON s.topic = o.topic \
+             WHERE o.id IN ",
+            $rows!(),
+            " AND ",
+            $among!("s.id"),
+            " ON CONFLICT DO NOTHING"
+        )
+    };
+}
+pub(crate) use record_done_text;
+
+/// The second of [`OutboxStatements::hand_over`]'s statements: the bus
+/// gives up its claims on those still pending. Values: the ids, the bus.
+macro_rules! release_text {
+    ($rows:ident) => {
+        concat!(
+            "UPDATE tickbox_outbox SET claimed_by = NULL, claimed_until_us = NULL \
+             WHERE id IN ",
+            $rows!(),
+            " AND claimed_by = ? AND delivered_at_us IS NULL"
+        )
+    };
+}
+pub(crate) use release_text;
+
+/// [`OutboxStatements::forget_done`]'s statement. Value: the ids.
+macro_rules! forget_done_text {
+    ($rows:ident) => {
+        concat!(
+            "DELETE FROM tickbox_outbox_done WHERE message_id IN ",
+            $rows!()
+        )
+    };
+}
+pub(crate) use forget_done_text;
+
+/// A key's counter moves to its next number, published at `$at_us`:
+/// `(number, when the previous one was published)`, or no row for a key that
+/// has none yet. Inside the publishing transaction, the row stays locked
+/// until it ends. Fixed shape, so each connection keeps it prepared (an
+/// upsert's `DO UPDATE` is never kept prepared by diesel; these two are).
+macro_rules! bump_sequence_statement {
+    ($topic:expr, $key:expr, $at_us:expr) => {{
+        use diesel::{ExpressionMethods, NullableExpressionMethods, QueryDsl};
+        use $crate::store::schema::tickbox_key_sequences::dsl as seq;
+        diesel::update(
+            seq::tickbox_key_sequences
+                .filter(seq::topic.eq($topic))
+                .filter(seq::ordering_key.eq($key)),
+        )
+        .set((
+            seq::last_seq.eq(seq::last_seq + 1_i64),
+            seq::previous_at_us.eq(seq::last_at_us.nullable()),
+            seq::last_at_us.eq($at_us),
+        ))
+        .returning((seq::last_seq, seq::previous_at_us))
+    }};
+}
+pub(crate) use bump_sequence_statement;
+
+/// A key's counter starts at 1, unless another transaction started it
+/// first (PostgreSQL: this one then waits for that one's end).
+macro_rules! first_sequence_statement {
+    ($topic:expr, $key:expr, $at_us:expr) => {{
+        use diesel::ExpressionMethods;
+        use $crate::store::schema::tickbox_key_sequences::dsl as seq;
+        diesel::insert_into(seq::tickbox_key_sequences)
+            .values((
+                seq::topic.eq($topic),
+                seq::ordering_key.eq($key),
+                seq::last_seq.eq(1_i64),
+                seq::last_at_us.eq($at_us),
+            ))
+            .on_conflict_do_nothing()
+    }};
+}
+pub(crate) use first_sequence_statement;
+
+/// The order in which a transaction's keyed rows take their numbers: by
+/// topic, then key, then as published, so that transactions publishing for
+/// the same keys lock their counters in one order and never wait for each
+/// other crosswise.
+pub(crate) fn numbering_order(rows: &[OutboxRow]) -> Vec<usize> {
+    let mut keyed: Vec<usize> = (0..rows.len())
+        .filter(|&i| rows[i].ordering_key.is_some())
+        .collect();
+    keyed.sort_by(|&a, &b| {
+        (&rows[a].topic, &rows[a].ordering_key).cmp(&(&rows[b].topic, &rows[b].ordering_key))
+    });
+    keyed
+}

@@ -1,0 +1,164 @@
+//! The outbox's statements on PostgreSQL: lists of ids spelled as in
+//! [`ids`](super::ids), and claims that skip each other's rows
+//! (`FOR UPDATE SKIP LOCKED`) instead of waiting for them.
+
+use super::ids::{among, id_rows, uuid_array};
+use super::Postgres;
+use crate::store::contract::Store;
+use crate::store::outbox::{
+    bump_sequence_statement, claim_owed_text, finish_delivered_text, first_sequence_statement,
+    forget_done_text, numbering_order, record_done_text, release_text, renew_claims_text,
+    still_pending_text, Claim, OutboxStatements,
+};
+use crate::store::schema::{tickbox_outbox, ClaimedRow, DbUuid, Id, OutboxRow};
+use crate::store::sql::sql;
+use diesel::QueryResult;
+use uuid::Uuid;
+
+/// The `RETURNING` list of a claim, read as a [`ClaimedRow`]: text columns
+/// as raw bytes (`convert_to`), so that one row whose text does not decode
+/// is decoded (and dead-lettered) on its own.
+macro_rules! claimed_columns {
+    () => {
+        "id, convert_to(topic, 'UTF8') AS topic, convert_to(payload, 'UTF8') AS payload, \
+         correlation_id, causation_id, created_at_us, ordering_key, key_seq, key_publisher, \
+         key_previous_at_us"
+    };
+}
+
+/// A message id a statement returns.
+#[derive(diesel::QueryableByName)]
+struct IdRow {
+    /// The id.
+    #[diesel(sql_type = DbUuid)]
+    id: Id,
+}
+
+impl OutboxStatements for Postgres {
+    async fn insert_outbox(
+        conn: &mut Self::Conn,
+        mut rows: Vec<OutboxRow>,
+    ) -> QueryResult<Vec<OutboxRow>> {
+        use diesel::OptionalExtension;
+        use diesel_async::RunQueryDsl;
+        for i in numbering_order(&rows) {
+            let row = &rows[i];
+            let (topic, key, at) = (
+                &row.topic,
+                row.ordering_key.as_deref().unwrap_or_default(),
+                row.created_at_us,
+            );
+            let numbered = loop {
+                let bumped = bump_sequence_statement!(topic, key, at)
+                    .get_result::<(i64, Option<i64>)>(conn)
+                    .await
+                    .optional()?;
+                if let Some(numbered) = bumped {
+                    break numbered;
+                }
+                // A new key: start it, unless another transaction did
+                // first (this insert then waits for that one's end, and the
+                // counter is bumped again).
+                if first_sequence_statement!(topic, key, at)
+                    .execute(conn)
+                    .await?
+                    == 1
+                {
+                    break (1, None);
+                }
+            };
+            (rows[i].key_seq, rows[i].key_previous_at_us) = (Some(numbered.0), numbered.1);
+        }
+        // One row (the common case) is a statement of a fixed shape, prepared
+        // once per connection without building its SQL again.
+        let insert = diesel::insert_into(tickbox_outbox::table);
+        match rows.as_slice() {
+            [] => 0,
+            [row] => insert.values(row).execute(conn).await?,
+            many => insert.values(many).execute(conn).await?,
+        };
+        Ok(rows)
+    }
+
+    async fn claim_owed(conn: &mut Self::Conn, claim: &Claim) -> QueryResult<Vec<ClaimedRow>> {
+        let statement = claim.statement(
+            claim_owed_text!("", among, "FOR UPDATE SKIP LOCKED", claimed_columns),
+            claim_owed_text!(
+                "AND o.id > ? ",
+                among,
+                "FOR UPDATE SKIP LOCKED",
+                claimed_columns
+            ),
+            uuid_array(&claim.served),
+        );
+        Self::load(conn, statement).await
+    }
+
+    async fn renew_claims(
+        conn: &mut Self::Conn,
+        ids: &[Uuid],
+        bus: Uuid,
+        now_us: i64,
+        until_us: i64,
+    ) -> QueryResult<usize> {
+        let statement = sql!(
+            renew_claims_text!(id_rows),
+            bus,
+            until_us,
+            uuid_array(ids),
+            bus,
+            now_us
+        );
+        Self::execute(conn, statement).await
+    }
+
+    async fn finish_delivered(
+        conn: &mut Self::Conn,
+        ids: &[Uuid],
+        served: &[Uuid],
+        now_us: i64,
+        delete: bool,
+    ) -> QueryResult<usize> {
+        let statement = if delete {
+            sql!(
+                finish_delivered_text!(delete, id_rows, among),
+                uuid_array(ids),
+                uuid_array(served)
+            )
+        } else {
+            sql!(
+                finish_delivered_text!(update, id_rows, among),
+                now_us,
+                uuid_array(ids),
+                uuid_array(served)
+            )
+        };
+        Self::execute(conn, statement).await
+    }
+
+    async fn still_pending(conn: &mut Self::Conn, ids: &[Uuid]) -> QueryResult<Vec<Uuid>> {
+        let statement = sql!(still_pending_text!(id_rows), uuid_array(ids));
+        let rows: Vec<IdRow> = Self::load(conn, statement).await?;
+        Ok(rows.into_iter().map(|row| row.id.0).collect())
+    }
+
+    async fn hand_over(
+        conn: &mut Self::Conn,
+        ids: &[Uuid],
+        served: &[Uuid],
+        bus: Uuid,
+    ) -> QueryResult<()> {
+        let done = sql!(
+            record_done_text!(id_rows, among),
+            uuid_array(ids),
+            uuid_array(served)
+        );
+        Self::execute(conn, done).await?;
+        let release = sql!(release_text!(id_rows), uuid_array(ids), bus);
+        Self::execute(conn, release).await.map(drop)
+    }
+
+    async fn forget_done(conn: &mut Self::Conn, ids: &[Uuid]) -> QueryResult<usize> {
+        Self::execute(conn, sql!(forget_done_text!(id_rows), uuid_array(ids))).await
+    }
+}

@@ -1,0 +1,41 @@
+//! How SQLite is given a list of ids: as one bound text value, so that a
+//! statement's text does not depend on how many ids there are and each
+//! connection prepares it once. SQLite has no arrays: a JSON array of the
+//! ids in hex to look up ([`id_rows!`]), and `,HEX,HEX,` to search in
+//! ([`among!`]), which needs no temporary table per row.
+
+use uuid::Uuid;
+
+/// A subquery yielding the ids bound as one [`json_array`] value, to drive
+/// an index lookup: `id IN ` followed by it.
+macro_rules! id_rows {
+    () => {
+        "(SELECT unhex(value) FROM json_each(?))"
+    };
+}
+pub(crate) use id_rows;
+
+/// A test that `$column` is one of the ids bound as one [`hex_set`] value:
+/// cheap to repeat for every row of a correlated subquery.
+macro_rules! among {
+    ($column:literal) => {
+        concat!("instr(?, ',' || hex(", $column, ") || ',') > 0")
+    };
+}
+pub(crate) use among;
+
+/// The value of an [`id_rows!`]: the ids as a JSON array of hex texts.
+pub(crate) fn json_array(ids: &[Uuid]) -> String {
+    let hex: Vec<String> = ids
+        .iter()
+        .map(|id| format!("\"{}\"", id.simple()))
+        .collect();
+    format!("[{}]", hex.join(","))
+}
+
+/// The value of an [`among!`]: the ids in upper-case hex (as `hex()`
+/// writes a blob), each followed by a comma, after a leading one.
+pub(crate) fn hex_set(ids: &[Uuid]) -> String {
+    let hex: String = ids.iter().map(|id| format!("{:X},", id.simple())).collect();
+    format!(",{hex}")
+}
