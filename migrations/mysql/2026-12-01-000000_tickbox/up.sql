@@ -41,5 +41,15 @@ CREATE TABLE tickbox_inbox (
     message_id      BINARY(16) NOT NULL,
     handler         VARBINARY(255) NOT NULL,
     processed_at_us BIGINT NOT NULL,
+    -- How many deliveries found the row already there. Not on the other
+    -- backends: the inbox insert counts one here on a duplicate
+    -- (ON DUPLICATE KEY UPDATE duplicates = duplicates + 1), so that its
+    -- affected-row count tells a new row (1) from a duplicate (2). Without
+    -- a change a duplicate also reads 1, because the connection reports
+    -- found rows (CLIENT_FOUND_ROWS); INSERT IGNORE would turn every error
+    -- into a warning; and a plain INSERT's duplicate-key error leaves a
+    -- shared lock behind, on which three deliveries of one message
+    -- deadlock when the first rolls back.
+    duplicates      BIGINT NOT NULL DEFAULT 0,
     PRIMARY KEY (message_id, handler)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin ROW_FORMAT=DYNAMIC;
