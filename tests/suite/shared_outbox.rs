@@ -489,8 +489,8 @@ const CLASHING_MIGRATIONS: tickbox::diesel_migrations::EmbeddedMigrations = {
 };
 
 /// Application migrations whose version is that of a tickbox migration
-/// that only PostgreSQL's databases hold (on SQLite, the effects journal's
-/// lives in a file of its own).
+/// that only PostgreSQL's and MySQL's databases hold (on SQLite, the
+/// effects journal's lives in a file of its own).
 const CLASHING_ON_POSTGRES: tickbox::diesel_migrations::EmbeddedMigrations = {
     use tickbox::diesel_migrations;
     diesel_migrations::embed_migrations!("tests/app_migrations_clashing_postgres_only")
@@ -558,8 +558,10 @@ pub async fn a_module_runs_the_applications_own_migrations<B: TestBackend>(db: T
 }
 
 /// A folder name is refused on every backend if it is on one: the version
-/// of a tickbox migration that only PostgreSQL's databases hold is refused
-/// on SQLite too, with an error naming the folder and saying how to name it.
+/// of a tickbox migration that only PostgreSQL's and MySQL's databases hold
+/// is refused on SQLite too, with an error naming the folder (either
+/// backend's: the first in name order holding the version) and saying how
+/// to name it.
 pub async fn a_migration_with_a_version_of_tickbox_on_any_backend_is_refused<B: TestBackend>(
     db: TestDb,
 ) {
@@ -571,10 +573,16 @@ pub async fn a_migration_with_a_version_of_tickbox_on_any_backend_is_refused<B: 
     let message = refused.to_string();
     for expected in [
         "`2026-12-06-000000_clash`",
-        "migrations/postgres/2026-12-06-000000_effects",
         "YYYY-MM-DD-HHMMSS_name",
         "2026-12-01-000000",
     ] {
         assert!(message.contains(expected), "{expected} in: {message}");
     }
+    assert!(
+        ["postgres", "mysql"]
+            .iter()
+            .any(|folder| message
+                .contains(&format!("`migrations/{folder}/2026-12-06-000000_effects`"))),
+        "tickbox's effects migration named in: {message}"
+    );
 }

@@ -1,0 +1,2 @@
+DROP TABLE tickbox_inbox;
+DROP TABLE tickbox_outbox;

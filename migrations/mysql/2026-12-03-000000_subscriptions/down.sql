@@ -1,0 +1,2 @@
+DROP TABLE tickbox_outbox_done;
+DROP TABLE tickbox_subscriptions;

@@ -1,0 +1,1 @@
+DROP TABLE tickbox_schema_version;
