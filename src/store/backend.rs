@@ -1,15 +1,20 @@
 //! The public face of storage: [`Backend`], sealed.
 
-use crate::store::journal::JournalQueries;
-use crate::store::ordering::Ordering;
+use crate::store::catalog::CatalogStatements;
+use crate::store::dead_letters::DeadLetterStatements;
+use crate::store::inbox::InboxStatements;
+use crate::store::journal::JournalStatements;
+use crate::store::ordering::OrderingStatements;
 use crate::store::queries::Queries;
+use crate::store::retention::RetentionStatements;
 use diesel_async::AsyncConnection;
 
 /// A database backend: `Sqlite` (feature `sqlite`) or `Postgres` (feature
 /// `postgres`).
 ///
 /// Sealed: tickbox implements it for its backends, and what it needs from a
-/// database (the `Store` and `Queries` it extends) is private to tickbox.
+/// database (the `Store` and the statement traits it extends) is private to
+/// tickbox.
 ///
 /// # One handler for every backend
 ///
@@ -111,7 +116,13 @@ use diesel_async::AsyncConnection;
 /// `as_select()`, takes [`Backend::Diesel`]:
 /// `dsl::AsSelect<Note, B::Diesel>`.
 pub trait Backend:
-    Queries<Conn = <Self as Backend>::Connection> + Ordering + JournalQueries
+    Queries<Conn = <Self as Backend>::Connection>
+    + InboxStatements
+    + OrderingStatements
+    + JournalStatements
+    + DeadLetterStatements
+    + RetentionStatements
+    + CatalogStatements
 {
     /// A short name for logs and metrics: `sqlite` or `postgres`.
     const NAME: &'static str;

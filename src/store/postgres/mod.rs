@@ -10,10 +10,9 @@ use crate::error::Error;
 use crate::redact::{redact_url, SecretUrl};
 use crate::store::backend::Backend;
 use crate::store::contract::{
-    advance_key_statement, bump_sequence_statement, first_sequence_statement, numbering_order,
-    start_key_statement, tick_inbox_statement, KeyScope, Store, Tick,
+    bump_sequence_statement, first_sequence_statement, numbering_order, Store,
 };
-use crate::store::journal::JournalQueries;
+use crate::store::journal::JournalStatements;
 use crate::store::migrations::{refuse_clashing_versions, refuse_newer_migrations};
 use crate::store::pool::{build_pool, checkout, close_idle, discard};
 use crate::store::schema::{tickbox_outbox, OutboxRow};
@@ -29,11 +28,19 @@ use diesel_async::{
 };
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 use futures_util::StreamExt;
+use ids::uuid_array;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
-use uuid::Uuid;
+
+mod catalog;
+mod dead_letters;
+mod ids;
+mod inbox;
+mod journal;
+mod ordering;
+mod retention;
 
 /// The PostgreSQL backend, for production. A module's tables live in its own
 /// database, or in its own schema when the module sets one. Transactions run
@@ -114,12 +121,6 @@ fn schema_pool(
             })
         }),
     )
-}
-
-/// Ids as a PostgreSQL array literal, `{…,…}`.
-fn uuid_array(ids: &[Uuid]) -> String {
-    let ids: Vec<String> = ids.iter().map(Uuid::to_string).collect();
-    format!("{{{}}}", ids.join(","))
 }
 
 /// Every wake-up channel's name starts with this.
@@ -538,8 +539,6 @@ impl Store for Postgres {
     const CLAIM_COLUMNS: &'static str =
         "id, convert_to(topic, 'UTF8') AS topic, convert_to(payload, 'UTF8') AS payload, \
          correlation_id, causation_id, created_at_us, ordering_key, key_seq, key_publisher, key_previous_at_us";
-    const TABLES_BY_NAME: &'static str =
-        "information_schema.tables WHERE table_schema = current_schema() AND table_name";
     const ONE_WRITER: bool = false;
     // Every transient failure comes with a SQLSTATE or as a lost connection.
     const TRANSIENT_MESSAGES: &'static [&'static str] = &[];
@@ -740,55 +739,6 @@ impl Store for Postgres {
         wake: impl Fn() + Send + Sync + 'static,
     ) -> Option<impl Future<Output = ()> + Send + 'static> {
         Some(listen_forever(wakeup, module, wake))
-    }
-
-    async fn advance_key(
-        conn: &mut Self::Conn,
-        scope: KeyScope<'_>,
-        sequence: i64,
-    ) -> QueryResult<bool> {
-        use diesel_async::RunQueryDsl;
-        Ok(advance_key_statement!(scope, sequence)
-            .execute(conn)
-            .await?
-            == 1)
-    }
-
-    async fn start_key(
-        conn: &mut Self::Conn,
-        scope: KeyScope<'_>,
-        sequence: i64,
-    ) -> QueryResult<bool> {
-        use diesel_async::RunQueryDsl;
-        Ok(start_key_statement!(scope, sequence).execute(conn).await? == 1)
-    }
-
-    async fn tick_inbox(
-        conn: &mut Self::Conn,
-        message_id: Uuid,
-        handler: &str,
-        now_us: i64,
-        key: Option<(KeyScope<'_>, i64)>,
-    ) -> QueryResult<Tick> {
-        use diesel_async::RunQueryDsl;
-        let inserted = tick_inbox_statement!(message_id, handler, now_us)
-            .execute(conn)
-            .await?
-            == 1;
-        let key_turn = match key {
-            Some((scope, sequence)) if inserted => {
-                let changed = if sequence == 1 {
-                    start_key_statement!(scope, sequence).execute(conn).await?
-                } else {
-                    advance_key_statement!(scope, sequence)
-                        .execute(conn)
-                        .await?
-                };
-                changed == 1
-            }
-            _ => false,
-        };
-        Ok(Tick { inserted, key_turn })
     }
 
     async fn insert_outbox(

@@ -8,10 +8,9 @@ use crate::error::Error;
 use crate::redact::redact_url;
 use crate::store::backend::Backend;
 use crate::store::contract::{
-    advance_key_statement, bump_sequence_statement, first_sequence_statement, numbering_order,
-    start_key_statement, tick_inbox_statement, KeyScope, OwnedScope, Store, Tick,
+    bump_sequence_statement, first_sequence_statement, numbering_order, Store,
 };
-use crate::store::journal::JournalQueries;
+use crate::store::journal::JournalStatements;
 use crate::store::migrations::{refuse_clashing_versions, refuse_newer_migrations};
 use crate::store::pool::{build_pool, checkout, close_idle, discard};
 use crate::store::schema::{tickbox_outbox, OutboxRow};
@@ -27,7 +26,14 @@ use diesel_async::pooled_connection::deadpool::{Object, Pool};
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::{AsyncConnection, SimpleAsyncConnection};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
-use uuid::Uuid;
+
+mod catalog;
+mod dead_letters;
+mod ids;
+mod inbox;
+mod journal;
+mod ordering;
+mod retention;
 
 /// The embedded SQLite backend (the default). A module's database is one file;
 /// nothing needs to be installed.
@@ -262,7 +268,6 @@ impl Store for Sqlite {
          correlation_id, causation_id, \
          CASE WHEN typeof(created_at_us) = 'integer' THEN created_at_us END AS created_at_us, \
          ordering_key, key_seq, key_publisher, key_previous_at_us";
-    const TABLES_BY_NAME: &'static str = "sqlite_master WHERE type = 'table' AND name";
     const ONE_WRITER: bool = true;
     // SQLite reports a lock held by another connection only in words.
     const TRANSIENT_MESSAGES: &'static [&'static str] = &["database is locked", "database is busy"];
@@ -403,63 +408,6 @@ impl Store for Sqlite {
                 rows => insert.values(rows).execute(c)?,
             };
             Ok(rows)
-        })
-        .await
-    }
-
-    async fn tick_inbox(
-        conn: &mut Self::Conn,
-        message_id: Uuid,
-        handler: &str,
-        now_us: i64,
-        key: Option<(KeyScope<'_>, i64)>,
-    ) -> QueryResult<Tick> {
-        let handler = handler.to_owned();
-        let key = key.map(|(scope, sequence)| (OwnedScope::from(scope), sequence));
-        conn.spawn_blocking(move |c| {
-            use diesel::RunQueryDsl;
-            let inserted = tick_inbox_statement!(message_id, handler, now_us).execute(c)? == 1;
-            let key_turn = match &key {
-                Some((scope, sequence)) if inserted => {
-                    let (scope, sequence) = (scope.scope(), *sequence);
-                    let changed = if sequence == 1 {
-                        start_key_statement!(scope, sequence).execute(c)?
-                    } else {
-                        advance_key_statement!(scope, sequence).execute(c)?
-                    };
-                    changed == 1
-                }
-                _ => false,
-            };
-            Ok(Tick { inserted, key_turn })
-        })
-        .await
-    }
-
-    async fn advance_key(
-        conn: &mut Self::Conn,
-        scope: KeyScope<'_>,
-        sequence: i64,
-    ) -> QueryResult<bool> {
-        let owned = OwnedScope::from(scope);
-        conn.spawn_blocking(move |c| {
-            use diesel::RunQueryDsl;
-            let scope = owned.scope();
-            Ok(advance_key_statement!(scope, sequence).execute(c)? == 1)
-        })
-        .await
-    }
-
-    async fn start_key(
-        conn: &mut Self::Conn,
-        scope: KeyScope<'_>,
-        sequence: i64,
-    ) -> QueryResult<bool> {
-        let owned = OwnedScope::from(scope);
-        conn.spawn_blocking(move |c| {
-            use diesel::RunQueryDsl;
-            let scope = owned.scope();
-            Ok(start_key_statement!(scope, sequence).execute(c)? == 1)
         })
         .await
     }
