@@ -28,37 +28,6 @@ pub struct KeyScope<'a> {
     pub(crate) key: &'a str,
 }
 
-/// A [`KeyScope`] that owns its texts, to move to a blocking thread.
-pub(crate) struct OwnedScope {
-    handler: String,
-    publisher: String,
-    topic: String,
-    key: String,
-}
-
-impl From<KeyScope<'_>> for OwnedScope {
-    fn from(scope: KeyScope<'_>) -> Self {
-        OwnedScope {
-            handler: scope.handler.to_owned(),
-            publisher: scope.publisher.to_owned(),
-            topic: scope.topic.to_owned(),
-            key: scope.key.to_owned(),
-        }
-    }
-}
-
-impl OwnedScope {
-    /// Borrowed again.
-    pub(crate) fn scope(&self) -> KeyScope<'_> {
-        KeyScope {
-            handler: &self.handler,
-            publisher: &self.publisher,
-            topic: &self.topic,
-            key: &self.key,
-        }
-    }
-}
-
 /// A handler's progress in a key moves to `sequence` if it stands just
 /// before it: one row changed means the message is the key's next. Fixed
 /// shape, run by each backend the way it runs the inbox guard's insert

@@ -1,7 +1,8 @@
 //! SQLite's inbox statements.
 
 use crate::store::inbox::{tick_inbox_statement, InboxStatements, Tick};
-use crate::store::ordering::{advance_key_statement, start_key_statement, KeyScope, OwnedScope};
+use crate::store::ordering::{advance_key_statement, start_key_statement, KeyScope};
+use crate::store::sqlite::ordering::OwnedScope;
 use crate::store::sqlite::Sqlite;
 use diesel::QueryResult;
 use uuid::Uuid;

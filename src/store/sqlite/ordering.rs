@@ -3,10 +3,42 @@
 //! are the defaults.
 
 use crate::store::ordering::{
-    advance_key_statement, start_key_statement, KeyScope, OrderingStatements, OwnedScope,
+    advance_key_statement, start_key_statement, KeyScope, OrderingStatements,
 };
 use crate::store::sqlite::Sqlite;
 use diesel::QueryResult;
+
+/// A [`KeyScope`] that owns its texts, to move to the connection's
+/// blocking thread.
+pub(crate) struct OwnedScope {
+    handler: String,
+    publisher: String,
+    topic: String,
+    key: String,
+}
+
+impl From<KeyScope<'_>> for OwnedScope {
+    fn from(scope: KeyScope<'_>) -> Self {
+        OwnedScope {
+            handler: scope.handler.to_owned(),
+            publisher: scope.publisher.to_owned(),
+            topic: scope.topic.to_owned(),
+            key: scope.key.to_owned(),
+        }
+    }
+}
+
+impl OwnedScope {
+    /// Borrowed again.
+    pub(crate) fn scope(&self) -> KeyScope<'_> {
+        KeyScope {
+            handler: &self.handler,
+            publisher: &self.publisher,
+            topic: &self.topic,
+            key: &self.key,
+        }
+    }
+}
 
 impl OrderingStatements for Sqlite {
     async fn advance_key(
