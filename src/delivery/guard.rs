@@ -9,7 +9,7 @@ use crate::effects::scope::EffectScope;
 use crate::error::panic_message;
 use crate::message::now_us;
 use crate::store::backend::Backend;
-use crate::store::contract::KeyScope;
+use crate::store::ordering::KeyScope;
 use crate::store::ordering::Turn;
 use crate::tx::Tx;
 use futures_util::FutureExt;

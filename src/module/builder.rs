@@ -335,7 +335,7 @@ impl<B: Backend> ModuleBuilder<B> {
                         url: self.settings.url.redacted(),
                     })
                 }
-                crate::store::queries::TABLES => {}
+                crate::store::catalog::TABLES => {}
                 _ => {
                     return Err(Error::SchemaVersion {
                         module: name.to_string(),

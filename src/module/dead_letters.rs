@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::message::{now_us, Envelope, Keyed};
 use crate::module::handle::ModuleHandle;
 use crate::store::backend::Backend;
-use crate::store::contract::KeyScope;
+use crate::store::ordering::KeyScope;
 use crate::store::schema::{keyed, DeadLetterRow, Id, OutboxRow};
 use serde::Serialize;
 use uuid::Uuid;

@@ -1,9 +1,13 @@
 //! The public face of storage: [`Backend`], sealed.
 
-use crate::store::journal::JournalQueries;
-use crate::store::ordering::Ordering;
+use crate::store::catalog::CatalogStatements;
+use crate::store::contract::Store;
+use crate::store::dead_letters::DeadLetterStatements;
+use crate::store::inbox::InboxStatements;
+use crate::store::journal::JournalStatements;
+use crate::store::ordering::OrderingStatements;
 use crate::store::outbox::OutboxStatements;
-use crate::store::queries::Queries;
+use crate::store::retention::RetentionStatements;
 use crate::store::scratch::ScratchDatabases;
 use crate::store::subscriptions::SubscriptionStatements;
 use diesel_async::AsyncConnection;
@@ -12,7 +16,8 @@ use diesel_async::AsyncConnection;
 /// `postgres`).
 ///
 /// Sealed: tickbox implements it for its backends, and what it needs from a
-/// database (the `Store` and `Queries` it extends) is private to tickbox.
+/// database (the `Store` and the statement traits it extends) is private to
+/// tickbox.
 ///
 /// # One handler for every backend
 ///
@@ -114,11 +119,15 @@ use diesel_async::AsyncConnection;
 /// `as_select()`, takes [`Backend::Diesel`]:
 /// `dsl::AsSelect<Note, B::Diesel>`.
 pub trait Backend:
-    Queries<Conn = <Self as Backend>::Connection>
-    + Ordering
-    + JournalQueries
+    Store<Conn = <Self as Backend>::Connection>
     + OutboxStatements
     + SubscriptionStatements
+    + InboxStatements
+    + OrderingStatements
+    + JournalStatements
+    + DeadLetterStatements
+    + RetentionStatements
+    + CatalogStatements
     + ScratchDatabases
 {
     /// A short name for logs and metrics: `sqlite` or `postgres`.

@@ -4,58 +4,11 @@
 
 use crate::store::settings::{StoreSettings, WakeupChannel};
 use crate::store::sql::Sql;
-use crate::store::statement::{Dialect, Statement};
 use crate::store::Row;
 use diesel::QueryResult;
 use diesel_async::AsyncConnection;
 use std::future::Future;
 use std::ops::DerefMut;
-use uuid::Uuid;
-
-/// A key of one topic, from one publisher, as one handler sees it: the
-/// scope of a sequence and of a handler's progress.
-#[derive(Debug, Clone, Copy)]
-pub struct KeyScope<'a> {
-    /// The handler (its name).
-    pub(crate) handler: &'a str,
-    /// The module that numbered the key.
-    pub(crate) publisher: &'a str,
-    /// The topic.
-    pub(crate) topic: &'a str,
-    /// The ordering key.
-    pub(crate) key: &'a str,
-}
-
-/// A [`KeyScope`] that owns its texts, to move to a blocking thread.
-pub(crate) struct OwnedScope {
-    handler: String,
-    publisher: String,
-    topic: String,
-    key: String,
-}
-
-impl From<KeyScope<'_>> for OwnedScope {
-    fn from(scope: KeyScope<'_>) -> Self {
-        OwnedScope {
-            handler: scope.handler.to_owned(),
-            publisher: scope.publisher.to_owned(),
-            topic: scope.topic.to_owned(),
-            key: scope.key.to_owned(),
-        }
-    }
-}
-
-impl OwnedScope {
-    /// Borrowed again.
-    pub(crate) fn scope(&self) -> KeyScope<'_> {
-        KeyScope {
-            handler: &self.handler,
-            publisher: &self.publisher,
-            topic: &self.topic,
-            key: &self.key,
-        }
-    }
-}
 
 /// What tickbox needs from a database, implemented once per backend in
 /// `sqlite.rs` and `postgres.rs`. It lives in a private module, so no other
@@ -147,50 +100,6 @@ pub trait Store: Sized + Send + Sync + 'static {
         wake: impl Fn() + Send + Sync + 'static,
     ) -> Option<impl Future<Output = ()> + Send + 'static>;
 
-    /// Records `(message_id, handler)` in the inbox unless it is there and,
-    /// for a new keyed message (`key`: its scope and number), moves the
-    /// handler's progress in the key to it if it is the key's next.
-    fn tick_inbox(
-        conn: &mut Self::Conn,
-        message_id: Uuid,
-        handler: &str,
-        now_us: i64,
-        key: Option<(KeyScope<'_>, i64)>,
-    ) -> impl Future<Output = QueryResult<Tick>> + Send;
-
-    /// Inside a delivery's transaction: moves the handler's progress in the
-    /// key to `sequence` if that is the key's next message; false otherwise
-    /// (see [`Ordering::take_turn`](crate::store::ordering::Ordering::take_turn)).
-    fn advance_key(
-        conn: &mut Self::Conn,
-        scope: KeyScope<'_>,
-        sequence: i64,
-    ) -> impl Future<Output = QueryResult<bool>> + Send;
-
-    /// Inside a delivery's transaction: starts the handler's progress in the
-    /// key at `sequence` unless it has progress there already; true when it
-    /// did.
-    fn start_key(
-        conn: &mut Self::Conn,
-        scope: KeyScope<'_>,
-        sequence: i64,
-    ) -> impl Future<Output = QueryResult<bool>> + Send;
-
-    /// How the dialect spells what tickbox's [`Statement`]s need.
-    const DIALECT: Dialect;
-
-    /// Runs a [`Statement`] and reads its rows.
-    fn load_statement<R: Row>(
-        conn: &mut Self::Conn,
-        statement: Statement,
-    ) -> impl Future<Output = QueryResult<Vec<R>>> + Send;
-
-    /// Runs a [`Statement`]; the number of rows it changed.
-    fn execute_statement(
-        conn: &mut Self::Conn,
-        statement: Statement,
-    ) -> impl Future<Output = QueryResult<usize>> + Send;
-
     /// Runs an [`Sql`] statement and reads its rows.
     fn load<R: Row>(
         conn: &mut Self::Conn,
@@ -199,74 +108,4 @@ pub trait Store: Sized + Send + Sync + 'static {
 
     /// Runs an [`Sql`] statement; the number of rows it changed.
     fn execute(conn: &mut Self::Conn, sql: Sql) -> impl Future<Output = QueryResult<usize>> + Send;
-
-    /// Where the catalog lists tables by name, as a query's `FROM` and the
-    /// start of its `WHERE`: `… WHERE <name column>` (the current schema's
-    /// tables on PostgreSQL).
-    const TABLES_BY_NAME: &'static str;
 }
-
-/// The inbox guard's insert: `(message_id, handler)` unless present. Each
-/// backend runs it its own way (SQLite on its blocking thread, where the
-/// statement of this fixed shape is prepared once and its SQL never rebuilt).
-macro_rules! tick_inbox_statement {
-    ($message_id:expr, $handler:expr, $now_us:expr) => {{
-        use diesel::ExpressionMethods;
-        use $crate::store::schema::tickbox_inbox::dsl as inbox;
-        diesel::insert_into(inbox::tickbox_inbox)
-            .values((
-                inbox::message_id.eq($crate::store::schema::Id($message_id)),
-                inbox::handler.eq($handler),
-                inbox::processed_at_us.eq($now_us),
-            ))
-            .on_conflict_do_nothing()
-    }};
-}
-pub(crate) use tick_inbox_statement;
-
-/// How the inbox guard's first statement went.
-#[derive(Debug, Clone, Copy)]
-pub struct Tick {
-    /// The inbox row was inserted: the message is new to the handler.
-    pub(crate) inserted: bool,
-    /// A keyed message was its key's next for the handler, and the
-    /// handler's progress in the key now counts it.
-    pub(crate) key_turn: bool,
-}
-
-/// A handler's progress in a key moves to `sequence` if it stands just
-/// before it: one row changed means the message is the key's next.
-macro_rules! advance_key_statement {
-    ($scope:expr, $sequence:expr) => {{
-        use diesel::{ExpressionMethods, QueryDsl};
-        use $crate::store::schema::tickbox_key_progress::dsl as progress;
-        diesel::update(
-            progress::tickbox_key_progress
-                .filter(progress::handler.eq($scope.handler))
-                .filter(progress::publisher.eq($scope.publisher))
-                .filter(progress::topic.eq($scope.topic))
-                .filter(progress::ordering_key.eq($scope.key))
-                .filter(progress::last_seq.eq($sequence - 1)),
-        )
-        .set(progress::last_seq.eq($sequence))
-    }};
-}
-pub(crate) use advance_key_statement;
-
-/// A handler's progress in a key starts at `sequence`, unless it has one.
-macro_rules! start_key_statement {
-    ($scope:expr, $sequence:expr) => {{
-        use diesel::ExpressionMethods;
-        use $crate::store::schema::tickbox_key_progress::dsl as progress;
-        diesel::insert_into(progress::tickbox_key_progress)
-            .values((
-                progress::handler.eq($scope.handler),
-                progress::publisher.eq($scope.publisher),
-                progress::topic.eq($scope.topic),
-                progress::ordering_key.eq($scope.key),
-                progress::last_seq.eq($sequence),
-            ))
-            .on_conflict_do_nothing()
-    }};
-}
-pub(crate) use start_key_statement;

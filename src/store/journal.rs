@@ -6,21 +6,37 @@
 //! still open.
 
 use crate::store::contract::Store;
-use crate::store::queries::{count, optional_text, Sweep};
 use crate::store::schema::EffectRow;
-use crate::store::statement::StatementBuilder;
+use crate::store::sql::{sql, Sql};
 use diesel::sql_types::{BigInt, Text};
 use diesel::QueryResult;
 use std::future::Future;
 use uuid::Uuid;
 
-/// The columns of an effect row, in [`EffectRow`]'s order.
-const EFFECT_COLUMNS: &str = "message_id, handler, effect, effect_key, policy, state, calls, \
-     window_from_us, updated_at_us, result, error";
+/// The columns of an effect row, in [`EffectRow`]'s order, as a string
+/// literal for `concat!`.
+macro_rules! effect_columns {
+    () => {
+        "message_id, handler, effect, effect_key, policy, state, calls, window_from_us, \
+         updated_at_us, result, error"
+    };
+}
 
 /// The states a person must settle or the journal is still waiting on
-/// (the partial index `tickbox_effects_unsettled` holds their rows).
-const UNSETTLED: &str = "state <> 'succeeded' AND state <> 'failed'";
+/// (the partial index `tickbox_effects_unsettled` holds their rows), as a
+/// condition on a row of `tickbox_effects`: a string literal for
+/// `concat!`, which the retention sweep of settled effects negates.
+macro_rules! unsettled {
+    () => {
+        "state <> 'succeeded' AND state <> 'failed'"
+    };
+}
+pub(crate) use unsettled;
+
+/// How many states [`JournalStatements::journal_entries`] filters on at
+/// most: every state an effect can be in (`started`, `succeeded`,
+/// `failed`, `unknown`, `retry`), each a slot of its fixed text.
+pub(crate) const STATE_SLOTS: usize = 5;
 
 /// Which effect of which delivery.
 #[derive(Debug, Clone)]
@@ -76,149 +92,162 @@ pub struct UnknownCount {
     pub(crate) n: i64,
 }
 
-/// The journal's queries, for every [`Store`].
-pub trait JournalQueries: Store {
+/// The effects journal's statements. They run on the journal's own
+/// connections ([`Store::open_journal`]). The defaults are written in the
+/// SQL that SQLite and PostgreSQL share; a backend overrides what its
+/// dialect spells otherwise, and states itself how it finds the journal's
+/// table in its catalog ([`JournalStatements::has_journal`]).
+pub trait JournalStatements: Store {
     /// Records an effect about to be called for the first time, unless a
     /// row for it exists; 1 if it was recorded.
     fn insert_journal_entry(
         conn: &mut Self::Conn,
         row: &EffectRow,
     ) -> impl Future<Output = QueryResult<usize>> + Send {
-        let mut b = StatementBuilder::new(Self::DIALECT);
-        let values = [
-            b.id(row.message_id.0),
-            b.text(&row.handler),
-            b.text(&row.effect),
-            b.text(&row.effect_key),
-            b.text(&row.policy),
-            b.text(&row.state),
-            b.int(row.calls),
-            b.int(row.window_from_us),
-            b.int(row.updated_at_us),
-            optional_text(&mut b, row.result.as_deref()),
-            optional_text(&mut b, row.error.as_deref()),
-        ]
-        .join(", ");
-        let sql = format!(
-            "INSERT INTO tickbox_effects ({EFFECT_COLUMNS}) VALUES ({values}) \
-             ON CONFLICT (message_id, handler, effect) DO NOTHING"
-        );
-        Self::execute_statement(conn, b.finish(sql))
+        Self::execute(
+            conn,
+            sql!(
+                concat!(
+                    "INSERT INTO tickbox_effects (",
+                    effect_columns!(),
+                    ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+                     ON CONFLICT (message_id, handler, effect) DO NOTHING"
+                ),
+                row.message_id,
+                &row.handler,
+                &row.effect,
+                &row.effect_key,
+                &row.policy,
+                &row.state,
+                row.calls,
+                row.window_from_us,
+                row.updated_at_us,
+                row.result.as_deref(),
+                row.error.as_deref()
+            ),
+        )
     }
 
-    /// One effect's row.
+    /// One effect's row, if it was recorded.
     fn journal_entry(
         conn: &mut Self::Conn,
         id: &EffectId,
     ) -> impl Future<Output = QueryResult<Option<EffectRow>>> + Send {
-        let mut b = StatementBuilder::new(Self::DIALECT);
-        let (message, handler, effect) =
-            (b.id(id.message_id), b.text(&id.handler), b.text(&id.effect));
-        let sql = format!(
-            "SELECT {EFFECT_COLUMNS} FROM tickbox_effects \
-             WHERE message_id = {message} AND handler = {handler} AND effect = {effect}"
+        let statement = sql!(
+            concat!(
+                "SELECT ",
+                effect_columns!(),
+                " FROM tickbox_effects WHERE message_id = ? AND handler = ? AND effect = ?"
+            ),
+            id.message_id,
+            &id.handler,
+            &id.effect
         );
-        let statement = b.finish(sql);
         async move {
-            let rows: Vec<EffectRow> = Self::load_statement(conn, statement).await?;
+            let rows: Vec<EffectRow> = Self::load(conn, statement).await?;
             Ok(rows.into_iter().next())
         }
     }
 
-    /// Changes an effect's row if it is as `change` expects; 1 if it was.
+    /// Changes an effect's row if it is as `change` expects (its state and
+    /// call count), so that of two processes changing it only one does; 1
+    /// if it was changed. A `change` without a window start keeps the
+    /// row's.
     fn update_journal_entry(
         conn: &mut Self::Conn,
         id: &EffectId,
         change: EffectChange,
     ) -> impl Future<Output = QueryResult<usize>> + Send {
-        let mut b = StatementBuilder::new(Self::DIALECT);
-        let (message, handler, effect) =
-            (b.id(id.message_id), b.text(&id.handler), b.text(&id.effect));
-        let (from_state, from_calls) = (b.text(change.from_state), b.int(change.from_calls));
-        let (state, calls) = (b.text(change.state), b.int(change.calls));
-        let window_from = match change.window_from_us {
-            Some(from) => b.int(from),
-            None => "window_from_us".to_string(),
-        };
-        let updated_at = b.int(change.updated_at_us);
-        let result = optional_text(&mut b, change.result.as_deref());
-        let error = optional_text(&mut b, change.error.as_deref());
-        let sql = format!(
-            "UPDATE tickbox_effects SET state = {state}, calls = {calls}, \
-             window_from_us = {window_from}, updated_at_us = {updated_at}, \
-             result = {result}, error = {error} \
-             WHERE message_id = {message} AND handler = {handler} AND effect = {effect} \
-             AND state = {from_state} AND calls = {from_calls}"
-        );
-        Self::execute_statement(conn, b.finish(sql))
+        Self::execute(
+            conn,
+            sql!(
+                "UPDATE tickbox_effects SET state = ?, calls = ?, \
+                 window_from_us = COALESCE(?, window_from_us), updated_at_us = ?, \
+                 result = ?, error = ? \
+                 WHERE message_id = ? AND handler = ? AND effect = ? \
+                 AND state = ? AND calls = ?",
+                change.state,
+                change.calls,
+                change.window_from_us,
+                change.updated_at_us,
+                change.result,
+                change.error,
+                id.message_id,
+                &id.handler,
+                &id.effect,
+                change.from_state,
+                change.from_calls
+            ),
+        )
     }
 
-    /// Effects, most recently changed last, from `offset`: all of them, or
-    /// those in one of `states`.
+    /// Effects, least recently changed first, from `offset`: all of them
+    /// when `states` is empty, else those in one of `states` (at most
+    /// [`STATE_SLOTS`] different ones: more is a defect of the caller, and
+    /// an error).
+    ///
+    /// One fixed text serves every filter: the number of states asked for,
+    /// then a slot per state, the slots not used left NULL (a NULL in an
+    /// `IN` list matches no row).
     fn journal_entries(
         conn: &mut Self::Conn,
         states: &[&str],
         offset: i64,
         limit: i64,
     ) -> impl Future<Output = QueryResult<Vec<EffectRow>>> + Send {
-        let mut b = StatementBuilder::new(Self::DIALECT);
-        let filter = if states.is_empty() {
-            "TRUE".to_string()
-        } else {
-            let listed: Vec<String> = states.iter().map(|state| b.text(state)).collect();
-            format!("state IN ({})", listed.join(", "))
-        };
-        let (limit, offset) = (b.int(limit), b.int(offset));
-        let sql = format!(
-            "SELECT {EFFECT_COLUMNS} FROM tickbox_effects WHERE {filter} \
-             ORDER BY updated_at_us, message_id, handler, effect LIMIT {limit} OFFSET {offset}"
-        );
-        Self::load_statement(conn, b.finish(sql))
+        let mut wanted: Vec<&str> = Vec::with_capacity(states.len());
+        for state in states {
+            if !wanted.contains(state) {
+                wanted.push(state);
+            }
+        }
+        let asked = wanted.len();
+        let slot = |i: usize| wanted.get(i).copied();
+        let statement = (asked <= STATE_SLOTS).then(|| {
+            sql!(
+                concat!(
+                    "SELECT ",
+                    effect_columns!(),
+                    " FROM tickbox_effects WHERE (? = 0 OR state IN (?, ?, ?, ?, ?)) \
+                     ORDER BY updated_at_us, message_id, handler, effect LIMIT ? OFFSET ?"
+                ),
+                asked as i64,
+                slot(0),
+                slot(1),
+                slot(2),
+                slot(3),
+                slot(4),
+                limit,
+                offset
+            )
+        });
+        async move {
+            let Some(statement) = statement else {
+                return Err(diesel::result::Error::QueryBuilderError(
+                    format!("{asked} effect states to filter on; there are {STATE_SLOTS}").into(),
+                ));
+            };
+            Self::load(conn, statement).await
+        }
     }
 
     /// Whether the database (PostgreSQL: the current schema) has the
-    /// journal's table.
-    fn has_journal(conn: &mut Self::Conn) -> impl Future<Output = QueryResult<bool>> + Send {
-        let sql = format!(
-            "SELECT count(*) AS n FROM {} = 'tickbox_effects'",
-            Self::TABLES_BY_NAME
-        );
-        let statement = StatementBuilder::new(Self::DIALECT).finish(sql);
-        async move { Ok(count::<Self>(conn, statement).await? > 0) }
-    }
+    /// journal's table: a module's database only attached, not migrated,
+    /// may predate it. Read from the backend's catalog.
+    fn has_journal(conn: &mut Self::Conn) -> impl Future<Output = QueryResult<bool>> + Send;
 
     /// How many effects are unknown, per handler (read through the partial
     /// index of unsettled rows).
     fn unknown_effects(
         conn: &mut Self::Conn,
     ) -> impl Future<Output = QueryResult<Vec<UnknownCount>>> + Send {
-        let sql = format!(
-            "SELECT handler, count(*) AS n FROM tickbox_effects \
-             WHERE {UNSETTLED} AND state = 'unknown' GROUP BY handler ORDER BY handler"
-        );
-        Self::load_statement(conn, StatementBuilder::new(Self::DIALECT).finish(sql))
-    }
-
-    /// Deletes up to `batch` messages' settled effects (succeeded or
-    /// failed) last changed before `before_us`, except those of the
-    /// messages in `keep` (dead letters, which a replay may bring back: a
-    /// succeeded effect must still be found then).
-    fn sweep_effects(
-        conn: &mut Self::Conn,
-        before_us: i64,
-        keep: &[Uuid],
-        batch: i64,
-    ) -> impl Future<Output = QueryResult<usize>> + Send {
-        let mut b = StatementBuilder::new(Self::DIALECT);
-        let kept = b.not_among("message_id", keep);
-        let condition = format!("NOT ({UNSETTLED}) AND {kept}");
-        let sweep = Sweep {
-            table: "tickbox_effects",
-            id: "message_id",
-            done_at: "updated_at_us",
-        };
-        Self::execute_statement(conn, sweep.statement_where(b, &condition, before_us, batch))
+        Self::load(
+            conn,
+            Sql::plain(concat!(
+                "SELECT handler, count(*) AS n FROM tickbox_effects WHERE ",
+                unsettled!(),
+                " AND state = 'unknown' GROUP BY handler ORDER BY handler"
+            )),
+        )
     }
 }
-
-impl<S: Store> JournalQueries for S {}

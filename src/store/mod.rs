@@ -3,20 +3,22 @@
 //! quirks in its own file, and what reads the same on both written once.
 
 pub(crate) mod backend;
+pub(crate) mod catalog;
 pub(crate) mod contract;
 pub(crate) mod database;
+pub(crate) mod dead_letters;
 pub(crate) mod deadline;
+pub(crate) mod inbox;
 pub(crate) mod journal;
 pub(crate) mod migrations;
 pub(crate) mod ordering;
 pub(crate) mod outbox;
 pub(crate) mod pool;
-pub(crate) mod queries;
+pub(crate) mod retention;
 pub(crate) mod schema;
 pub(crate) mod scratch;
 pub(crate) mod settings;
 pub(crate) mod sql;
-pub(crate) mod statement;
 pub(crate) mod subscriptions;
 
 // The backends. Adding one is a folder of its own beside these and its

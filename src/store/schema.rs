@@ -169,6 +169,30 @@ diesel::table! {
     }
 }
 
+/// A count, selected as `n`.
+#[derive(diesel::QueryableByName)]
+pub(crate) struct Count {
+    /// The number counted.
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub(crate) n: i64,
+}
+
+impl Count {
+    /// The count a statement selecting one count read (0 if it read no
+    /// row).
+    pub(crate) fn of(rows: Vec<Count>) -> i64 {
+        rows.into_iter().next().map_or(0, |row| row.n)
+    }
+}
+
+/// A message id, selected as `message_id`.
+#[derive(diesel::QueryableByName)]
+pub(crate) struct MessageIdRow {
+    /// The id.
+    #[diesel(sql_type = DbUuid)]
+    pub(crate) message_id: Id,
+}
+
 /// One row of the effects journal.
 #[derive(Debug, Clone, diesel::QueryableByName)]
 #[diesel(table_name = tickbox_effects)]

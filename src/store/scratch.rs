@@ -4,6 +4,8 @@
 
 /// Where one test module's tables go.
 #[derive(Debug, Clone)]
+// Read by the test kit only (feature `testing`).
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
 pub struct ScratchModule {
     /// The database URL (SQLite: the file's path).
     pub(crate) url: String,
@@ -31,6 +33,7 @@ pub trait ScratchDatabases {
 
 /// The name of module `name`'s own namespace in a test whose names begin
 /// with `prefix`: lower case, as the servers fold unquoted names.
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
 pub(crate) fn scratch_name(prefix: &str, name: &str) -> String {
     format!("{prefix}_{name}").to_lowercase()
 }

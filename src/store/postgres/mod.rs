@@ -6,20 +6,15 @@
 //! deliver sends `pg_notify` on the outbox's channel just before COMMIT, and
 //! a bus listens on that channel on a connection of its own.
 
-mod scratch;
-
 use crate::error::Error;
 use crate::redact::{redact_url, SecretUrl};
 use crate::store::backend::{Backend, Schemas};
-use crate::store::contract::{
-    advance_key_statement, start_key_statement, tick_inbox_statement, KeyScope, Store, Tick,
-};
-use crate::store::journal::JournalQueries;
+use crate::store::contract::Store;
+use crate::store::journal::JournalStatements;
 use crate::store::migrations::{refuse_clashing_versions, refuse_newer_migrations};
 use crate::store::pool::{build_pool, checkout, close_idle, discard};
 use crate::store::settings::{StoreSettings, WakeupChannel};
 use crate::store::sql::Sql;
-use crate::store::statement::{Dialect, Statement};
 use crate::store::Row;
 use diesel::QueryResult;
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
@@ -33,13 +28,17 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
-use uuid::Uuid;
 
+mod catalog;
+mod dead_letters;
 mod ids;
+mod inbox;
+mod journal;
+mod ordering;
 mod outbox;
+mod retention;
+mod scratch;
 mod subscriptions;
-
-use ids::uuid_array;
 
 /// The PostgreSQL backend, for production. A module's tables live in its own
 /// database, or in its own schema when the module sets one. Transactions run
@@ -530,12 +529,6 @@ impl Store for Postgres {
     type Pool = Pool<AsyncPgConnection>;
     type Pooled = Object<AsyncPgConnection>;
 
-    const DIALECT: Dialect = Dialect {
-        id_among: |column, param| format!("{column} = ANY(CAST({param} AS uuid[]))"),
-        id_among_text: uuid_array,
-    };
-    const TABLES_BY_NAME: &'static str =
-        "information_schema.tables WHERE table_schema = current_schema() AND table_name";
     const ONE_WRITER: bool = false;
     // Every transient failure comes with a SQLSTATE or as a lost connection.
     const TRANSIENT_MESSAGES: &'static [&'static str] = &[];
@@ -736,66 +729,6 @@ impl Store for Postgres {
         wake: impl Fn() + Send + Sync + 'static,
     ) -> Option<impl Future<Output = ()> + Send + 'static> {
         Some(listen_forever(wakeup, module, wake))
-    }
-
-    async fn advance_key(
-        conn: &mut Self::Conn,
-        scope: KeyScope<'_>,
-        sequence: i64,
-    ) -> QueryResult<bool> {
-        use diesel_async::RunQueryDsl;
-        Ok(advance_key_statement!(scope, sequence)
-            .execute(conn)
-            .await?
-            == 1)
-    }
-
-    async fn start_key(
-        conn: &mut Self::Conn,
-        scope: KeyScope<'_>,
-        sequence: i64,
-    ) -> QueryResult<bool> {
-        use diesel_async::RunQueryDsl;
-        Ok(start_key_statement!(scope, sequence).execute(conn).await? == 1)
-    }
-
-    async fn tick_inbox(
-        conn: &mut Self::Conn,
-        message_id: Uuid,
-        handler: &str,
-        now_us: i64,
-        key: Option<(KeyScope<'_>, i64)>,
-    ) -> QueryResult<Tick> {
-        use diesel_async::RunQueryDsl;
-        let inserted = tick_inbox_statement!(message_id, handler, now_us)
-            .execute(conn)
-            .await?
-            == 1;
-        let key_turn = match key {
-            Some((scope, sequence)) if inserted => {
-                let changed = if sequence == 1 {
-                    start_key_statement!(scope, sequence).execute(conn).await?
-                } else {
-                    advance_key_statement!(scope, sequence)
-                        .execute(conn)
-                        .await?
-                };
-                changed == 1
-            }
-            _ => false,
-        };
-        Ok(Tick { inserted, key_turn })
-    }
-
-    async fn load_statement<R: Row>(
-        conn: &mut Self::Conn,
-        statement: Statement,
-    ) -> QueryResult<Vec<R>> {
-        diesel_async::RunQueryDsl::load(statement, conn).await
-    }
-
-    async fn execute_statement(conn: &mut Self::Conn, statement: Statement) -> QueryResult<usize> {
-        diesel_async::RunQueryDsl::execute(statement, conn).await
     }
 
     async fn load<R: Row>(conn: &mut Self::Conn, sql: Sql) -> QueryResult<Vec<R>> {

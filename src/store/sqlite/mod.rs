@@ -4,21 +4,15 @@
 //! SQLite has no notifications: commits made by another process are found by
 //! the bus's periodic outbox scan (`BusBuilder::scan_interval`).
 
-mod scratch;
-
 use crate::error::Error;
 use crate::redact::redact_url;
 use crate::store::backend::Backend;
-use crate::store::contract::{
-    advance_key_statement, start_key_statement, tick_inbox_statement, KeyScope, OwnedScope, Store,
-    Tick,
-};
-use crate::store::journal::JournalQueries;
+use crate::store::contract::Store;
+use crate::store::journal::JournalStatements;
 use crate::store::migrations::{refuse_clashing_versions, refuse_newer_migrations};
 use crate::store::pool::{build_pool, checkout, close_idle, discard};
 use crate::store::settings::{MigrationSet, StoreSettings, WakeupChannel};
 use crate::store::sql::Sql;
-use crate::store::statement::{Dialect, Statement};
 use crate::store::Row;
 use diesel::connection::{
     AnsiTransactionManager, Connection, SimpleConnection, TransactionManager,
@@ -28,10 +22,16 @@ use diesel_async::pooled_connection::deadpool::{Object, Pool};
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::{AsyncConnection, SimpleAsyncConnection};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
-use uuid::Uuid;
 
+mod catalog;
+mod dead_letters;
 mod ids;
+mod inbox;
+mod journal;
+mod ordering;
 mod outbox;
+mod retention;
+mod scratch;
 mod subscriptions;
 
 /// The embedded SQLite backend (the default). A module's database is one file;
@@ -244,13 +244,6 @@ impl Store for Sqlite {
     type Pool = Pool<SqliteConnection>;
     type Pooled = Object<SqliteConnection>;
 
-    const DIALECT: Dialect = Dialect {
-        // SQLite has no arrays: ",HEX,HEX," to search in (no temporary
-        // table per row).
-        id_among: |column, param| format!("instr({param}, ',' || hex({column}) || ',') > 0"),
-        id_among_text: ids::hex_set,
-    };
-    const TABLES_BY_NAME: &'static str = "sqlite_master WHERE type = 'table' AND name";
     const ONE_WRITER: bool = true;
     // SQLite reports a lock held by another connection only in words.
     const TRANSIENT_MESSAGES: &'static [&'static str] = &["database is locked", "database is busy"];
@@ -350,74 +343,6 @@ impl Store for Sqlite {
         _: impl Fn() + Send + Sync + 'static,
     ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
         None::<std::future::Ready<()>>
-    }
-
-    async fn tick_inbox(
-        conn: &mut Self::Conn,
-        message_id: Uuid,
-        handler: &str,
-        now_us: i64,
-        key: Option<(KeyScope<'_>, i64)>,
-    ) -> QueryResult<Tick> {
-        let handler = handler.to_owned();
-        let key = key.map(|(scope, sequence)| (OwnedScope::from(scope), sequence));
-        conn.spawn_blocking(move |c| {
-            use diesel::RunQueryDsl;
-            let inserted = tick_inbox_statement!(message_id, handler, now_us).execute(c)? == 1;
-            let key_turn = match &key {
-                Some((scope, sequence)) if inserted => {
-                    let (scope, sequence) = (scope.scope(), *sequence);
-                    let changed = if sequence == 1 {
-                        start_key_statement!(scope, sequence).execute(c)?
-                    } else {
-                        advance_key_statement!(scope, sequence).execute(c)?
-                    };
-                    changed == 1
-                }
-                _ => false,
-            };
-            Ok(Tick { inserted, key_turn })
-        })
-        .await
-    }
-
-    async fn advance_key(
-        conn: &mut Self::Conn,
-        scope: KeyScope<'_>,
-        sequence: i64,
-    ) -> QueryResult<bool> {
-        let owned = OwnedScope::from(scope);
-        conn.spawn_blocking(move |c| {
-            use diesel::RunQueryDsl;
-            let scope = owned.scope();
-            Ok(advance_key_statement!(scope, sequence).execute(c)? == 1)
-        })
-        .await
-    }
-
-    async fn start_key(
-        conn: &mut Self::Conn,
-        scope: KeyScope<'_>,
-        sequence: i64,
-    ) -> QueryResult<bool> {
-        let owned = OwnedScope::from(scope);
-        conn.spawn_blocking(move |c| {
-            use diesel::RunQueryDsl;
-            let scope = owned.scope();
-            Ok(start_key_statement!(scope, sequence).execute(c)? == 1)
-        })
-        .await
-    }
-
-    async fn load_statement<R: Row>(
-        conn: &mut Self::Conn,
-        statement: Statement,
-    ) -> QueryResult<Vec<R>> {
-        diesel_async::RunQueryDsl::load(statement, conn).await
-    }
-
-    async fn execute_statement(conn: &mut Self::Conn, statement: Statement) -> QueryResult<usize> {
-        diesel_async::RunQueryDsl::execute(statement, conn).await
     }
 
     async fn load<R: Row>(conn: &mut Self::Conn, sql: Sql) -> QueryResult<Vec<R>> {

@@ -1,0 +1,106 @@
+//! Retention: deleting, in small batches, what a module no longer needs to
+//! keep (processed inbox rows, delivered outbox rows, settled effects)
+//! once older than its [`Retention`](crate::Retention).
+//!
+//! Every sweep has one shape: a message is done with after it is created,
+//! so every row to go has an id (a UUIDv7) below the smallest UUIDv7 of the
+//! cutoff's millisecond ([`Id::earliest_at`]): the primary key finds them,
+//! and no extra index has to be kept up on every insert. The rows are
+//! chosen in a subquery limited to the batch, and tested again outside it:
+//! a message's rows for several handlers share its id.
+
+use crate::store::contract::Store;
+use crate::store::schema::Id;
+use crate::store::sql::sql;
+use diesel::QueryResult;
+use std::future::Future;
+use uuid::Uuid;
+
+/// The text of the effects journal's sweep (see
+/// [`RetentionStatements::sweep_effects`]), given a backend's test that
+/// `message_id` is one of a list of ids bound as one value (a string
+/// literal). Its values, in order: the smallest id of the cutoff's
+/// millisecond, the cutoff, the kept ids, the batch, the cutoff, the kept
+/// ids.
+macro_rules! sweep_effects_text {
+    ($kept:expr) => {
+        concat!(
+            "DELETE FROM tickbox_effects WHERE message_id IN \
+             (SELECT message_id FROM tickbox_effects \
+              WHERE message_id < ? AND updated_at_us < ? AND NOT (",
+            $crate::store::journal::unsettled!(),
+            ") AND NOT (",
+            $kept,
+            ") LIMIT ?) AND updated_at_us < ? AND NOT (",
+            $crate::store::journal::unsettled!(),
+            ") AND NOT (",
+            $kept,
+            ")"
+        )
+    };
+}
+pub(crate) use sweep_effects_text;
+
+/// The retention sweeps' statements. The defaults are written in the SQL
+/// that SQLite and PostgreSQL share (`… IN (SELECT … LIMIT ?)`); a backend
+/// overrides what its dialect spells otherwise, and states itself the
+/// sweep of the effects journal, which tests ids against a list
+/// ([`RetentionStatements::sweep_effects`]).
+pub trait RetentionStatements: Store {
+    /// Deletes up to `batch` messages' inbox rows processed before
+    /// `before_us`; the number of rows deleted.
+    fn sweep_inbox(
+        conn: &mut Self::Conn,
+        before_us: i64,
+        batch: i64,
+    ) -> impl Future<Output = QueryResult<usize>> + Send {
+        Self::execute(
+            conn,
+            sql!(
+                "DELETE FROM tickbox_inbox WHERE message_id IN \
+                 (SELECT message_id FROM tickbox_inbox \
+                  WHERE message_id < ? AND processed_at_us < ? LIMIT ?) \
+                 AND processed_at_us < ?",
+                Id::earliest_at(before_us),
+                before_us,
+                batch,
+                before_us
+            ),
+        )
+    }
+
+    /// Deletes up to `batch` outbox rows delivered before `before_us`; the
+    /// number of rows deleted.
+    fn sweep_outbox(
+        conn: &mut Self::Conn,
+        before_us: i64,
+        batch: i64,
+    ) -> impl Future<Output = QueryResult<usize>> + Send {
+        Self::execute(
+            conn,
+            sql!(
+                "DELETE FROM tickbox_outbox WHERE id IN \
+                 (SELECT id FROM tickbox_outbox \
+                  WHERE id < ? AND delivered_at_us < ? LIMIT ?) \
+                 AND delivered_at_us < ?",
+                Id::earliest_at(before_us),
+                before_us,
+                batch,
+                before_us
+            ),
+        )
+    }
+
+    /// On the effects journal's connection: deletes up to `batch`
+    /// messages' settled effects (succeeded or failed) last changed before
+    /// `before_us`, except those of the messages in `keep` (dead letters,
+    /// which a replay may bring back: a succeeded effect must still be
+    /// found then); the number of rows deleted. `keep` is one bound value
+    /// whatever its length, in the backend's spelling of a list of ids.
+    fn sweep_effects(
+        conn: &mut Self::Conn,
+        before_us: i64,
+        keep: &[Uuid],
+        batch: i64,
+    ) -> impl Future<Output = QueryResult<usize>> + Send;
+}
