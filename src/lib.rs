@@ -356,14 +356,17 @@
 //!   `send_async_fn`: the async closures transactions and calls take;
 //!   `redact`: [`redact_url`], through which every URL tickbox shows
 //!   passes, and the URLs tickbox keeps, which show themselves redacted.
-//! - `store/` — storage. `backend`: the public, sealed [`Backend`] and the
-//!   private `Store` trait each backend implements for what truly differs
-//!   (`sqlite`, `postgres`: opening, migrations, how a transaction begins,
-//!   the fast inbox and outbox inserts, LISTEN/NOTIFY); `queries`: what
-//!   reads the same on every backend, written once as `statement`s;
-//!   `schema`: the tables; `database`: a module's pool, its calls and
-//!   write turn; `deadline`: how long a call may take, and what happens
-//!   when it takes longer; `settings`, `pool`, `migrations`.
+//! - `store/` — storage, and the only place that writes SQL: `contract`
+//!   (what a backend is: connections, transactions, notifications, `sql`,
+//!   the one way a statement runs); one file per concept declaring its
+//!   statements as named operations (`outbox`, `subscriptions`, `inbox`,
+//!   `ordering`, `journal`, `dead_letters`, `retention`, `catalog`,
+//!   `scratch`); one folder per backend (`sqlite/`, `postgres/`) stating
+//!   what its dialect spells differently; `backend`: the public, sealed
+//!   [`Backend`]; `schema`: the tables; `database`: a module's pool, its
+//!   calls and write turn; `deadline`: how long a call may take, and what
+//!   happens when it takes longer; `settings`, `pool`, `migrations`.
+//!   `store/mod.rs` says how to add a backend.
 //! - `transient` — which failures are worth trying again
 //!   ([`Error::is_transient`]): by the error's kind and SQLSTATE, and by the
 //!   words a backend lists when it gives no code (SQLite's busy database).
@@ -372,16 +375,13 @@
 //! - `tracking` — what a module did (published, handled, failed,
 //!   dead-lettered), told as it happens to the test kit's sessions; nothing
 //!   without the `testing` feature.
-//! - `store/ordering` — the ordering keys' counters and each handler's
-//!   progress in its keys, written once for both backends.
 //! - `outbox/` — a module's outbox as this process sees it: what it may
 //!   publish, the hand-over of committed messages to the bus, who claims
 //!   them; `subscription`: which handlers of which processes it owes its
-//!   messages to ([`Subscription`]) and the statements that finish or hand
-//!   over a message; `watchdog`: messages pending too long, and why.
+//!   messages to ([`Subscription`]); `watchdog`: messages pending too long,
+//!   and why.
 //! - `tx` — [`Tx`], a module transaction: writes what it publishes to the
 //!   outbox at COMMIT.
-//! - `store/journal` — the effects journal's statements, written once.
 //! - `effects/` — external effects: `policy` ([`EffectPolicy`]), `state`
 //!   ([`EffectState`]), `journal` (the decision before a call, the outcome
 //!   after it, what operators read and settle), `scope` (what one

@@ -9,6 +9,7 @@ use crate::module::actor::{Deliver, Module};
 use crate::module::core::ModuleCore;
 use crate::send_async_fn::SendAsyncFn;
 use crate::store::backend::Backend;
+use crate::store::schema::Id;
 use crate::tx::{Mode, Tx};
 use actix::{Actor, Addr};
 use futures_util::FutureExt;
@@ -207,6 +208,33 @@ impl<B: Backend> ModuleHandle<B> {
                 .collect(),
             unknown_effects,
         })
+    }
+
+    /// How many outbox messages not yet delivered to all their subscribers
+    /// were published before `before_us` (µs since the Unix epoch): what
+    /// the bus's watchdog counts as stalled when `before_us` is now less
+    /// its stall time. Read from the database now.
+    pub async fn pending_published_before(&self, before_us: i64) -> Result<i64> {
+        let before = Id::earliest_at(before_us).0;
+        self.core
+            .db
+            .call("counting old pending messages", async move |conn| {
+                Ok(B::count_stalled(conn, before).await?)
+            })
+            .await
+    }
+
+    /// Whether a handler named `handler` has run in this module's database
+    /// (each module records its handlers when it starts): the module whose
+    /// effects journal holds that handler's effects.
+    pub async fn runs_handler(&self, handler: &str) -> Result<bool> {
+        let handler = handler.to_owned();
+        self.core
+            .db
+            .call("looking for a handler", async move |conn| {
+                Ok(B::handler_started_at(conn, &handler).await?.is_some())
+            })
+            .await
     }
 
     /// Closes the module's connection pool: idle connections close now,

@@ -1,6 +1,6 @@
-//! The contract each backend implements (in `sqlite.rs` and `postgres.rs`)
-//! for what truly differs between them. What reads the same on every backend
-//! is written once, in [`Queries`](crate::store::queries::Queries).
+//! What a backend is: connections, transactions, notifications, and the
+//! one way its statements run. The statements themselves are the concept
+//! traits beside this file (`outbox`, `inbox`, …).
 
 use crate::store::settings::{StoreSettings, WakeupChannel};
 use crate::store::sql::Sql;
@@ -10,9 +10,9 @@ use diesel_async::AsyncConnection;
 use std::future::Future;
 use std::ops::DerefMut;
 
-/// What tickbox needs from a database, implemented once per backend in
-/// `sqlite.rs` and `postgres.rs`. It lives in a private module, so no other
-/// crate can name it: that seals [`Backend`](crate::Backend).
+/// What tickbox needs from a database connection, implemented by each
+/// backend in its folder's `mod.rs`. It lives in a private module, so no
+/// other crate can name it: that seals [`Backend`](crate::Backend).
 pub trait Store: Sized + Send + Sync + 'static {
     /// The diesel-async connection tickbox's statements run on: the
     /// backend's public [`Backend::Connection`](crate::Backend::Connection),

@@ -1,6 +1,32 @@
-//! Storage: what tickbox needs from a database (`contract::Store`, sealed
-//! behind the public [`Backend`](crate::Backend)), each backend's SQL and
-//! quirks in its own file, and what reads the same on both written once.
+//! Storage: everything tickbox says to a database, and the only place
+//! that writes SQL.
+//!
+//! - `contract`: [`Store`](contract::Store), what a backend is —
+//!   connections, transactions, notifications, and one way to run a
+//!   statement ([`sql::Sql`]).
+//! - One file per concept, each declaring that concept's statements as a
+//!   trait of named operations, documented once: `outbox`, `subscriptions`,
+//!   `inbox`, `ordering`, `journal`, `dead_letters`, `retention`,
+//!   `catalog`, and `scratch` (a test's throw-away databases). A statement
+//!   that reads the same in standard SQL on every backend is the trait's
+//!   default; the rest each backend states.
+//! - One folder per backend (`sqlite/`, `postgres/`): its `Store`, its
+//!   connection quirks, and a file per concept implementing that concept's
+//!   trait, overriding what its dialect spells differently.
+//! - What every backend shares: `schema` (the tables and rows), `database`
+//!   (a module's pool, its calls and write turn), `deadline`, `pool`,
+//!   `settings`, `migrations`; `backend`: the public, sealed
+//!   [`Backend`](crate::Backend) that gathers the traits.
+//!
+//! # Adding a backend
+//!
+//! A new folder beside `sqlite/` and `postgres/` with the same files: a
+//! type implementing [`Backend`](crate::Backend) and `Store` in `mod.rs`,
+//! and each concept trait in its file (copy nothing: only what its dialect
+//! spells differently from a trait's default is stated); its migrations in
+//! `migrations/<backend>/`; a Cargo feature; and its lines in the lists
+//! below (module, public types, transient words, row bound). The test
+//! suite then runs on it by one more `suite!` line in `tests/lib.rs`.
 
 pub(crate) mod backend;
 pub(crate) mod catalog;

@@ -551,3 +551,30 @@ mod pg_uuid {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uuid::Uuid;
+
+    #[test]
+    fn the_earliest_id_of_a_millisecond_orders_below_its_uuidv7s() {
+        let at_us = 1_767_225_600_123_456;
+        let cutoff = Id::earliest_at(at_us).0;
+        let same_ms = Uuid::new_v7(uuid::Timestamp::from_unix(
+            uuid::NoContext,
+            1_767_225_600,
+            123_999_000,
+        ));
+        let earlier = Uuid::new_v7(uuid::Timestamp::from_unix(
+            uuid::NoContext,
+            1_767_225_600,
+            122_999_000,
+        ));
+        assert!(earlier < cutoff && cutoff <= same_ms);
+        assert_eq!(
+            Id::earliest_at(-5).0,
+            Uuid::from_bytes([0, 0, 0, 0, 0, 0, 0x70, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+        );
+    }
+}

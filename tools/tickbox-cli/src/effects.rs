@@ -4,7 +4,6 @@
 //! `dead-letters replay` puts it there.
 
 use crate::dead_letters::{requeue, requeued};
-use crate::inspect::Inspect;
 use crate::modules::{on_module, Attached, Modules};
 use crate::output::{json_line, one_line, plural, table, timestamp, to_json, with_module};
 use crate::{Command, DeadLetterKey, EffectKey, Failure};
@@ -138,7 +137,7 @@ async fn journal_of<'a>(
     }
     let mut holders = Vec::new();
     for module in &modules.all {
-        if on_module!(&module.handle, handle => <_ as Inspect>::runs_handler(handle, &key.handler).await?)
+        if on_module!(&module.handle, handle => handle.runs_handler(&key.handler).await?)
         {
             holders.push((module, ()));
         }

@@ -72,7 +72,6 @@
 
 mod dead_letters;
 mod effects;
-mod inspect;
 mod modules;
 mod output;
 #[cfg(feature = "amqp")]

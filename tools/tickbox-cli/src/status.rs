@@ -2,14 +2,13 @@
 //! subscriptions, the inbox size, the dead letters, the parked keys and the
 //! unknown effects, in one view per module.
 
-use crate::inspect::Inspect;
 use crate::modules::{on_module, Modules};
 use crate::output::{
     json_per_module, lag, lag_us, now_us, plural, seconds_of, timestamp, to_json, window,
 };
 use crate::Failure;
 use std::time::Duration;
-use tickbox::{ModuleHandle, StoreStats, Subscription};
+use tickbox::{Backend, ModuleHandle, StoreStats, Subscription};
 
 /// What `status` read from one module's database.
 pub(crate) struct Status {
@@ -52,7 +51,7 @@ pub(crate) async fn status(
 }
 
 /// Reads one module's status.
-async fn read<B: Inspect>(
+async fn read<B: Backend>(
     module: &ModuleHandle<B>,
     stalled_after: Duration,
 ) -> Result<Status, Failure> {
@@ -61,7 +60,7 @@ async fn read<B: Inspect>(
     let now = now_us();
     let stalled_before =
         now.saturating_sub(i64::try_from(stalled_after.as_micros()).unwrap_or(i64::MAX));
-    let stalled = B::pending_before(module, stalled_before).await?;
+    let stalled = module.pending_published_before(stalled_before).await?;
     Ok(Status {
         backend: B::NAME,
         stats,
