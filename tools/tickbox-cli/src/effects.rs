@@ -137,8 +137,7 @@ async fn journal_of<'a>(
     }
     let mut holders = Vec::new();
     for module in &modules.all {
-        if on_module!(&module.handle, handle => handle.runs_handler(&key.handler).await?)
-        {
+        if on_module!(&module.handle, handle => handle.runs_handler(&key.handler).await?) {
             holders.push((module, ()));
         }
     }
