@@ -53,7 +53,26 @@ impl Claim {
         next_page: &'static str,
         served: String,
     ) -> Sql {
+        let selection = self.selection(first_page, next_page, served);
         let mut binds: Vec<Bind> = vec![self.bus.into(), self.until_us.into()];
+        binds.extend(selection.binds);
+        Sql {
+            text: selection.text,
+            binds,
+        }
+    }
+
+    /// The claimable rows as a statement of their own (a
+    /// [`claimable_text!`] without a cursor, or with one), for a backend
+    /// that selects them and then marks them claimed; `served` as for
+    /// [`Claim::statement`].
+    pub(crate) fn selection(
+        &self,
+        first_page: &'static str,
+        next_page: &'static str,
+        served: String,
+    ) -> Sql {
+        let mut binds: Vec<Bind> = Vec::new();
         let text = match self.after {
             Some(after) => {
                 binds.push(after.into());
@@ -457,21 +476,21 @@ pub trait OutboxStatements: Store {
     }
 }
 
-/// [`OutboxStatements::claim_owed`]'s statement, written once: `$after` is
-/// `""` for a scan's first page or `"AND o.id > ? "` for the next ones,
-/// `$among` the backend's test of a list bound as one value, `$lock` what
-/// the row selection ends with (`FOR UPDATE SKIP LOCKED` where concurrent
-/// claims must skip each other's rows), `$columns!()` the `RETURNING`
-/// list read as a [`ClaimedRow`]. Values, in order: the bus, the claim's end,
+/// The rows [`OutboxStatements::claim_owed`] takes, written once: a
+/// `SELECT $columns` of the claimable pending rows, in id order, up to the
+/// limit. `$after` is `""` for a scan's first page or `"AND o.id > ? "`
+/// for the next ones, `$among` the backend's test of a list bound as one
+/// value, `$lock` what the selection ends with (`FOR UPDATE SKIP LOCKED`
+/// where concurrent claims must skip each other's rows). Values, in order:
 /// the cursor (if `$after` has it), now, the implausible horizon, the bus,
 /// the served subscriptions, the bus, now, the horizon, the limit (see
-/// [`Claim::statement`]).
-macro_rules! claim_owed_text {
-    ($after:literal, $among:ident, $lock:literal, $columns:ident) => {
+/// [`Claim::selection`]).
+macro_rules! claimable_text {
+    ($columns:expr, $after:literal, $among:ident, $lock:literal) => {
         concat!(
-            "UPDATE tickbox_outbox SET claimed_by = ?, claimed_until_us = ? \
-             WHERE id IN (SELECT o.id FROM tickbox_outbox o \
-             WHERE o.delivered_at_us IS NULL ",
+            "SELECT ",
+            $columns,
+            " FROM tickbox_outbox o WHERE o.delivered_at_us IS NULL ",
             $after,
             "AND (o.claimed_until_us IS NULL OR o.claimed_until_us < ? \
                   OR o.claimed_until_us > ? OR o.claimed_by = ?) \
@@ -487,7 +506,21 @@ macro_rules! claim_owed_text {
                  AND e.claimed_by <> ? AND e.claimed_until_us >= ? \
                  AND e.claimed_until_us <= ?)) \
              ORDER BY o.id LIMIT ? ",
-            $lock,
+            $lock
+        )
+    };
+}
+pub(crate) use claimable_text;
+
+/// [`OutboxStatements::claim_owed`]'s statement where one `UPDATE` claims
+/// the [`claimable_text!`] rows and returns them: `$columns!()` is the
+/// `RETURNING` list read as a [`ClaimedRow`]. Values, in order: the bus,
+/// the claim's end, then those of the selection (see [`Claim::statement`]).
+macro_rules! claim_owed_text {
+    ($after:literal, $among:ident, $lock:literal, $columns:ident) => {
+        concat!(
+            "UPDATE tickbox_outbox SET claimed_by = ?, claimed_until_us = ? WHERE id IN (",
+            $crate::store::outbox::claimable_text!("o.id", $after, $among, $lock),
             ") RETURNING ",
             $columns!()
         )
