@@ -63,9 +63,9 @@ mod types;
 ///   is refused with an error naming it, never cut.
 /// - Ids are `BINARY(16)`; times are microseconds in `BIGINT`, as
 ///   elsewhere. A session runs in strict mode, in `utf8mb4`, at UTC.
-/// - The server's own `sql_mode`, isolation and lock wait timeout are
-///   replaced on tickbox's connections only; a handler's queries run on
-///   them too.
+/// - The server's own `sql_mode` and isolation level are replaced on
+///   tickbox's connections only (a handler's queries run on them too); its
+///   lock wait timeout (`innodb_lock_wait_timeout`) is kept.
 #[derive(Debug, Clone, Copy)]
 pub struct Mysql;
 
