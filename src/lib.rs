@@ -114,8 +114,9 @@
 //!   connection of its own outside the module's pool (one more connection
 //!   per module), and scans that outbox when notified. If that connection
 //!   fails, the bus reconnects with backoff and scans once listening again.
-//! - SQLite has no notifications: commits made by another process are found
-//!   by the periodic scan ([`BusBuilder::scan_interval`], 2 s by default).
+//! - SQLite, MariaDB and MySQL have no notifications: commits made by
+//!   another process are found by the periodic scan
+//!   ([`BusBuilder::scan_interval`], 2 s by default).
 //! - Every bus scans its outboxes at start and every scan interval, which
 //!   finishes what a crash left behind. A row a scan cannot read (text that
 //!   is not UTF-8, a creation time that is not an integer: SQLite stores any
@@ -336,6 +337,9 @@
 //!   compiled in, nothing to install.
 //! - `postgres`: the production backend, `Postgres`, through
 //!   tokio-postgres (no libpq).
+//! - `mysql`: MariaDB (≥ 10.6) and MySQL (≥ 8.0), one build for both:
+//!   `Mysql`, through diesel-async's mysql_async connection (pure Rust, no
+//!   libmysqlclient); `mysql://` URLs. See "MariaDB and MySQL" below.
 //! - `amqp`: the RabbitMQ transport, `Amqp`, through lapin (tokio, no TLS).
 //! - `testing`: the test kit for applications ([`testing`]): tracked
 //!   sessions that end when a whole flow is done, and throw-away databases.
@@ -343,6 +347,34 @@
 //!   metrics in Prometheus's text format. Without it, metrics still go
 //!   through the [`metrics`](::metrics) facade to any recorder the
 //!   application installs.
+//!
+//! # MariaDB and MySQL
+//!
+//! A module's tables live in a database of their own on the server: the one
+//! [`ModuleBuilder::schema`] names (created if missing, in `utf8mb4`), or
+//! else the URL's (`mysql://user:password@host:3306/orders`). What differs
+//! from PostgreSQL:
+//!
+//! - No notifications: a commit hands its messages to the buses of its own
+//!   process in memory; another process's commits are found by the bus's
+//!   periodic scan ([`BusBuilder::scan_interval`]), as on SQLite.
+//! - Every connection runs at READ COMMITTED (the servers' default,
+//!   REPEATABLE READ, takes gap locks on the inbox's insert and the claims)
+//!   and in strict mode. Deadlocks (1213) and lock wait timeouts (1205) are
+//!   transient ([`Error::is_transient`]): the delivery is tried again.
+//! - Claims read `FOR UPDATE SKIP LOCKED`: where the server keeps a binary
+//!   log, set `binlog_format=ROW` (under `STATEMENT` or `MIXED` MariaDB
+//!   warns that every claim is unsafe to log).
+//! - Names and keys are bytes (`VARBINARY`), compared exactly as on the
+//!   other backends, and have widths: topics, module, handler, effect and
+//!   publisher names up to 255 bytes, ordering keys up to 512. A longer one
+//!   is refused with an error that names it, never cut.
+//! - DDL commits on its own, so migrations are not one transaction: a lock
+//!   per database keeps processes starting together from migrating twice,
+//!   and one attaching meanwhile from seeing a half-made database.
+//! - mysql_async would move a TCP connection to a local server over to its
+//!   Unix socket; tickbox adds `prefer_socket=false` unless the URL sets it,
+//!   so the connection goes where the URL says.
 //!
 //! # Layout
 //!
@@ -361,7 +393,7 @@
 //!   the one way a statement runs); one file per concept declaring its
 //!   statements as named operations (`outbox`, `subscriptions`, `inbox`,
 //!   `ordering`, `journal`, `dead_letters`, `retention`, `catalog`,
-//!   `scratch`); one folder per backend (`sqlite/`, `postgres/`) stating
+//!   `scratch`); one folder per backend (`sqlite/`, `postgres/`, `mysql/`) stating
 //!   what its dialect spells differently; `backend`: the public, sealed
 //!   [`Backend`]; `schema`: the tables; `database`: a module's pool, its
 //!   calls and write turn; `deadline`: how long a call may take, and what

@@ -8,6 +8,14 @@
 //! TICKBOX_PG_URL=postgres://postgres@127.0.0.1:5432/test cargo test --all-features
 //! ```
 //!
+//! The MariaDB/MySQL suite runs with the `mysql` feature and needs
+//! `TICKBOX_MYSQL_URL`, the server's URL without a database (each module
+//! gets a database of its own):
+//!
+//! ```text
+//! TICKBOX_MYSQL_URL=mysql://root@127.0.0.1:3306 cargo test --all-features
+//! ```
+//!
 //! `deadlines` cuts transactions and deliveries that get no answer, and
 //! refuses deadlines too short to be safe.
 //!
@@ -190,6 +198,11 @@ mod postgres {
     suite!(tickbox::Postgres, crate::support::TestDb::postgres());
 }
 
+#[cfg(feature = "mysql")]
+mod mysql {
+    suite!(tickbox::Mysql, crate::support::TestDb::mysql());
+}
+
 #[cfg(feature = "amqp")]
 mod sqlite_amqp {
     amqp_suite!(tickbox::Sqlite, crate::support::TestDb::new());
@@ -198,4 +211,9 @@ mod sqlite_amqp {
 #[cfg(all(feature = "amqp", feature = "postgres"))]
 mod postgres_amqp {
     amqp_suite!(tickbox::Postgres, crate::support::TestDb::postgres());
+}
+
+#[cfg(all(feature = "amqp", feature = "mysql"))]
+mod mysql_amqp {
+    amqp_suite!(tickbox::Mysql, crate::support::TestDb::mysql());
 }

@@ -21,6 +21,10 @@ macro_rules! effect_columns {
          updated_at_us, result, error"
     };
 }
+// For a backend that spells the statements using it differently; unused
+// in a build without one.
+#[allow(unused_imports)]
+pub(crate) use effect_columns;
 
 /// The states a person must settle or the journal is still waiting on
 /// (the partial index `tickbox_effects_unsettled` holds their rows), as a

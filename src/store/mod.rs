@@ -50,18 +50,23 @@ pub(crate) mod subscriptions;
 // The backends. Adding one is a folder of its own beside these and its
 // lines in each list below; nothing else outside its folder names it.
 
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
 
-#[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+#[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
 compile_error!(
-    "tickbox needs a backend: enable the `sqlite` feature, the `postgres` feature, or both"
+    "tickbox needs a backend: enable the `sqlite`, `postgres` or `mysql` feature (or several)"
 );
 
 /// The backends' public types, re-exported by the crate root.
 pub(crate) mod backends {
+    #[cfg(feature = "mysql")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+    pub use super::mysql::Mysql;
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub use super::postgres::Postgres;
@@ -78,13 +83,15 @@ pub(crate) const TRANSIENT_MESSAGES: &[&[&str]] = &[
     <sqlite::Sqlite as contract::Store>::TRANSIENT_MESSAGES,
     #[cfg(feature = "postgres")]
     <postgres::Postgres as contract::Store>::TRANSIENT_MESSAGES,
+    #[cfg(feature = "mysql")]
+    <mysql::Mysql as contract::Store>::TRANSIENT_MESSAGES,
 ];
 
 /// A row an [`Sql`](sql::Sql) statement returns, readable on every enabled
 /// backend (written out so that code generic over the backend can name it).
-pub trait Row: Send + 'static + SqliteRow + PgRow {}
+pub trait Row: Send + 'static + SqliteRow + PgRow + MysqlRow {}
 
-impl<T: Send + 'static + SqliteRow + PgRow> Row for T {}
+impl<T: Send + 'static + SqliteRow + PgRow + MysqlRow> Row for T {}
 
 /// Readable from SQLite (when the `sqlite` feature is on).
 #[cfg(feature = "sqlite")]
@@ -105,3 +112,13 @@ impl<T: diesel::QueryableByName<diesel::pg::Pg>> PgRow for T {}
 pub trait PgRow {}
 #[cfg(not(feature = "postgres"))]
 impl<T> PgRow for T {}
+
+/// Readable from MariaDB and MySQL (when the `mysql` feature is on).
+#[cfg(feature = "mysql")]
+pub trait MysqlRow: diesel::QueryableByName<diesel::mysql::Mysql> {}
+#[cfg(feature = "mysql")]
+impl<T: diesel::QueryableByName<diesel::mysql::Mysql>> MysqlRow for T {}
+#[cfg(not(feature = "mysql"))]
+pub trait MysqlRow {}
+#[cfg(not(feature = "mysql"))]
+impl<T> MysqlRow for T {}

@@ -47,13 +47,33 @@ impl Claim {
     /// without a cursor) or `next_page` (with one), whichever
     /// [`Claim::after`] calls for, with its values in order; `served` is
     /// [`Claim::served`] as the backend binds a list tested row by row.
+    #[allow(dead_code)] // a build with only backends that select and mark
     pub(crate) fn statement(
         &self,
         first_page: &'static str,
         next_page: &'static str,
         served: String,
     ) -> Sql {
+        let selection = self.selection(first_page, next_page, served);
         let mut binds: Vec<Bind> = vec![self.bus.into(), self.until_us.into()];
+        binds.extend(selection.binds);
+        Sql {
+            text: selection.text,
+            binds,
+        }
+    }
+
+    /// The claimable rows as a statement of their own (a
+    /// [`claimable_text!`] without a cursor, or with one), for a backend
+    /// that selects them and then marks them claimed; `served` as for
+    /// [`Claim::statement`].
+    pub(crate) fn selection(
+        &self,
+        first_page: &'static str,
+        next_page: &'static str,
+        served: String,
+    ) -> Sql {
+        let mut binds: Vec<Bind> = Vec::new();
         let text = match self.after {
             Some(after) => {
                 binds.push(after.into());
@@ -457,21 +477,21 @@ pub trait OutboxStatements: Store {
     }
 }
 
-/// [`OutboxStatements::claim_owed`]'s statement, written once: `$after` is
-/// `""` for a scan's first page or `"AND o.id > ? "` for the next ones,
-/// `$among` the backend's test of a list bound as one value, `$lock` what
-/// the row selection ends with (`FOR UPDATE SKIP LOCKED` where concurrent
-/// claims must skip each other's rows), `$columns!()` the `RETURNING`
-/// list read as a [`ClaimedRow`]. Values, in order: the bus, the claim's end,
+/// The rows [`OutboxStatements::claim_owed`] takes, written once: a
+/// `SELECT $columns` of the claimable pending rows, in id order, up to the
+/// limit. `$after` is `""` for a scan's first page or `"AND o.id > ? "`
+/// for the next ones, `$among` the backend's test of a list bound as one
+/// value, `$lock` what the selection ends with (`FOR UPDATE SKIP LOCKED`
+/// where concurrent claims must skip each other's rows). Values, in order:
 /// the cursor (if `$after` has it), now, the implausible horizon, the bus,
 /// the served subscriptions, the bus, now, the horizon, the limit (see
-/// [`Claim::statement`]).
-macro_rules! claim_owed_text {
-    ($after:literal, $among:ident, $lock:literal, $columns:ident) => {
+/// [`Claim::selection`]).
+macro_rules! claimable_text {
+    ($columns:expr, $after:literal, $among:ident, $lock:literal) => {
         concat!(
-            "UPDATE tickbox_outbox SET claimed_by = ?, claimed_until_us = ? \
-             WHERE id IN (SELECT o.id FROM tickbox_outbox o \
-             WHERE o.delivered_at_us IS NULL ",
+            "SELECT ",
+            $columns,
+            " FROM tickbox_outbox o WHERE o.delivered_at_us IS NULL ",
             $after,
             "AND (o.claimed_until_us IS NULL OR o.claimed_until_us < ? \
                   OR o.claimed_until_us > ? OR o.claimed_by = ?) \
@@ -487,12 +507,30 @@ macro_rules! claim_owed_text {
                  AND e.claimed_by <> ? AND e.claimed_until_us >= ? \
                  AND e.claimed_until_us <= ?)) \
              ORDER BY o.id LIMIT ? ",
-            $lock,
+            $lock
+        )
+    };
+}
+pub(crate) use claimable_text;
+
+/// [`OutboxStatements::claim_owed`]'s statement where one `UPDATE` claims
+/// the [`claimable_text!`] rows and returns them: `$columns!()` is the
+/// `RETURNING` list read as a [`ClaimedRow`]. Values, in order: the bus,
+/// the claim's end, then those of the selection (see [`Claim::statement`]).
+#[allow(unused_macros)]
+macro_rules! claim_owed_text {
+    ($after:literal, $among:ident, $lock:literal, $columns:ident) => {
+        concat!(
+            "UPDATE tickbox_outbox SET claimed_by = ?, claimed_until_us = ? WHERE id IN (",
+            $crate::store::outbox::claimable_text!("o.id", $after, $among, $lock),
             ") RETURNING ",
             $columns!()
         )
     };
 }
+// Stated for the backends that spell the statement this way; a build
+// with only other backends leaves it unused.
+#[allow(unused_imports)]
 pub(crate) use claim_owed_text;
 
 /// [`OutboxStatements::renew_claims`]'s statement. Values: the bus, the
@@ -565,6 +603,7 @@ pub(crate) use still_pending_text;
 /// The first of [`OutboxStatements::hand_over`]'s statements: the served
 /// subscriptions are done with the messages. Values: the ids, the served
 /// subscriptions.
+#[allow(unused_macros)]
 macro_rules! record_done_text {
     ($rows:ident, $among:ident) => {
         concat!(
@@ -579,6 +618,9 @@ macro_rules! record_done_text {
         )
     };
 }
+// Stated for the backends that spell the statement this way; a build
+// with only other backends leaves it unused.
+#[allow(unused_imports)]
 pub(crate) use record_done_text;
 
 /// The second of [`OutboxStatements::hand_over`]'s statements: the bus
@@ -611,6 +653,7 @@ pub(crate) use forget_done_text;
 /// has none yet. Inside the publishing transaction, the row stays locked
 /// until it ends. Fixed shape, so each connection keeps it prepared (an
 /// upsert's `DO UPDATE` is never kept prepared by diesel; these two are).
+#[allow(unused_macros)]
 macro_rules! bump_sequence_statement {
     ($topic:expr, $key:expr, $at_us:expr) => {{
         use diesel::{ExpressionMethods, NullableExpressionMethods, QueryDsl};
@@ -628,10 +671,14 @@ macro_rules! bump_sequence_statement {
         .returning((seq::last_seq, seq::previous_at_us))
     }};
 }
+// Stated for the backends that spell the statement this way; a build
+// with only other backends leaves it unused.
+#[allow(unused_imports)]
 pub(crate) use bump_sequence_statement;
 
 /// A key's counter starts at 1, unless another transaction started it
 /// first (PostgreSQL: this one then waits for that one's end).
+#[allow(unused_macros)]
 macro_rules! first_sequence_statement {
     ($topic:expr, $key:expr, $at_us:expr) => {{
         use diesel::ExpressionMethods;
@@ -646,6 +693,9 @@ macro_rules! first_sequence_statement {
             .on_conflict_do_nothing()
     }};
 }
+// Stated for the backends that spell the statement this way; a build
+// with only other backends leaves it unused.
+#[allow(unused_imports)]
 pub(crate) use first_sequence_statement;
 
 /// The order in which a transaction's keyed rows take their numbers: by

@@ -21,6 +21,10 @@ macro_rules! subscription_columns {
         "id, module, handler, topic, subscribed_at_us, seen_at_us, alive_until_us"
     };
 }
+// For a backend that spells the statements using it differently; unused
+// in a build without one.
+#[allow(unused_imports)]
+pub(crate) use subscription_columns;
 
 /// A subscription's id and the publication time of the oldest message it
 /// still owes.

@@ -101,7 +101,8 @@ pub async fn a_handler_written_once_runs_its_diesel_queries_on_every_backend<B: 
         .expect("warehouse starts");
     warehouse
         .transaction(async |tx| {
-            let ddl = "CREATE TABLE tallies (message_id TEXT PRIMARY KEY, n BIGINT NOT NULL)";
+            let ddl =
+                "CREATE TABLE tallies (message_id VARCHAR(64) PRIMARY KEY, n BIGINT NOT NULL)";
             Ok::<_, tickbox::Error>(tx.conn().batch_execute(ddl).await?)
         })
         .await

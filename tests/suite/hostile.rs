@@ -203,7 +203,11 @@ fn hostile_rows<B: TestBackend>(n: u64) -> Vec<Hostile> {
         row(
             "a topic with a newline and quotes",
             new_id(),
-            "E'test.\\n\"ping\"'".into(),
+            match B::NAME {
+                "postgres" => "E'test.\\n\"ping\"'".into(),
+                // MySQL reads backslash escapes in any string literal.
+                _ => "'test.\\n\"ping\"'".into(),
+            },
             ping(12),
             now.clone(),
             None,

@@ -165,6 +165,17 @@ impl TestDb {
         );
         Self::at(tickbox::testing::TestDatabases::postgres(url))
     }
+
+    /// The MariaDB/MySQL suite needs `TICKBOX_MYSQL_URL` (the server, with
+    /// no database: each module gets one of its own); without it, it fails
+    /// rather than passing silently.
+    #[cfg(feature = "mysql")]
+    pub fn mysql() -> Self {
+        let url = std::env::var("TICKBOX_MYSQL_URL").expect(
+            "the MariaDB/MySQL suite needs TICKBOX_MYSQL_URL, e.g. mysql://root@127.0.0.1:3306",
+        );
+        Self::at(tickbox::testing::TestDatabases::on::<tickbox::Mysql>(url))
+    }
 }
 
 /// Over a broker, deletes the test's exchange and queues, so that a run
@@ -199,6 +210,18 @@ impl TestBackend for tickbox::Postgres {
     // it breaks one.
     const TRANSIENT_FAILURE: &'static str = "DO $$ BEGIN RAISE EXCEPTION 'deadlock detected' \
          USING ERRCODE = 'deadlock_detected'; END $$";
+}
+
+#[cfg(feature = "mysql")]
+impl TestBackend for tickbox::Mysql {
+    fn module(db: &TestDb, name: &str) -> ModuleBuilder<Self> {
+        db.dbs.module(name)
+    }
+    count_impl!();
+    // The SQLSTATE of a deadlock (40001), raised as the server does when it
+    // breaks one (MariaDB takes SIGNAL outside a stored program).
+    const TRANSIENT_FAILURE: &'static str = "SIGNAL SQLSTATE '40001' SET MESSAGE_TEXT = \
+         'Deadlock found when trying to get lock; try restarting transaction'";
 }
 
 /// Tests that use the broker share it; a test that restarts it, closes its
