@@ -7,8 +7,11 @@
 //! went quiet. The PostgreSQL tests (`postgres`) reach the server through
 //! the fault proxy (`support::fault_proxy`) and blackhole it under a
 //! running transaction or delivery; they read the server's own view of
-//! the abandoned sessions straight from it, not through the proxy.
+//! the abandoned sessions straight from it, not through the proxy. The
+//! MariaDB test (`mysql`) does the same under a transaction.
 
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 

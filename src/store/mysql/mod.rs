@@ -81,6 +81,35 @@ const JOURNAL_POOL_SIZE: usize = 2;
 const SESSION_SETUP: &str = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; \
      SET SESSION sql_mode = 'STRICT_TRANS_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION'";
 
+/// How long the server lets a session idle inside a transaction, or run
+/// one statement, beyond the module's longest transaction deadline: the
+/// client gives up first, and a session it abandoned (its connection gone
+/// quiet) is ended by the server soon after, releasing its locks.
+const SERVER_MARGIN: Duration = Duration::from_secs(5);
+
+/// TCP keepalive, unless the URL says (`tcp_keepalive`, in milliseconds):
+/// the kernel probes a connection idle this long, so a server that vanished
+/// without a word is found out sooner than after the system's two hours.
+const KEEPALIVE_IDLE_MS: &str = "10000";
+
+/// The server's limits on a session of a module's pools, so that a client
+/// that vanished does not hold locks for long: a transaction idle on the
+/// server for longer than any of the module's transactions may take (plus
+/// [`SERVER_MARGIN`]) is rolled back and its session ended
+/// (`idle_transaction_timeout`), and a statement running that long is
+/// stopped (`max_statement_time`). MariaDB's variables, added to the end
+/// of [`SESSION_SETUP`]'s last `SET` in a comment only MariaDB runs
+/// (`/*M! … */`): MySQL 8 has no such limit on an idle transaction, and
+/// ends an abandoned session only at its `wait_timeout`.
+fn session_limits(settings: &StoreSettings) -> String {
+    let limit = (settings.longest_transaction + SERVER_MARGIN)
+        .as_secs_f64()
+        .ceil() as u64;
+    format!(
+        " /*M! , SESSION idle_transaction_timeout = {limit}, SESSION max_statement_time = {limit} */"
+    )
+}
+
 /// How long a connection attempt may take: a server that accepts but never
 /// answers would otherwise hold it for ever (mysql_async has no timeout of
 /// its own).
@@ -158,6 +187,10 @@ impl Place {
         };
         if !url.query_pairs().any(|(key, _)| key == "prefer_socket") {
             url.query_pairs_mut().append_pair("prefer_socket", "false");
+        }
+        if !url.query_pairs().any(|(key, _)| key == "tcp_keepalive") {
+            url.query_pairs_mut()
+                .append_pair("tcp_keepalive", KEEPALIVE_IDLE_MS);
         }
         let mut server = url.clone();
         server.set_path("");
@@ -253,18 +286,21 @@ fn server_address(url: &str) -> String {
         .unwrap_or_else(|| redact_url(url))
 }
 
-/// A pool of connections to `url`, each set up with [`SESSION_SETUP`].
+/// A pool of connections to `url`, each set up with [`SESSION_SETUP`] and
+/// the [`session_limits`].
 fn session_pool(
     settings: &StoreSettings,
     url: String,
 ) -> crate::Result<Pool<AsyncMysqlConnection>> {
+    let limits = session_limits(settings);
     build_pool(
         settings,
         url,
-        Box::new(|url| {
+        Box::new(move |url| {
+            let setup = format!("{SESSION_SETUP}{limits}");
             Box::pin(async move {
                 let mut conn = AsyncMysqlConnection::establish(url).await?;
-                conn.batch_execute(SESSION_SETUP)
+                conn.batch_execute(&setup)
                     .await
                     .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
                 Ok(conn)
