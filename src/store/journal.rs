@@ -5,8 +5,10 @@
 //! own, so a journal entry commits while the delivery's transaction is
 //! still open.
 
+use crate::error::Error;
 use crate::store::contract::Store;
 use crate::store::schema::EffectRow;
+use crate::store::settings::StoreSettings;
 use crate::store::sql::{sql, Sql};
 use diesel::sql_types::{BigInt, Text};
 use diesel::QueryResult;
@@ -254,4 +256,37 @@ pub trait JournalStatements: Store {
             )),
         )
     }
+}
+
+/// Refuses a module's database, attached without migrating, that has no
+/// effects journal (`pool` is the journal's): an older tickbox migrated
+/// it. Looked for within the module's call deadline.
+#[allow(dead_code)] // a build with SQLite only has no use for it
+pub(crate) async fn refuse_missing_journal<S: JournalStatements>(
+    pool: &S::Pool,
+    settings: &StoreSettings,
+) -> crate::Result<()> {
+    let deadline = settings.deadlines.call;
+    let checked = tokio::time::timeout(deadline, async {
+        let mut conn = S::checkout(pool).await.map_err(|reason| Error::Pool {
+            module: settings.module.clone(),
+            reason,
+        })?;
+        Ok::<_, Error>(S::has_journal(&mut conn).await?)
+    });
+    let has_journal = checked.await.map_err(|_| Error::Deadline {
+        module: settings.module.clone(),
+        operation: "looking for the effects journal".into(),
+        deadline,
+    })??;
+    if has_journal {
+        return Ok(());
+    }
+    Err(Error::SchemaVersion {
+        module: settings.module.clone(),
+        reason: "has no effects journal (tickbox_effects): it was migrated by an older version \
+                 of tickbox; start the application once with this version (it migrates its \
+                 databases), then try again"
+            .into(),
+    })
 }

@@ -34,6 +34,7 @@ pub(crate) mod contract;
 pub(crate) mod database;
 pub(crate) mod dead_letters;
 pub(crate) mod deadline;
+pub(crate) mod ids;
 pub(crate) mod inbox;
 pub(crate) mod journal;
 pub(crate) mod migrations;

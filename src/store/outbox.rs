@@ -11,6 +11,7 @@
 //! backend runs them with its spelling, in `store/<backend>/outbox.rs`.
 
 use crate::store::contract::Store;
+use crate::store::ids::IdLists;
 use crate::store::schema::{ClaimedRow, DbUuid, Id, Lenient, OutboxRow};
 use crate::store::sql::{sql, Bind, Sql};
 use diesel::sql_types::{BigInt, Nullable};
@@ -142,6 +143,14 @@ struct Finished {
     id: Id,
 }
 
+/// A message id a statement returns.
+#[derive(diesel::QueryableByName)]
+struct IdRow {
+    /// The id.
+    #[diesel(sql_type = DbUuid)]
+    id: Id,
+}
+
 /// A count.
 #[derive(diesel::QueryableByName)]
 struct Counted {
@@ -158,9 +167,61 @@ struct Published {
     created_at_us: Option<i64>,
 }
 
+/// The texts of the outbox statements that take lists of ids, in one
+/// backend's spelling of such a list (see [`crate::store::ids`]): made by
+/// [`outbox_texts!`] from the `*_text!` macros below.
+#[derive(Debug, Clone, Copy)]
+pub struct OutboxTexts {
+    /// [`OutboxStatements::renew_claims`]'s.
+    pub(crate) renew_claims: &'static str,
+    /// [`OutboxStatements::finish_delivered`]'s, marking rows delivered.
+    pub(crate) finish_update: &'static str,
+    /// [`OutboxStatements::finish_delivered`]'s, deleting rows.
+    pub(crate) finish_delete: &'static str,
+    /// [`OutboxStatements::still_pending`]'s.
+    pub(crate) still_pending: &'static str,
+    /// [`OutboxStatements::hand_over`]'s first: the served subscriptions are
+    /// done with the messages (a record already there stays).
+    pub(crate) record_done: &'static str,
+    /// [`OutboxStatements::hand_over`]'s second: the bus gives up its
+    /// claims.
+    pub(crate) release: &'static str,
+    /// [`OutboxStatements::forget_done`]'s.
+    pub(crate) forget_done: &'static str,
+}
+
+/// A backend's [`OutboxTexts`] from its list macros (`$rows`: its
+/// `id_rows!`, `$among`: its `among!`), with [`record_done_text!`]'s
+/// `ON CONFLICT DO NOTHING`, or with its own `record_done` text.
+macro_rules! outbox_texts {
+    ($rows:ident, $among:ident) => {
+        $crate::store::outbox::outbox_texts!(
+            $rows,
+            $among,
+            record_done: $crate::store::outbox::record_done_text!($rows, $among)
+        )
+    };
+    ($rows:ident, $among:ident, record_done: $record_done:expr) => {
+        $crate::store::outbox::OutboxTexts {
+            renew_claims: $crate::store::outbox::renew_claims_text!($rows),
+            finish_update: $crate::store::outbox::finish_delivered_text!(update, $rows, $among),
+            finish_delete: $crate::store::outbox::finish_delivered_text!(delete, $rows, $among),
+            still_pending: $crate::store::outbox::still_pending_text!($rows),
+            record_done: $record_done,
+            release: $crate::store::outbox::release_text!($rows),
+            forget_done: $crate::store::outbox::forget_done_text!($rows),
+        }
+    };
+}
+pub(crate) use outbox_texts;
+
 /// The outbox's statements, implemented by each backend in
 /// `store/<backend>/outbox.rs`.
-pub trait OutboxStatements: Store {
+pub trait OutboxStatements: Store + IdLists {
+    /// The statements below that take lists of ids, in this backend's
+    /// spelling.
+    const TEXTS: OutboxTexts;
+
     /// Inside the publishing transaction: inserts the published messages
     /// into the outbox, numbering each keyed one first, in
     /// [`numbering_order`] (its key's counter moves to the next number and
@@ -199,7 +260,17 @@ pub trait OutboxStatements: Store {
         bus: Uuid,
         now_us: i64,
         until_us: i64,
-    ) -> impl Future<Output = QueryResult<usize>> + Send;
+    ) -> impl Future<Output = QueryResult<usize>> + Send {
+        let statement = sql!(
+            Self::TEXTS.renew_claims,
+            bus,
+            until_us,
+            Self::id_rows(ids),
+            bus,
+            now_us
+        );
+        Self::execute(conn, statement)
+    }
 
     /// When a bus stops gracefully: gives up every claim of `bus` on
     /// pending rows, so that the next bus takes them at once. Returns how
@@ -233,14 +304,28 @@ pub trait OutboxStatements: Store {
         served: &[Uuid],
         now_us: i64,
         delete: bool,
-    ) -> impl Future<Output = QueryResult<usize>> + Send;
+    ) -> impl Future<Output = QueryResult<usize>> + Send {
+        let (ids, served) = (Self::id_rows(ids), Self::id_set(served));
+        let statement = if delete {
+            sql!(Self::TEXTS.finish_delete, ids, served)
+        } else {
+            sql!(Self::TEXTS.finish_update, now_us, ids, served)
+        };
+        Self::execute(conn, statement)
+    }
 
     /// Which of `ids` are still pending (after
     /// [`OutboxStatements::finish_delivered`]: those owed elsewhere).
     fn still_pending(
         conn: &mut Self::Conn,
         ids: &[Uuid],
-    ) -> impl Future<Output = QueryResult<Vec<Uuid>>> + Send;
+    ) -> impl Future<Output = QueryResult<Vec<Uuid>>> + Send {
+        let statement = sql!(Self::TEXTS.still_pending, Self::id_rows(ids));
+        async move {
+            let rows: Vec<IdRow> = Self::load(conn, statement).await?;
+            Ok(rows.into_iter().map(|row| row.id.0).collect())
+        }
+    }
 
     /// Hands pending messages `ids` over to the subscriptions other
     /// processes serve: records that the subscriptions in `served` are done
@@ -252,14 +337,28 @@ pub trait OutboxStatements: Store {
         ids: &[Uuid],
         served: &[Uuid],
         bus: Uuid,
-    ) -> impl Future<Output = QueryResult<()>> + Send;
+    ) -> impl Future<Output = QueryResult<()>> + Send {
+        let listed = Self::id_rows(ids);
+        let done = sql!(
+            Self::TEXTS.record_done,
+            listed.as_str(),
+            Self::id_set(served)
+        );
+        let release = sql!(Self::TEXTS.release, listed, bus);
+        async move {
+            Self::execute(conn, done).await?;
+            Self::execute(conn, release).await.map(drop)
+        }
+    }
 
     /// Deletes what subscriptions recorded done with messages `ids`, just
     /// finished.
     fn forget_done(
         conn: &mut Self::Conn,
         ids: &[Uuid],
-    ) -> impl Future<Output = QueryResult<usize>> + Send;
+    ) -> impl Future<Output = QueryResult<usize>> + Send {
+        Self::execute(conn, sql!(Self::TEXTS.forget_done, Self::id_rows(ids)))
+    }
 
     /// Deletes what subscriptions recorded done with messages no longer
     /// pending (finished since, or swept). Returns how many records it

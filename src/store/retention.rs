@@ -11,7 +11,7 @@
 
 use crate::store::contract::Store;
 use crate::store::schema::Id;
-use crate::store::sql::sql;
+use crate::store::sql::{sql, Sql};
 use diesel::QueryResult;
 use std::future::Future;
 use uuid::Uuid;
@@ -44,6 +44,27 @@ macro_rules! sweep_effects_text {
 // with only other backends leaves it unused.
 #[allow(unused_imports)]
 pub(crate) use sweep_effects_text;
+
+/// A [`sweep_effects_text!`] statement with its values: the effects
+/// journal's rows settled before `before_us`, except those of the messages
+/// in `kept` (a backend's list value for its test), up to `batch`.
+#[allow(dead_code)] // stated for the backends that spell the sweep this way
+pub(crate) fn sweep_effects_statement(
+    text: &'static str,
+    before_us: i64,
+    kept: String,
+    batch: i64,
+) -> Sql {
+    sql!(
+        text,
+        Id::earliest_at(before_us),
+        before_us,
+        kept.as_str(),
+        batch,
+        before_us,
+        kept
+    )
+}
 
 /// The retention sweeps' statements. The defaults are written in the SQL
 /// that SQLite and PostgreSQL share (`… IN (SELECT … LIMIT ?)`); a backend

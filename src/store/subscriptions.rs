@@ -8,6 +8,7 @@
 //! its spelling of the list, in `store/<backend>/subscriptions.rs`.
 
 use crate::store::contract::Store;
+use crate::store::ids::IdLists;
 use crate::store::schema::{DbUuid, Id, SubscriptionRow};
 use crate::store::sql::{sql, Sql};
 use diesel::sql_types::{BigInt, Nullable, Text};
@@ -54,7 +55,11 @@ pub struct Owing {
 
 /// The subscriptions' statements, implemented by each backend in
 /// `store/<backend>/subscriptions.rs`.
-pub trait SubscriptionStatements: Store {
+pub trait SubscriptionStatements: Store + IdLists {
+    /// [`SubscriptionStatements::stop_serving`]'s text, in this backend's
+    /// spelling of a list of ids ([`stop_serving_text!`]).
+    const STOP_SERVING: &'static str;
+
     /// At a bus's start and every scan interval: records the subscriptions
     /// a bus serves, or updates the ones recorded (module, handler, topic,
     /// when seen, until when alive), keeping when each was first recorded.
@@ -111,7 +116,10 @@ pub trait SubscriptionStatements: Store {
         conn: &mut Self::Conn,
         served: &[Uuid],
         now_us: i64,
-    ) -> impl Future<Output = QueryResult<usize>> + Send;
+    ) -> impl Future<Output = QueryResult<usize>> + Send {
+        let statement = sql!(Self::STOP_SERVING, now_us, Self::id_rows(served));
+        Self::execute(conn, statement)
+    }
 
     /// Each subscription's id and the publication time of the oldest
     /// message it still owes (pending, of its topic, not recorded done).

@@ -5,9 +5,11 @@
 //! JSON_TABLE …)` uses the primary key (`FIND_IN_SET` and `JSON_CONTAINS`
 //! would scan the whole index).
 
+use crate::store::ids::{json_hex_array, IdLists};
+use crate::store::mysql::Mysql;
 use uuid::Uuid;
 
-/// A subquery yielding the ids bound as one [`json_ids`] value, to drive
+/// A subquery yielding the ids bound as one list value ([`IdLists`]), to drive
 /// an index lookup: `id IN ` followed by it.
 macro_rules! id_rows {
     () => {
@@ -16,8 +18,25 @@ macro_rules! id_rows {
 }
 pub(crate) use id_rows;
 
-/// A test that `$column` is one of the ids bound as one [`json_ids`]
-/// value, repeated for every row of a correlated subquery: the list's
+/// A join of the ids bound as one list value ([`IdLists`]) on `$column`,
+/// for an `UPDATE` or `DELETE` of the rows they name: MariaDB looks a
+/// joined list's ids up by key, where an `IN` subquery in an `UPDATE` or
+/// `DELETE` is run again for every row of the table (a `SELECT` does not
+/// suffer this). The list's value comes first among the statement's
+/// values.
+macro_rules! join_ids {
+    ($column:literal) => {
+        concat!(
+            " JOIN JSON_TABLE(?, '$[*]' COLUMNS (h CHAR(32) PATH '$')) AS j ON ",
+            $column,
+            " = UNHEX(j.h) "
+        )
+    };
+}
+pub(crate) use join_ids;
+
+/// A test that `$column` is one of the ids bound as one list value
+/// ([`IdLists`]), repeated for every row of a correlated subquery: the list's
 /// rows are made once per statement, and the lookup is by key.
 macro_rules! among {
     ($column:literal) => {
@@ -26,30 +45,20 @@ macro_rules! among {
 }
 pub(crate) use among;
 
-/// The value of an [`id_rows!`] or an [`among!`]: the ids as a JSON array
-/// of 32 hex digits each (`UNHEX` makes the 16 bytes of a `BINARY(16)`
-/// back from them).
-pub(crate) fn json_ids(ids: &[Uuid]) -> String {
-    let hex: Vec<String> = ids
-        .iter()
-        .map(|id| format!("\"{}\"", id.simple()))
-        .collect();
-    format!("[{}]", hex.join(","))
+impl IdLists for Mysql {
+    /// The ids as a JSON array of 32 hex digits each (`UNHEX` makes the 16
+    /// bytes of a `BINARY(16)` back from them).
+    fn id_rows(ids: &[Uuid]) -> String {
+        json_hex_array(ids)
+    }
+
+    fn id_set(ids: &[Uuid]) -> String {
+        json_hex_array(ids)
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
-    #[test]
-    fn ids_are_a_json_array_of_32_hex_digits_each() {
-        let id = Uuid::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef);
-        assert_eq!(json_ids(&[]), "[]");
-        assert_eq!(
-            json_ids(&[id, id]),
-            "[\"0123456789abcdef0123456789abcdef\",\"0123456789abcdef0123456789abcdef\"]"
-        );
-    }
 
     #[test]
     fn a_membership_test_reads_the_list_by_key() {

@@ -10,7 +10,7 @@ use crate::error::Error;
 use crate::redact::redact_url;
 use crate::store::backend::{Backend, Schemas};
 use crate::store::contract::Store;
-use crate::store::journal::JournalStatements;
+use crate::store::journal::refuse_missing_journal;
 use crate::store::migrations::{refuse_clashing_versions, refuse_newer_migrations};
 use crate::store::pool::{build_pool, checkout, close_idle, discard};
 use crate::store::settings::{StoreSettings, WakeupChannel};
@@ -487,28 +487,7 @@ impl Store for Mysql {
         let pool = session_pool(&settings, place.module)?;
         if !settings.migrate {
             // Attached: a database an older tickbox migrated has no journal.
-            let deadline = settings.deadlines.call;
-            let checked = tokio::time::timeout(deadline, async {
-                let mut conn = checkout(&pool).await.map_err(|reason| Error::Pool {
-                    module: settings.module.clone(),
-                    reason,
-                })?;
-                Ok::<_, Error>(Self::has_journal(&mut conn).await?)
-            });
-            let has_journal = checked.await.map_err(|_| Error::Deadline {
-                module: settings.module.clone(),
-                operation: "looking for the effects journal".into(),
-                deadline,
-            })??;
-            if !has_journal {
-                return Err(Error::SchemaVersion {
-                    module: settings.module.clone(),
-                    reason: "has no effects journal (tickbox_effects): it was migrated by an \
-                             older version of tickbox; start the application once with this \
-                             version (it migrates its databases), then try again"
-                        .into(),
-                });
-            }
+            refuse_missing_journal::<Self>(&pool, &settings).await?;
         }
         Ok(Some(pool))
     }

@@ -4,14 +4,15 @@
 //! `UPDATE … RETURNING`); upserts spelled `ON DUPLICATE KEY UPDATE`; and
 //! counts of changed rows where the other backends count `RETURNING` rows.
 
-use super::ids::{among, id_rows, json_ids};
+use super::ids::{among, id_rows, join_ids};
 use super::{check_width, in_transaction, Mysql, KEY_BYTES, NAME_BYTES};
 use crate::store::contract::Store;
+use crate::store::ids::IdLists;
 use crate::store::outbox::{
-    claimable_text, finish_delivered_text, forget_done_text, numbering_order, release_text,
-    renew_claims_text, still_pending_text, Claim, OutboxStatements, Owed,
+    claimable_text, numbering_order, outbox_texts, owed_elsewhere_text, Claim, OutboxStatements,
+    OutboxTexts, Owed,
 };
-use crate::store::schema::{tickbox_outbox, ClaimedRow, DbUuid, Id, OutboxRow};
+use crate::store::schema::{tickbox_outbox, ClaimedRow, OutboxRow};
 use crate::store::sql::sql;
 use diesel::sql_types::{BigInt, Nullable};
 use diesel::QueryResult;
@@ -48,14 +49,6 @@ macro_rules! partly_done {
     };
 }
 
-/// A message id a statement returns.
-#[derive(diesel::QueryableByName)]
-struct IdRow {
-    /// The id.
-    #[diesel(sql_type = DbUuid)]
-    id: Id,
-}
-
 /// A key's counter, just moved on by this transaction.
 #[derive(diesel::QueryableByName)]
 struct Numbered {
@@ -68,6 +61,24 @@ struct Numbered {
 }
 
 impl OutboxStatements for Mysql {
+    // Used by `still_pending` and `hand_over`'s record of what is done (a
+    // record already there stays as it is); the other writes by a list of
+    // ids join it, below.
+    const TEXTS: OutboxTexts = outbox_texts!(
+        id_rows,
+        among,
+        record_done: concat!(
+            "INSERT INTO tickbox_outbox_done (message_id, subscription) \
+             SELECT o.id, s.id FROM tickbox_outbox o \
+             JOIN tickbox_subscriptions s ON s.topic = o.topic \
+             WHERE o.id IN ",
+            id_rows!(),
+            " AND ",
+            among!("s.id"),
+            " ON DUPLICATE KEY UPDATE subscription = tickbox_outbox_done.subscription"
+        )
+    );
+
     async fn insert_outbox(
         conn: &mut Self::Conn,
         mut rows: Vec<OutboxRow>,
@@ -146,7 +157,7 @@ impl OutboxStatements for Mysql {
                 among,
                 "FOR UPDATE SKIP LOCKED"
             ),
-            json_ids(&claim.served),
+            Self::id_rows(&claim.served),
         );
         in_transaction!(
             conn,
@@ -161,13 +172,13 @@ impl OutboxStatements for Mysql {
                 if !ids.is_empty() {
                     let mark = sql!(
                         concat!(
-                            "UPDATE tickbox_outbox SET claimed_by = ?, claimed_until_us = ? \
-                         WHERE id IN ",
-                            id_rows!()
+                            "UPDATE tickbox_outbox",
+                            join_ids!("tickbox_outbox.id"),
+                            "SET claimed_by = ?, claimed_until_us = ?"
                         ),
+                        Self::id_rows(&ids),
                         claim.bus,
-                        claim.until_us,
-                        json_ids(&ids)
+                        claim.until_us
                     );
                     Self::execute(conn, mark).await?;
                 }
@@ -185,10 +196,15 @@ impl OutboxStatements for Mysql {
         until_us: i64,
     ) -> QueryResult<usize> {
         let statement = sql!(
-            renew_claims_text!(id_rows),
+            concat!(
+                "UPDATE tickbox_outbox",
+                join_ids!("tickbox_outbox.id"),
+                "SET claimed_by = ?, claimed_until_us = ? WHERE delivered_at_us IS NULL \
+                 AND (claimed_by = ? OR claimed_until_us IS NULL OR claimed_until_us < ?)"
+            ),
+            Self::id_rows(ids),
             bus,
             until_us,
-            json_ids(ids),
             bus,
             now_us
         );
@@ -202,27 +218,32 @@ impl OutboxStatements for Mysql {
         now_us: i64,
         delete: bool,
     ) -> QueryResult<usize> {
+        let (ids, served) = (Self::id_rows(ids), Self::id_set(served));
         let statement = if delete {
             sql!(
-                finish_delivered_text!(delete, id_rows, among),
-                json_ids(ids),
-                json_ids(served)
+                concat!(
+                    "DELETE tickbox_outbox FROM tickbox_outbox",
+                    join_ids!("tickbox_outbox.id"),
+                    "WHERE NOT ",
+                    owed_elsewhere_text!(among)
+                ),
+                ids,
+                served
             )
         } else {
             sql!(
-                finish_delivered_text!(update, id_rows, among),
+                concat!(
+                    "UPDATE tickbox_outbox",
+                    join_ids!("tickbox_outbox.id"),
+                    "SET delivered_at_us = ?, claimed_until_us = NULL WHERE NOT ",
+                    owed_elsewhere_text!(among)
+                ),
+                ids,
                 now_us,
-                json_ids(ids),
-                json_ids(served)
+                served
             )
         };
         Self::execute(conn, statement).await
-    }
-
-    async fn still_pending(conn: &mut Self::Conn, ids: &[Uuid]) -> QueryResult<Vec<Uuid>> {
-        let statement = sql!(still_pending_text!(id_rows), json_ids(ids));
-        let rows: Vec<IdRow> = Self::load(conn, statement).await?;
-        Ok(rows.into_iter().map(|row| row.id.0).collect())
     }
 
     async fn hand_over(
@@ -231,28 +252,35 @@ impl OutboxStatements for Mysql {
         served: &[Uuid],
         bus: Uuid,
     ) -> QueryResult<()> {
-        // A record already there stays as it is.
+        let listed = Self::id_rows(ids);
         let done = sql!(
-            concat!(
-                "INSERT INTO tickbox_outbox_done (message_id, subscription) \
-                 SELECT o.id, s.id FROM tickbox_outbox o \
-                 JOIN tickbox_subscriptions s ON s.topic = o.topic \
-                 WHERE o.id IN ",
-                id_rows!(),
-                " AND ",
-                among!("s.id"),
-                " ON DUPLICATE KEY UPDATE subscription = tickbox_outbox_done.subscription"
-            ),
-            json_ids(ids),
-            json_ids(served)
+            Self::TEXTS.record_done,
+            listed.as_str(),
+            Self::id_set(served)
         );
         Self::execute(conn, done).await?;
-        let release = sql!(release_text!(id_rows), json_ids(ids), bus);
+        let release = sql!(
+            concat!(
+                "UPDATE tickbox_outbox",
+                join_ids!("tickbox_outbox.id"),
+                "SET claimed_by = NULL, claimed_until_us = NULL \
+                 WHERE claimed_by = ? AND delivered_at_us IS NULL"
+            ),
+            listed,
+            bus
+        );
         Self::execute(conn, release).await.map(drop)
     }
 
     async fn forget_done(conn: &mut Self::Conn, ids: &[Uuid]) -> QueryResult<usize> {
-        Self::execute(conn, sql!(forget_done_text!(id_rows), json_ids(ids))).await
+        let statement = sql!(
+            concat!(
+                "DELETE tickbox_outbox_done FROM tickbox_outbox_done",
+                join_ids!("tickbox_outbox_done.message_id")
+            ),
+            Self::id_rows(ids)
+        );
+        Self::execute(conn, statement).await
     }
 
     async fn finish_completed(

@@ -4,9 +4,9 @@
 //! other backends.
 
 use super::ids::among;
-use super::ids::json_ids;
 use super::Mysql;
 use crate::store::contract::Store;
+use crate::store::ids::IdLists;
 use crate::store::retention::RetentionStatements;
 use crate::store::schema::Id;
 use crate::store::sql::sql;
@@ -53,7 +53,7 @@ impl RetentionStatements for Mysql {
             ),
             Id::earliest_at(before_us),
             before_us,
-            json_ids(keep),
+            Self::id_rows(keep),
             batch
         );
         Self::execute(conn, statement).await

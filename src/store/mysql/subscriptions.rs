@@ -2,9 +2,10 @@
 //! `ON DUPLICATE KEY UPDATE`, and lists of ids spelled as in
 //! [`ids`](super::ids).
 
-use super::ids::{id_rows, json_ids};
+use super::ids::{id_rows, join_ids};
 use super::{check_width, Mysql, NAME_BYTES};
 use crate::store::contract::Store;
+use crate::store::ids::IdLists;
 use crate::store::schema::SubscriptionRow;
 use crate::store::sql::sql;
 use crate::store::subscriptions::{
@@ -46,12 +47,23 @@ impl SubscriptionStatements for Mysql {
         Ok(())
     }
 
+    // Unused: the list is joined, below.
+    const STOP_SERVING: &'static str = stop_serving_text!(id_rows);
+
     async fn stop_serving(
         conn: &mut Self::Conn,
         served: &[Uuid],
         now_us: i64,
     ) -> QueryResult<usize> {
-        let statement = sql!(stop_serving_text!(id_rows), now_us, json_ids(served));
+        let statement = sql!(
+            concat!(
+                "UPDATE tickbox_subscriptions",
+                join_ids!("tickbox_subscriptions.id"),
+                "SET alive_until_us = ?"
+            ),
+            Self::id_rows(served),
+            now_us
+        );
         Self::execute(conn, statement).await
     }
 }

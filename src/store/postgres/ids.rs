@@ -2,6 +2,8 @@
 //! written as text (`{…,…}`), so that a statement's text does not depend on
 //! how many ids there are and each connection prepares it once.
 
+use crate::store::ids::IdLists;
+use crate::store::postgres::Postgres;
 use uuid::Uuid;
 
 /// A subquery yielding the ids bound as one [`uuid_array`] value, to drive
@@ -24,7 +26,17 @@ pub(crate) use among;
 
 /// Ids as a PostgreSQL array literal, `{…,…}`: the value of an
 /// [`id_rows!`] or an [`among!`].
-pub(crate) fn uuid_array(ids: &[Uuid]) -> String {
+fn uuid_array(ids: &[Uuid]) -> String {
     let ids: Vec<String> = ids.iter().map(Uuid::to_string).collect();
     format!("{{{}}}", ids.join(","))
+}
+
+impl IdLists for Postgres {
+    fn id_rows(ids: &[Uuid]) -> String {
+        uuid_array(ids)
+    }
+
+    fn id_set(ids: &[Uuid]) -> String {
+        uuid_array(ids)
+    }
 }

@@ -2,18 +2,16 @@
 //! [`ids`](super::ids), and claims that skip each other's rows
 //! (`FOR UPDATE SKIP LOCKED`) instead of waiting for them.
 
-use super::ids::{among, id_rows, uuid_array};
+use super::ids::{among, id_rows};
 use super::Postgres;
 use crate::store::contract::Store;
+use crate::store::ids::IdLists;
 use crate::store::outbox::{
-    bump_sequence_statement, claim_owed_text, finish_delivered_text, first_sequence_statement,
-    forget_done_text, numbering_order, record_done_text, release_text, renew_claims_text,
-    still_pending_text, Claim, OutboxStatements,
+    bump_sequence_statement, claim_owed_text, first_sequence_statement, numbering_order,
+    outbox_texts, Claim, OutboxStatements, OutboxTexts,
 };
-use crate::store::schema::{tickbox_outbox, ClaimedRow, DbUuid, Id, OutboxRow};
-use crate::store::sql::sql;
+use crate::store::schema::{tickbox_outbox, ClaimedRow, OutboxRow};
 use diesel::QueryResult;
-use uuid::Uuid;
 
 /// The `RETURNING` list of a claim, read as a [`ClaimedRow`]: text columns
 /// as raw bytes (`convert_to`), so that one row whose text does not decode
@@ -26,15 +24,9 @@ macro_rules! claimed_columns {
     };
 }
 
-/// A message id a statement returns.
-#[derive(diesel::QueryableByName)]
-struct IdRow {
-    /// The id.
-    #[diesel(sql_type = DbUuid)]
-    id: Id,
-}
-
 impl OutboxStatements for Postgres {
+    const TEXTS: OutboxTexts = outbox_texts!(id_rows, among);
+
     async fn insert_outbox(
         conn: &mut Self::Conn,
         mut rows: Vec<OutboxRow>,
@@ -89,76 +81,8 @@ impl OutboxStatements for Postgres {
                 "FOR UPDATE SKIP LOCKED",
                 claimed_columns
             ),
-            uuid_array(&claim.served),
+            Self::id_set(&claim.served),
         );
         Self::load(conn, statement).await
-    }
-
-    async fn renew_claims(
-        conn: &mut Self::Conn,
-        ids: &[Uuid],
-        bus: Uuid,
-        now_us: i64,
-        until_us: i64,
-    ) -> QueryResult<usize> {
-        let statement = sql!(
-            renew_claims_text!(id_rows),
-            bus,
-            until_us,
-            uuid_array(ids),
-            bus,
-            now_us
-        );
-        Self::execute(conn, statement).await
-    }
-
-    async fn finish_delivered(
-        conn: &mut Self::Conn,
-        ids: &[Uuid],
-        served: &[Uuid],
-        now_us: i64,
-        delete: bool,
-    ) -> QueryResult<usize> {
-        let statement = if delete {
-            sql!(
-                finish_delivered_text!(delete, id_rows, among),
-                uuid_array(ids),
-                uuid_array(served)
-            )
-        } else {
-            sql!(
-                finish_delivered_text!(update, id_rows, among),
-                now_us,
-                uuid_array(ids),
-                uuid_array(served)
-            )
-        };
-        Self::execute(conn, statement).await
-    }
-
-    async fn still_pending(conn: &mut Self::Conn, ids: &[Uuid]) -> QueryResult<Vec<Uuid>> {
-        let statement = sql!(still_pending_text!(id_rows), uuid_array(ids));
-        let rows: Vec<IdRow> = Self::load(conn, statement).await?;
-        Ok(rows.into_iter().map(|row| row.id.0).collect())
-    }
-
-    async fn hand_over(
-        conn: &mut Self::Conn,
-        ids: &[Uuid],
-        served: &[Uuid],
-        bus: Uuid,
-    ) -> QueryResult<()> {
-        let done = sql!(
-            record_done_text!(id_rows, among),
-            uuid_array(ids),
-            uuid_array(served)
-        );
-        Self::execute(conn, done).await?;
-        let release = sql!(release_text!(id_rows), uuid_array(ids), bus);
-        Self::execute(conn, release).await.map(drop)
-    }
-
-    async fn forget_done(conn: &mut Self::Conn, ids: &[Uuid]) -> QueryResult<usize> {
-        Self::execute(conn, sql!(forget_done_text!(id_rows), uuid_array(ids))).await
     }
 }

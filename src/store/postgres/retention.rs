@@ -3,11 +3,10 @@
 //! row's id against one bound `uuid[]` value.
 
 use crate::store::contract::Store;
-use crate::store::postgres::ids::{among, uuid_array};
+use crate::store::ids::IdLists;
+use crate::store::postgres::ids::among;
 use crate::store::postgres::Postgres;
-use crate::store::retention::{sweep_effects_text, RetentionStatements};
-use crate::store::schema::Id;
-use crate::store::sql::sql;
+use crate::store::retention::{sweep_effects_statement, sweep_effects_text, RetentionStatements};
 use diesel::QueryResult;
 use uuid::Uuid;
 
@@ -18,15 +17,11 @@ impl RetentionStatements for Postgres {
         keep: &[Uuid],
         batch: i64,
     ) -> QueryResult<usize> {
-        let kept = uuid_array(keep);
-        let statement = sql!(
+        let statement = sweep_effects_statement(
             sweep_effects_text!(among!("message_id")),
-            Id::earliest_at(before_us),
             before_us,
-            kept.as_str(),
+            Self::id_set(keep),
             batch,
-            before_us,
-            kept
         );
         Self::execute(conn, statement).await
     }

@@ -1,21 +1,10 @@
 //! The subscriptions' statements on PostgreSQL: lists of ids spelled as in
 //! [`ids`](super::ids).
 
-use super::ids::{id_rows, uuid_array};
+use super::ids::id_rows;
 use super::Postgres;
-use crate::store::contract::Store;
-use crate::store::sql::sql;
 use crate::store::subscriptions::{stop_serving_text, SubscriptionStatements};
-use diesel::QueryResult;
-use uuid::Uuid;
 
 impl SubscriptionStatements for Postgres {
-    async fn stop_serving(
-        conn: &mut Self::Conn,
-        served: &[Uuid],
-        now_us: i64,
-    ) -> QueryResult<usize> {
-        let statement = sql!(stop_serving_text!(id_rows), now_us, uuid_array(served));
-        Self::execute(conn, statement).await
-    }
+    const STOP_SERVING: &'static str = stop_serving_text!(id_rows);
 }

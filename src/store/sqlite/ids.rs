@@ -4,9 +4,12 @@
 //! ids in hex to look up ([`id_rows!`]), and `,HEX,HEX,` to search in
 //! ([`among!`]), which needs no temporary table per row.
 
+use crate::store::ids::{json_hex_array, IdLists};
+use crate::store::sqlite::Sqlite;
 use uuid::Uuid;
 
-/// A subquery yielding the ids bound as one [`json_array`] value, to drive
+/// A subquery yielding the ids bound as one
+/// [`json_hex_array`](crate::store::ids::json_hex_array) value, to drive
 /// an index lookup: `id IN ` followed by it.
 macro_rules! id_rows {
     () => {
@@ -24,18 +27,19 @@ macro_rules! among {
 }
 pub(crate) use among;
 
-/// The value of an [`id_rows!`]: the ids as a JSON array of hex texts.
-pub(crate) fn json_array(ids: &[Uuid]) -> String {
-    let hex: Vec<String> = ids
-        .iter()
-        .map(|id| format!("\"{}\"", id.simple()))
-        .collect();
-    format!("[{}]", hex.join(","))
-}
-
 /// The value of an [`among!`]: the ids in upper-case hex (as `hex()`
 /// writes a blob), each followed by a comma, after a leading one.
-pub(crate) fn hex_set(ids: &[Uuid]) -> String {
+fn hex_set(ids: &[Uuid]) -> String {
     let hex: String = ids.iter().map(|id| format!("{:X},", id.simple())).collect();
     format!(",{hex}")
+}
+
+impl IdLists for Sqlite {
+    fn id_rows(ids: &[Uuid]) -> String {
+        json_hex_array(ids)
+    }
+
+    fn id_set(ids: &[Uuid]) -> String {
+        hex_set(ids)
+    }
 }

@@ -2,18 +2,16 @@
 //! [`ids`](super::ids), no row locks (SQLite's writers take turns), and the
 //! publishing insert on the connection's blocking thread.
 
-use super::ids::{among, hex_set, id_rows, json_array};
+use super::ids::{among, id_rows};
 use super::Sqlite;
 use crate::store::contract::Store;
+use crate::store::ids::IdLists;
 use crate::store::outbox::{
-    bump_sequence_statement, claim_owed_text, finish_delivered_text, first_sequence_statement,
-    forget_done_text, numbering_order, record_done_text, release_text, renew_claims_text,
-    still_pending_text, Claim, OutboxStatements,
+    bump_sequence_statement, claim_owed_text, first_sequence_statement, numbering_order,
+    outbox_texts, Claim, OutboxStatements, OutboxTexts,
 };
-use crate::store::schema::{tickbox_outbox, ClaimedRow, DbUuid, Id, OutboxRow};
-use crate::store::sql::sql;
+use crate::store::schema::{tickbox_outbox, ClaimedRow, OutboxRow};
 use diesel::QueryResult;
-use uuid::Uuid;
 
 /// The `RETURNING` list of a claim, read as a [`ClaimedRow`]: text columns
 /// as raw bytes and a creation time that is NULL unless it is an integer
@@ -28,15 +26,9 @@ macro_rules! claimed_columns {
     };
 }
 
-/// A message id a statement returns.
-#[derive(diesel::QueryableByName)]
-struct IdRow {
-    /// The id.
-    #[diesel(sql_type = DbUuid)]
-    id: Id,
-}
-
 impl OutboxStatements for Sqlite {
+    const TEXTS: OutboxTexts = outbox_texts!(id_rows, among);
+
     async fn insert_outbox(
         conn: &mut Self::Conn,
         mut rows: Vec<OutboxRow>,
@@ -84,88 +76,22 @@ impl OutboxStatements for Sqlite {
         let statement = claim.statement(
             claim_owed_text!("", among, "", claimed_columns),
             claim_owed_text!("AND o.id > ? ", among, "", claimed_columns),
-            hex_set(&claim.served),
+            Self::id_set(&claim.served),
         );
         Self::load(conn, statement).await
-    }
-
-    async fn renew_claims(
-        conn: &mut Self::Conn,
-        ids: &[Uuid],
-        bus: Uuid,
-        now_us: i64,
-        until_us: i64,
-    ) -> QueryResult<usize> {
-        let statement = sql!(
-            renew_claims_text!(id_rows),
-            bus,
-            until_us,
-            json_array(ids),
-            bus,
-            now_us
-        );
-        Self::execute(conn, statement).await
-    }
-
-    async fn finish_delivered(
-        conn: &mut Self::Conn,
-        ids: &[Uuid],
-        served: &[Uuid],
-        now_us: i64,
-        delete: bool,
-    ) -> QueryResult<usize> {
-        let statement = if delete {
-            sql!(
-                finish_delivered_text!(delete, id_rows, among),
-                json_array(ids),
-                hex_set(served)
-            )
-        } else {
-            sql!(
-                finish_delivered_text!(update, id_rows, among),
-                now_us,
-                json_array(ids),
-                hex_set(served)
-            )
-        };
-        Self::execute(conn, statement).await
-    }
-
-    async fn still_pending(conn: &mut Self::Conn, ids: &[Uuid]) -> QueryResult<Vec<Uuid>> {
-        let statement = sql!(still_pending_text!(id_rows), json_array(ids));
-        let rows: Vec<IdRow> = Self::load(conn, statement).await?;
-        Ok(rows.into_iter().map(|row| row.id.0).collect())
-    }
-
-    async fn hand_over(
-        conn: &mut Self::Conn,
-        ids: &[Uuid],
-        served: &[Uuid],
-        bus: Uuid,
-    ) -> QueryResult<()> {
-        let done = sql!(
-            record_done_text!(id_rows, among),
-            json_array(ids),
-            hex_set(served)
-        );
-        Self::execute(conn, done).await?;
-        let release = sql!(release_text!(id_rows), json_array(ids), bus);
-        Self::execute(conn, release).await.map(drop)
-    }
-
-    async fn forget_done(conn: &mut Self::Conn, ids: &[Uuid]) -> QueryResult<usize> {
-        Self::execute(conn, sql!(forget_done_text!(id_rows), json_array(ids))).await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::schema::Id;
     use crate::store::schema::SubscriptionRow;
     use crate::store::sqlite::SqliteConnection;
     use crate::store::subscriptions::SubscriptionStatements;
     use diesel_async::AsyncConnection;
     use diesel_migrations::MigrationHarness;
+    use uuid::Uuid;
 
     /// A migrated module database in `dir`.
     async fn database(dir: &tempfile::TempDir) -> SqliteConnection {

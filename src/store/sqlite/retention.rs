@@ -3,10 +3,9 @@
 //! row's id against one bound `,HEX,HEX,` value.
 
 use crate::store::contract::Store;
-use crate::store::retention::{sweep_effects_text, RetentionStatements};
-use crate::store::schema::Id;
-use crate::store::sql::sql;
-use crate::store::sqlite::ids::{among, hex_set};
+use crate::store::ids::IdLists;
+use crate::store::retention::{sweep_effects_statement, sweep_effects_text, RetentionStatements};
+use crate::store::sqlite::ids::among;
 use crate::store::sqlite::Sqlite;
 use diesel::QueryResult;
 use uuid::Uuid;
@@ -18,15 +17,11 @@ impl RetentionStatements for Sqlite {
         keep: &[Uuid],
         batch: i64,
     ) -> QueryResult<usize> {
-        let kept = hex_set(keep);
-        let statement = sql!(
+        let statement = sweep_effects_statement(
             sweep_effects_text!(among!("message_id")),
-            Id::earliest_at(before_us),
             before_us,
-            kept.as_str(),
+            Self::id_set(keep),
             batch,
-            before_us,
-            kept
         );
         Self::execute(conn, statement).await
     }
