@@ -1095,6 +1095,11 @@ mod postgres {
     }
 }
 
+#[cfg(feature = "mysql")]
+mod mysql {
+    cli_tests!(tickbox::Mysql, super::Db::mysql());
+}
+
 #[cfg(feature = "postgres")]
 mod postgres_passwords {
     use super::run_cli;
