@@ -27,13 +27,16 @@ mod secret_args;
 Exit status: 0 success; 1 a run failed (a database error, a stalled run, a failed \
 verification); 2 usage error.")]
 pub(crate) struct Args {
-    /// sqlite (the default feature) or postgres (needs the `postgres` feature)
+    /// sqlite (the default feature), postgres (needs the `postgres`
+    /// feature) or mysql (MariaDB or MySQL: needs the `mysql` feature)
     #[arg(long, value_enum, value_name = "B")]
     pub(crate) backend: BackendKind,
 
     /// postgres: the server's URL [default: $TICKBOX_PG_URL or
-    /// postgres://postgres@127.0.0.1:5432/test]; sqlite: a directory for the
-    /// temporary databases [default: the system's temporary directory]
+    /// postgres://postgres@127.0.0.1:5432/test]; mysql: the server's URL,
+    /// no database [default: $TICKBOX_MYSQL_URL or
+    /// mysql://root@127.0.0.1:3306]; sqlite: a directory for the temporary
+    /// databases [default: the system's temporary directory]
     #[arg(long, value_name = "URL")]
     pub(crate) database_url: Option<String>,
 
@@ -210,6 +213,8 @@ pub(crate) enum BackendKind {
     Sqlite,
     /// PostgreSQL: one fresh schema per module, dropped at the end
     Postgres,
+    /// MariaDB or MySQL: one fresh database per module, dropped at the end
+    Mysql,
 }
 
 impl BackendKind {
@@ -218,6 +223,7 @@ impl BackendKind {
         match self {
             BackendKind::Sqlite => "sqlite",
             BackendKind::Postgres => "postgres",
+            BackendKind::Mysql => "mysql",
         }
     }
 }
@@ -316,6 +322,12 @@ pub(crate) fn parse() -> Result<Args, ExitCode> {
                  cargo run --release -p tickbox-bench --features amqp -- --transport amqp ...",
             ));
         }
+        if args.hexeract && args.backend == BackendKind::Mysql {
+            return Err(Args::command().error(
+                ErrorKind::ArgumentConflict,
+                "--hexeract compares on SQLite and PostgreSQL (hexeract has no MySQL store)",
+            ));
+        }
         if args.hexeract && args.scenario != Scenario::Throughput {
             return Err(Args::command().error(
                 ErrorKind::ArgumentConflict,
@@ -379,6 +391,13 @@ mod tests {
             parse_line("--messages 10").is_err(),
             "--backend is required"
         );
+    }
+
+    #[test]
+    fn mysql_is_a_backend_without_peers() {
+        let args = parse_line("--backend mysql --database-url mysql://root@h:3306").unwrap();
+        assert_eq!(args.backend, BackendKind::Mysql);
+        assert_eq!(args.backend.name(), "mysql");
     }
 
     #[test]

@@ -72,6 +72,7 @@ pub(crate) async fn run_hexeract(place: &Place, args: &Args) -> Res<Json> {
     let database = match args.backend {
         BackendKind::Postgres => place.pg_url().to_string(),
         BackendKind::Sqlite => place.dir.path().to_string_lossy().into_owned(),
+        BackendKind::Mysql => return Err("hexeract has no MySQL store".into()),
     };
     let mut command = Command::new(binary);
     command

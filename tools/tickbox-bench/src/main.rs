@@ -2,6 +2,8 @@
 //! cargo run --release -p tickbox-bench -- --backend sqlite --messages 20000 --concurrency 4
 //! cargo run --release -p tickbox-bench --features postgres -- --backend postgres \
 //!     --database-url postgres://postgres@127.0.0.1:5432/test --messages 20000 --concurrency 4 --json
+//! cargo run --release -p tickbox-bench --features mysql -- --backend mysql \
+//!     --database-url mysql://root@127.0.0.1:3306 --messages 20000 --concurrency 4 --json
 //! ```
 //!
 //! `bench` — the tickbox benchmark: end-to-end messages per second through
@@ -37,7 +39,8 @@
 //! - `trace.rs` — the tracing layer that timestamps each handler's COMMIT.
 //! - `place.rs` — where the databases of one process live.
 //! - `backend.rs` — what the bench needs from a backend beyond tickbox's API;
-//!   `sqlite.rs` and `postgres.rs` implement it.
+//!   `sqlite.rs`, `postgres.rs` and `mysql.rs` (MariaDB, MySQL) implement
+//!   it.
 //! - `measure.rs` — one measured run: producers, waiting for the handlers,
 //!   what a run produced.
 //! - `baseline.rs` — the workload without tickbox (the database's limit).
@@ -69,6 +72,8 @@ mod clock;
 mod hexeract;
 mod measure;
 mod memory;
+#[cfg(feature = "mysql")]
+mod mysql;
 mod pair;
 mod peer;
 mod place;
@@ -93,8 +98,8 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type Res<T> = Result<T, BoxError>;
 
 /// Runs the chosen scenario on the chosen backend, then drops the
-/// PostgreSQL schemas the run created (SQLite's temporary directory goes
-/// with [`Place`]).
+/// PostgreSQL schemas or MariaDB/MySQL databases the run created (SQLite's
+/// temporary directory goes with [`Place`]).
 async fn run(args: &Args) -> Res<Json> {
     let place = Place::new(args)?;
     let result = match args.backend {
@@ -108,10 +113,24 @@ async fn run(args: &Args) -> Res<Json> {
         BackendKind::Postgres => Err("--backend postgres needs the `postgres` feature: \
              cargo run --release -p tickbox-bench --features postgres -- --backend postgres ..."
             .into()),
+        #[cfg(feature = "mysql")]
+        BackendKind::Mysql => scenarios::run::<tickbox::Mysql>(&place, args).await,
+        #[cfg(not(feature = "mysql"))]
+        BackendKind::Mysql => Err("--backend mysql needs the `mysql` feature: \
+             cargo run --release -p tickbox-bench --features mysql -- --backend mysql ..."
+            .into()),
     };
     #[cfg(feature = "postgres")]
-    if let Err(e) = postgres::drop_schemas(&place).await {
-        eprintln!("warning: dropping the benchmark's schemas failed: {e}");
+    if args.backend == BackendKind::Postgres {
+        if let Err(e) = postgres::drop_schemas(&place).await {
+            eprintln!("warning: dropping the benchmark's schemas failed: {e}");
+        }
+    }
+    #[cfg(feature = "mysql")]
+    if args.backend == BackendKind::Mysql {
+        if let Err(e) = mysql::drop_databases(&place).await {
+            eprintln!("warning: dropping the benchmark's databases failed: {e}");
+        }
     }
     result
 }

@@ -6,10 +6,11 @@
 //! tickbox application's modules.
 //!
 //! It attaches to the databases of an application's modules (SQLite files,
-//! or PostgreSQL databases and schemas) without running migrations and
-//! without any handler code, so it is safe to run while the application
-//! runs: one database (`--database-url`), several (`--database-url` again,
-//! or `--schema` once per module's schema), or every module database of a
+//! PostgreSQL databases and schemas, or MariaDB/MySQL databases) without
+//! running migrations and without any handler code, so it is safe to run
+//! while the application runs: one database (`--database-url`), several
+//! (`--database-url` again, or `--schema` once per module's schema or
+//! MariaDB/MySQL database), or every module database of a
 //! data directory (`--data-dir`, one `NAME.db` per module). It names each
 //! module by the name its database records (every module records it when
 //! it starts), lists every module's rows with a module column, and finds
@@ -37,6 +38,10 @@
 //!     --database-url postgres://postgres@127.0.0.1/shop --schema minishop_orders status
 //! cargo run -p tickbox-cli --features postgres -- --database-url postgres://postgres@127.0.0.1/shop \
 //!     --schema minishop_orders --schema minishop_warehouse --schema minishop_notifications status
+//! cargo run -p tickbox-cli --features mysql -- \
+//!     --database-url mysql://root@127.0.0.1:3306 --schema minishop_orders dead-letters list
+//! cargo run -p tickbox-cli --features mysql -- --database-url mysql://root@127.0.0.1:3306 \
+//!     --schema minishop_orders --schema minishop_warehouse --schema minishop_notifications status
 //! cargo run -p tickbox-cli -- help dead-letters replay
 //! ```
 //!
@@ -52,8 +57,8 @@
 //! # Layout
 //!
 //! - `main.rs` — the command line (clap) and the dispatch to a command.
-//! - `target.rs` — the databases the command line names (URLs, schemas,
-//!   data directories), and attaching to one.
+//! - `target.rs` — the databases the command line names (URLs, schemas or
+//!   MariaDB/MySQL databases, data directories), and attaching to one.
 //! - `modules.rs` — the modules a command sees, named by their databases,
 //!   and the one holding the row a command acts on.
 //! - `inspect.rs` — the tool's own SQL, where the library offers no call.
@@ -106,8 +111,9 @@ const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// Inspect and repair the databases of a tickbox application's modules.
 ///
-/// Attaches to the databases of an application's modules - SQLite files, or
-/// PostgreSQL databases and schemas - without running migrations or any
+/// Attaches to the databases of an application's modules - SQLite files,
+/// PostgreSQL databases and schemas, or MariaDB/MySQL databases - without
+/// running migrations or any
 /// handler code, so it is safe to use while the application runs. Give one
 /// module's database, several, or a data directory holding one per module:
 /// each module is named by the name its database records (its module's
@@ -119,7 +125,9 @@ const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 #[command(after_help = "\
 Examples: tickbox --data-dir minishop-data status; tickbox --database-url orders.db \
 --database-url warehouse.db dead-letters list; tickbox --database-url postgres://HOST/shop \
---schema minishop_orders --schema minishop_warehouse --module warehouse status.
+--schema minishop_orders --schema minishop_warehouse --module warehouse status; tickbox \
+--database-url mysql://root@127.0.0.1:3306 --schema minishop_orders --schema minishop_warehouse \
+dead-letters list (MariaDB or MySQL: --schema names each module's database).
 
 Exit status: 0 success; 1 the operation failed (a database cannot be opened or has no tickbox \
 tables, a data directory holds no module database, a query failed, no module has the name \
@@ -127,9 +135,11 @@ tables, a data directory holds no module database, a query failed, no module has
 effect cannot be settled, a running process still serves the subscription to retire); 2 usage \
 error (a module given twice, a row that several modules hold without --module among them).")]
 struct Cli {
-    /// A module's database: an SQLite file path or sqlite://PATH, or
-    /// postgres://USER:PASSWORD@HOST:PORT/DB (password and port optional);
-    /// repeat it for several modules. The environment's value is read when
+    /// A module's database: an SQLite file path or sqlite://PATH,
+    /// postgres://USER:PASSWORD@HOST:PORT/DB, or (MariaDB, MySQL)
+    /// mysql://USER:PASSWORD@HOST:PORT[/DB] (password, port and, with
+    /// --schema, the MySQL database optional); repeat it for several
+    /// modules. The environment's value is read when
     /// neither --database-url nor --data-dir is given
     #[arg(
         long,
@@ -141,8 +151,9 @@ struct Cli {
     database_url: Vec<String>,
 
     /// PostgreSQL: the schema holding a module's tables [default: the
-    /// connection's search_path]; repeat it for several modules, one per
-    /// schema of each PostgreSQL database given
+    /// connection's search_path]; MariaDB/MySQL: the database holding them
+    /// [default: the URL's]; repeat it for several modules, one per schema
+    /// or database of each server URL given
     #[arg(long, global = true, value_name = "NAME")]
     schema: Vec<String>,
 
@@ -442,8 +453,9 @@ enum DeadLettersCommand {
     /// Puts a dead letter's message back in its module's outbox as pending
     /// and removes the dead letter, in one transaction. The application's
     /// bus delivers it again to every subscriber of its topic: on PostgreSQL
-    /// at once (the commit wakes it), on SQLite at its next outbox scan
-    /// (every 2 s by default), and at start if no application runs now.
+    /// at once (the commit wakes it), on SQLite, MariaDB and MySQL at its
+    /// next outbox scan (every 2 s by default), and at start if no
+    /// application runs now.
     /// Handlers that did process it skip it thanks to their inbox, the one
     /// that gave up tries again. No handler code runs in this tool.
     ///
@@ -1272,9 +1284,15 @@ mod tests {
                 "above zero",
             ),
             ("--database-url x.db sweep --inbox-retention 7", "unit"),
-            ("--database-url x.db --schema s status", "PostgreSQL only"),
-            ("--database-url mysql://h/db status", "neither"),
-            ("--data-dir d --schema s status", "PostgreSQL only"),
+            (
+                "--database-url x.db --schema s status",
+                "MariaDB/MySQL (a database) only",
+            ),
+            ("--database-url mongodb://h/db status", "neither"),
+            (
+                "--data-dir d --schema s status",
+                "MariaDB/MySQL (a database) only",
+            ),
             ("--database-url", "a value is required"),
             ("help frobnicate", "unrecognized subcommand"),
             (
@@ -1393,12 +1411,18 @@ mod tests {
         // A raw `/` in the password: the URL cannot be read, nor its database.
         let invocation = run_of("--database-url postgres://u:S3/cret@h/shop status");
         assert_eq!(invocation.targets[0].module, "module");
+        let invocation = run_of("--database-url mysql://u:S3cret@h:3306 --schema shop status");
+        assert_eq!(invocation.targets[0].module, "shop");
+        assert_eq!(
+            invocation.targets[0].location(),
+            "mysql://u:***@h:3306 database shop"
+        );
         for line in [
             "--database-url x.db postgres://u:S3cret@h/db",
             "--database-url x.db status postgres://u:S3cret@h/db",
             "--database-url x.db dead-letters postgres://u:S3cret@h/db",
             "--database-url x.db dead-letters show postgres://u:S3cret@h/db h",
-            "--database-url mysql://u:S3cret@h/db status",
+            "--database-url mongodb://u:S3cret@h/db status",
             "help postgres://u:S3cret@h/db",
         ] {
             let message = usage_error(line);

@@ -14,6 +14,8 @@ pub(crate) enum Handle {
     Sqlite(ModuleHandle<tickbox::Sqlite>),
     #[cfg(feature = "postgres")]
     Postgres(ModuleHandle<tickbox::Postgres>),
+    #[cfg(feature = "mysql")]
+    Mysql(ModuleHandle<tickbox::Mysql>),
 }
 
 /// Runs `$body` with `$module` bound to the `ModuleHandle` of a [`Handle`],
@@ -25,6 +27,8 @@ macro_rules! on_module {
             $crate::modules::Handle::Sqlite($module) => $body,
             #[cfg(feature = "postgres")]
             $crate::modules::Handle::Postgres($module) => $body,
+            #[cfg(feature = "mysql")]
+            $crate::modules::Handle::Mysql($module) => $body,
         }
     };
 }
@@ -153,8 +157,15 @@ async fn attach(
     command: &Command,
 ) -> Result<Attached, Failure> {
     let handle = match target.kind {
-        Kind::Sqlite => attach_sqlite(target, retention, command).await?,
-        Kind::Postgres => attach_postgres(target, retention, command).await?,
+        #[cfg(feature = "sqlite")]
+        Kind::Sqlite => attach_as(target, retention, command, Handle::Sqlite).await?,
+        #[cfg(feature = "postgres")]
+        Kind::Postgres => attach_as(target, retention, command, Handle::Postgres).await?,
+        #[cfg(feature = "mysql")]
+        Kind::Mysql => attach_as(target, retention, command, Handle::Mysql).await?,
+        // A backend this build lacks.
+        #[allow(unreachable_patterns)]
+        kind => return Err(not_built(target, kind)),
     };
     let name = on_module!(&handle, module => module.name().to_string());
     Ok(Attached {
@@ -164,64 +175,38 @@ async fn attach(
     })
 }
 
+/// Attaches to the target on backend `B`, whose handles `wrap` makes a
+/// [`Handle`].
+async fn attach_as<B: target::Open>(
+    target: &Target,
+    retention: Option<Retention>,
+    command: &Command,
+    wrap: fn(ModuleHandle<B>) -> Handle,
+) -> Result<Handle, Failure> {
+    target::attach::<B>(target, retention)
+        .await
+        .map(wrap)
+        .map_err(|error| attach_failure(error, command))
+}
+
+/// The failure of a target whose backend this binary was built without,
+/// saying how to build one with it.
+fn not_built(target: &Target, kind: Kind) -> Failure {
+    let (product, feature) = (kind.product(), kind.feature());
+    Failure::Failed(format!(
+        "`{}` needs {product} support, which this tickbox binary was built without; \
+         rebuild it with `--features {feature}` \
+         (cargo build --release -p tickbox-cli --features {feature})",
+        tickbox::redact_url(&target.url)
+    ))
+}
+
 /// A `tickbox::Error` from attaching, as the tool reports it: the only
 /// configuration attaching can refuse is what the command line gave it (a
-/// malformed schema name), a usage error.
+/// malformed schema or database name), a usage error.
 fn attach_failure(error: tickbox::Error, command: &Command) -> Failure {
     match error {
         tickbox::Error::Config(reason) => command.usage_error(ErrorKind::InvalidValue, reason),
         other => other.into(),
     }
-}
-
-#[cfg(feature = "sqlite")]
-async fn attach_sqlite(
-    target: &Target,
-    retention: Option<Retention>,
-    command: &Command,
-) -> Result<Handle, Failure> {
-    target::attach::<tickbox::Sqlite>(target, retention)
-        .await
-        .map(Handle::Sqlite)
-        .map_err(|error| attach_failure(error, command))
-}
-
-#[cfg(not(feature = "sqlite"))]
-async fn attach_sqlite(
-    target: &Target,
-    _: Option<Retention>,
-    _: &Command,
-) -> Result<Handle, Failure> {
-    Err(Failure::Failed(format!(
-        "`{}` is an SQLite database, but this tickbox binary was built without SQLite \
-         support; rebuild it with `--features sqlite` \
-         (cargo build --release -p tickbox-cli --features sqlite)",
-        tickbox::redact_url(&target.url)
-    )))
-}
-
-#[cfg(feature = "postgres")]
-async fn attach_postgres(
-    target: &Target,
-    retention: Option<Retention>,
-    command: &Command,
-) -> Result<Handle, Failure> {
-    target::attach::<tickbox::Postgres>(target, retention)
-        .await
-        .map(Handle::Postgres)
-        .map_err(|error| attach_failure(error, command))
-}
-
-#[cfg(not(feature = "postgres"))]
-async fn attach_postgres(
-    target: &Target,
-    _: Option<Retention>,
-    _: &Command,
-) -> Result<Handle, Failure> {
-    Err(Failure::Failed(format!(
-        "`{}` is a PostgreSQL URL, but this tickbox binary was built without PostgreSQL \
-         support; rebuild it with `--features postgres` \
-         (cargo build --release -p tickbox-cli --features postgres)",
-        tickbox::redact_url(&target.url)
-    )))
 }

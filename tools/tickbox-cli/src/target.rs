@@ -3,6 +3,11 @@
 //! databases of a data directory, and attaching to one — no migrations, no
 //! handler code, a small pool — so that the tool is safe to run beside the
 //! application.
+//!
+//! On a server (PostgreSQL, MariaDB or MySQL) several modules share one
+//! URL, each in a place of its own that `--schema` names: a PostgreSQL
+//! schema, or a MariaDB/MySQL database (MySQL's databases are its
+//! schemas). Both reach the library as `ModuleBuilder::schema`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -24,12 +29,13 @@ pub(crate) struct Target {
     /// The URL or path as given (trimmed); printed only through
     /// `tickbox::redact_url`.
     pub(crate) url: String,
-    /// PostgreSQL: the schema holding the module's tables.
+    /// On a server: the schema (PostgreSQL) or database (MariaDB, MySQL)
+    /// holding the module's tables.
     pub(crate) schema: Option<String>,
     /// The backend the URL is for.
     pub(crate) kind: Kind,
     /// What names the module until its database tells its name (and in the
-    /// errors of attaching to it): the SQLite file's stem, or the PostgreSQL
+    /// errors of attaching to it): the SQLite file's stem, or the server's
     /// schema or database name (read from the URL as `tickbox::redact_url`
     /// shows it: a mistyped URL must not become a label).
     pub(crate) module: String,
@@ -40,7 +46,52 @@ pub(crate) struct Target {
 pub(crate) enum Kind {
     Sqlite,
     Postgres,
+    /// MariaDB or MySQL (`mysql://`, one build for both).
+    Mysql,
 }
+
+impl Kind {
+    /// The backend of a URL: by its scheme, an SQLite path when it has
+    /// none.
+    fn of(url: &str) -> Kind {
+        let lower = url.to_ascii_lowercase();
+        if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
+            Kind::Postgres
+        } else if lower.starts_with("mysql://") {
+            Kind::Mysql
+        } else {
+            Kind::Sqlite
+        }
+    }
+
+    /// Whether the backend is a server where `--schema` names a module's
+    /// place (a schema, or a database) beside the URL.
+    pub(crate) fn has_schemas(self) -> bool {
+        self != Kind::Sqlite
+    }
+
+    /// The backend's name for people.
+    pub(crate) fn product(self) -> &'static str {
+        match self {
+            Kind::Sqlite => "SQLite",
+            Kind::Postgres => "PostgreSQL",
+            Kind::Mysql => "MariaDB/MySQL",
+        }
+    }
+
+    /// The cargo feature of the tool that supports the backend.
+    pub(crate) fn feature(self) -> &'static str {
+        match self {
+            Kind::Sqlite => "sqlite",
+            Kind::Postgres => "postgres",
+            Kind::Mysql => "mysql",
+        }
+    }
+}
+
+/// What the usage errors say `--schema` applies to.
+const SCHEMA_APPLIES: &str = "--schema applies to PostgreSQL (a schema) and MariaDB/MySQL (a \
+     database) only";
 
 impl Target {
     /// Works out the backend and a module label from the URL; the error is
@@ -48,21 +99,18 @@ impl Target {
     pub(crate) fn new(url: &str, schema: Option<String>) -> Result<Target, String> {
         let trimmed = url.trim();
         let lower = trimmed.to_ascii_lowercase();
-        let kind = if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
-            Kind::Postgres
-        } else {
-            Kind::Sqlite
-        };
+        let kind = Kind::of(trimmed);
         if kind == Kind::Sqlite && lower.contains("://") && !lower.starts_with("sqlite://") {
             return Err(format!(
-                "`{}` is neither an SQLite path (or sqlite://PATH) nor a postgres:// URL",
+                "`{}` is neither an SQLite path (or sqlite://PATH), a postgres:// URL nor a \
+                 mysql:// URL",
                 tickbox::redact_url(trimmed)
             ));
         }
         if kind == Kind::Sqlite && schema.is_some() {
-            return Err(
-                "--schema applies to PostgreSQL only; an SQLite module has its own file".into(),
-            );
+            return Err(format!(
+                "{SCHEMA_APPLIES}; an SQLite module has its own file"
+            ));
         }
         let module = match kind {
             Kind::Sqlite => {
@@ -77,7 +125,7 @@ impl Target {
                     .filter(|stem| !stem.contains("***"))
                     .map(str::to_string)
             }
-            Kind::Postgres => schema.clone().or_else(|| database_name(trimmed)),
+            Kind::Postgres | Kind::Mysql => schema.clone().or_else(|| database_name(trimmed)),
         }
         .filter(|name| !name.trim().is_empty())
         .unwrap_or_else(|| "module".to_string());
@@ -89,28 +137,36 @@ impl Target {
         })
     }
 
-    /// Where the database is, for people: the SQLite path, or the
-    /// PostgreSQL URL (its password hidden) and schema.
+    /// Where the database is, for people: the SQLite path, or the server's
+    /// URL (its password hidden) and the schema (PostgreSQL) or database
+    /// (MariaDB, MySQL).
     pub(crate) fn location(&self) -> String {
         let url = tickbox::redact_url(&self.url);
+        let place = match self.kind {
+            Kind::Mysql => "database",
+            Kind::Sqlite | Kind::Postgres => "schema",
+        };
         match &self.schema {
-            Some(schema) => format!("{url} schema {schema}"),
+            Some(schema) => format!("{url} {place} {schema}"),
             None => url,
         }
     }
 }
 
 /// The databases the command line names by URL: each `--database-url`, a
-/// PostgreSQL one once per `--schema` if any is given. The error is a usage
-/// error's message.
+/// server's (PostgreSQL, MariaDB, MySQL) once per `--schema` if any is
+/// given. The error is a usage error's message.
 pub(crate) fn targets(urls: &[String], schemas: &[String]) -> Result<Vec<Target>, String> {
     let mut targets = Vec::new();
     for url in urls {
         if url.trim().is_empty() {
-            return Err("an empty --database-url: give an SQLite path or a postgres:// URL".into());
+            return Err(
+                "an empty --database-url: give an SQLite path, a postgres:// or a mysql:// URL"
+                    .into(),
+            );
         }
         let target = Target::new(url, None)?;
-        if target.kind == Kind::Postgres && !schemas.is_empty() {
+        if target.kind.has_schemas() && !schemas.is_empty() {
             for schema in schemas {
                 targets.push(Target::new(url, Some(schema.clone()))?);
             }
@@ -118,12 +174,11 @@ pub(crate) fn targets(urls: &[String], schemas: &[String]) -> Result<Vec<Target>
             targets.push(target);
         }
     }
-    if !schemas.is_empty() && !targets.iter().any(|t| t.kind == Kind::Postgres) {
-        return Err(
-            "--schema applies to PostgreSQL only (give a postgres:// --database-url); an SQLite \
+    if !schemas.is_empty() && !targets.iter().any(|t| t.kind.has_schemas()) {
+        return Err(format!(
+            "{SCHEMA_APPLIES} (give a postgres:// or mysql:// --database-url); an SQLite \
              module has its own file"
-                .into(),
-        );
+        ));
     }
     Ok(targets)
 }
@@ -161,7 +216,7 @@ pub(crate) fn data_dir(dir: &Path) -> Result<Vec<Target>, String> {
         .collect()
 }
 
-/// The database named by a PostgreSQL URL, read from the redacted URL: a
+/// The database named by a server's URL, read from the redacted URL: a
 /// password that breaks the URL (a raw `/` in it) must not become the label
 /// of error messages.
 fn database_name(url: &str) -> Option<String> {
@@ -189,11 +244,27 @@ impl Open for tickbox::Sqlite {
 #[cfg(feature = "postgres")]
 impl Open for tickbox::Postgres {
     fn builder(target: &Target, name: &str) -> ModuleBuilder<Self> {
-        let builder = Module::builder(name, target.url.clone());
-        match &target.schema {
-            Some(schema) => builder.schema(schema.clone()),
-            None => builder,
-        }
+        builder_on_server(target, name)
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl Open for tickbox::Mysql {
+    fn builder(target: &Target, name: &str) -> ModuleBuilder<Self> {
+        builder_on_server(target, name)
+    }
+}
+
+/// A builder for the target's module on a server that keeps each module in
+/// a place of its own: the `--schema` given, through
+/// `ModuleBuilder::schema` (a PostgreSQL schema, a MariaDB/MySQL
+/// database), else the place the URL names.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn builder_on_server<B: tickbox::Schemas>(target: &Target, name: &str) -> ModuleBuilder<B> {
+    let builder = Module::builder(name, target.url.clone());
+    match &target.schema {
+        Some(schema) => builder.schema(schema.clone()),
+        None => builder,
     }
 }
 
@@ -250,11 +321,33 @@ mod tests {
     }
 
     #[test]
-    fn a_schema_needs_a_postgres_url() {
+    fn a_mysql_url_is_one_module_per_database() {
+        let url = "mysql://root:p@h:3306";
+        let all = targets(&strings(&[url]), &strings(&["shop_orders", "shop_stock"])).unwrap();
+        assert!(all.iter().all(|t| t.kind == Kind::Mysql));
+        assert_eq!(all[0].module, "shop_orders");
+        assert_eq!(
+            all[1].location(),
+            "mysql://root:***@h:3306 database shop_stock"
+        );
+
+        let named = targets(
+            &strings(&["mysql://h/shop_orders?prefer_socket=false"]),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(named[0].module, "shop_orders");
+        assert_eq!(named[0].schema, None);
+        let bare = targets(&strings(&[url]), &[]).unwrap();
+        assert_eq!(bare[0].module, "module");
+    }
+
+    #[test]
+    fn a_schema_needs_a_server_url() {
         let error = targets(&strings(&["x.db", "y.db"]), &strings(&["a"])).unwrap_err();
-        assert!(error.contains("PostgreSQL only"), "{error}");
+        assert!(error.contains("MariaDB/MySQL (a database) only"), "{error}");
         let error = targets(&[], &strings(&["a", "b"])).unwrap_err();
-        assert!(error.contains("PostgreSQL only"), "{error}");
+        assert!(error.contains("PostgreSQL (a schema)"), "{error}");
         let mixed = targets(&strings(&["x.db", "postgres://h/db"]), &strings(&["a"])).unwrap();
         assert_eq!(mixed[0].schema, None);
         assert_eq!(mixed[1].schema.as_deref(), Some("a"));

@@ -380,6 +380,13 @@ mod postgres {
     application_tests!(tickbox::Postgres, Db::postgres());
 }
 
+#[cfg(feature = "mysql")]
+mod mysql {
+    use super::*;
+
+    application_tests!(tickbox::Mysql, Db::mysql());
+}
+
 /// The old forms: the environment's database stands in for the command
 /// line's, never beside a data directory.
 #[cfg(feature = "sqlite")]

@@ -1095,6 +1095,69 @@ mod postgres {
     }
 }
 
+#[cfg(feature = "mysql")]
+mod mysql {
+    cli_tests!(tickbox::Mysql, super::Db::mysql());
+
+    /// An unreachable server, a database that does not exist, one without
+    /// tickbox tables, a URL naming no database, and a database name the
+    /// library refuses.
+    #[actix::test]
+    async fn bad_databases_fail_with_clear_errors() {
+        let db = super::Db::mysql();
+        let run = super::run_cli(vec![
+            "--database-url".into(),
+            "mysql://tickbox:hunter2@127.0.0.1:1".into(),
+            "--schema".into(),
+            "nowhere".into(),
+            "status".into(),
+        ])
+        .await;
+        run.fails(1, "cannot reach the database server");
+        assert!(run.stderr.contains("127.0.0.1:1"), "{run:#?}");
+        assert!(!run.stderr.contains("hunter2"), "password shown: {run:#?}");
+
+        let url = db.mysql_url.clone().expect("a URL");
+        let other = super::orders::<tickbox::Mysql>(&db).await;
+        let empty = format!("{}_empty", db.schema);
+        super::execute(&other, format!("CREATE DATABASE {empty}")).await;
+        for (database, error) in [
+            (format!("{}_never", db.schema), "Unknown database"),
+            (empty, "has no tickbox tables"),
+        ] {
+            let run = super::run_cli(vec![
+                "--database-url".into(),
+                url.clone(),
+                "--schema".into(),
+                database.clone(),
+                "dead-letters".into(),
+                "list".into(),
+            ])
+            .await;
+            run.fails(1, error);
+            assert!(run.stderr.contains(&database), "{run:#?}");
+        }
+
+        let run = super::run_cli(vec!["--database-url".into(), url.clone(), "status".into()]).await;
+        run.fails(1, "the URL names no database");
+
+        // A database name the library would need quoted is a usage error.
+        let run = super::run_cli(vec![
+            "--database-url".into(),
+            url,
+            "--schema".into(),
+            "Orders-Module".into(),
+            "status".into(),
+        ])
+        .await;
+        run.fails(2, "database name `Orders-Module`");
+        assert!(
+            run.stderr.contains("Usage: tickbox status [OPTIONS]"),
+            "{run:#?}"
+        );
+    }
+}
+
 #[cfg(feature = "postgres")]
 mod postgres_passwords {
     use super::run_cli;
@@ -1164,6 +1227,19 @@ mod postgres_passwords {
             assert!(run.stderr.contains("postgres://***"), "{run:#?}");
         }
     }
+}
+
+/// A MariaDB/MySQL URL given to a binary built without MySQL support.
+#[cfg(not(feature = "mysql"))]
+#[actix::test]
+async fn a_mysql_url_needs_the_mysql_feature() {
+    run_cli(vec![
+        "--database-url".into(),
+        "mysql://root@127.0.0.1:3306/shop".into(),
+        "status".into(),
+    ])
+    .await
+    .fails(1, "--features mysql");
 }
 
 /// A PostgreSQL URL given to a binary built without PostgreSQL support.

@@ -566,3 +566,8 @@ mod sqlite {
 mod postgres {
     effects_tests!(tickbox::Postgres, super::Db::postgres());
 }
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    effects_tests!(tickbox::Mysql, super::Db::mysql());
+}

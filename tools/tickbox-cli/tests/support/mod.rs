@@ -84,8 +84,13 @@ pub(crate) struct Db {
     /// PostgreSQL: the server URL.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) pg_url: Option<String>,
-    /// PostgreSQL: a schema no other test uses.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    /// MariaDB/MySQL: the server URL (no database: each module has its
+    /// own, named by [`Db::schema`]).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub(crate) mysql_url: Option<String>,
+    /// On a server: a schema (PostgreSQL) or database (MariaDB, MySQL) no
+    /// other test uses.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) schema: String,
 }
 
@@ -94,6 +99,7 @@ impl Db {
         Db {
             dir: tempfile::tempdir().expect("a temporary directory"),
             pg_url: None,
+            mysql_url: None,
             schema: format!("cli_{:08x}", fastrand::u32(..)),
         }
     }
@@ -108,13 +114,28 @@ impl Db {
         db.pg_url = Some(url);
         db
     }
+
+    /// The MariaDB/MySQL tests need `TICKBOX_MYSQL_URL` (the server; each
+    /// module gets a database of its own on it); without it they fail.
+    #[cfg(feature = "mysql")]
+    pub(crate) fn mysql() -> Self {
+        let url = std::env::var("TICKBOX_MYSQL_URL").expect(
+            "the MariaDB/MySQL tests need TICKBOX_MYSQL_URL, e.g. mysql://root@127.0.0.1:3306",
+        );
+        let mut db = Db::new();
+        db.mysql_url = Some(url);
+        db
+    }
 }
 
-/// PostgreSQL: drops the test's schemas (its own and those it makes beside
-/// it, named after it: `_empty`, one per module of an application), so
-/// that a run leaves the server as it found it.
+/// On a server: drops the test's schemas or databases (its own and those
+/// it makes beside it, named after it: `_empty`, one per module of an
+/// application), so that a run leaves the server as it found it.
 impl Drop for Db {
     fn drop(&mut self) {
+        if let Some(url) = &self.mysql_url {
+            drop_mysql_databases(url, &self.schema);
+        }
         let Some(url) = &self.pg_url else { return };
         let sql = format!(
             "SET lock_timeout = '5s'; SET client_min_messages = warning; \
@@ -131,6 +152,46 @@ impl Drop for Db {
     }
 }
 
+/// MariaDB/MySQL: drops the databases named `prefix` or `prefix_…` on the
+/// server at `url`, with the server's own client (as PostgreSQL's are
+/// dropped with psql).
+fn drop_mysql_databases(url: &str, prefix: &str) {
+    let Ok(url) = url::Url::parse(url) else {
+        return;
+    };
+    let mut client = vec![
+        "--protocol=tcp".to_string(),
+        "-h".into(),
+        url.host_str().unwrap_or("127.0.0.1").into(),
+        "-P".into(),
+        url.port().unwrap_or(3306).to_string(),
+        "-u".into(),
+        url.username().into(),
+        "-N".into(),
+        "-B".into(),
+    ];
+    if let Some(password) = url.password() {
+        client.push(format!("--password={password}"));
+    }
+    let mysql = |sql: String| {
+        std::process::Command::new("mysql")
+            .args(&client)
+            .args(["-e", &sql])
+            .stderr(std::process::Stdio::null())
+            .output()
+            .ok()
+    };
+    let Some(listed) = mysql(format!(
+        "SELECT schema_name FROM information_schema.schemata \
+         WHERE schema_name = '{prefix}' OR schema_name LIKE '{prefix}\\_%'"
+    )) else {
+        return;
+    };
+    for database in String::from_utf8_lossy(&listed.stdout).lines() {
+        mysql(format!("DROP DATABASE IF EXISTS `{database}`"));
+    }
+}
+
 /// A backend the tool is tested on.
 pub(crate) trait CliBackend: Backend {
     /// A builder for the test's module, `orders`.
@@ -143,13 +204,14 @@ pub(crate) trait CliBackend: Backend {
     fn extra_args(db: &Db) -> Vec<String>;
 
     /// A builder for module `name` of an application of several, whose
-    /// database is at `place`: SQLite `DIR/PLACE.db`, PostgreSQL the schema
-    /// `<the test's schema>_PLACE` (so never named as the module).
+    /// database is at `place`: SQLite `DIR/PLACE.db`, on a server the
+    /// schema or database `<the test's schema>_PLACE` (so never named as
+    /// the module).
     fn module_at(db: &Db, place: &str, name: &str) -> ModuleBuilder<Self>;
 
     /// The tool's options naming the databases at `places`: one
     /// --database-url each on SQLite, the server's URL and one --schema
-    /// each on PostgreSQL.
+    /// each on a server.
     fn places_args(db: &Db, places: &[&str]) -> Vec<String>;
 
     /// The tool's options naming every database of an application made
@@ -218,7 +280,7 @@ impl CliBackend for tickbox::Sqlite {
     }
 
     fn uuid_literal(id: Uuid) -> String {
-        format!("x'{}'", id.simple())
+        hex_literal(id)
     }
 
     async fn texts(module: &ModuleHandle<Self>, sql: &'static str) -> Vec<String> {
@@ -229,7 +291,7 @@ impl CliBackend for tickbox::Sqlite {
 #[cfg(feature = "postgres")]
 impl CliBackend for tickbox::Postgres {
     fn module(db: &Db) -> ModuleBuilder<Self> {
-        tickbox::Module::builder("orders", Self::url(db)).schema(db.schema.clone())
+        on_server::module(Self::url(db), db)
     }
 
     fn url(db: &Db) -> String {
@@ -237,19 +299,15 @@ impl CliBackend for tickbox::Postgres {
     }
 
     fn extra_args(db: &Db) -> Vec<String> {
-        vec!["--schema".into(), db.schema.clone()]
+        on_server::extra_args(db)
     }
 
     fn module_at(db: &Db, place: &str, name: &str) -> ModuleBuilder<Self> {
-        tickbox::Module::builder(name, Self::url(db)).schema(format!("{}_{place}", db.schema))
+        on_server::module_at(Self::url(db), db, place, name)
     }
 
     fn places_args(db: &Db, places: &[&str]) -> Vec<String> {
-        let mut args = vec!["--database-url".to_string(), Self::url(db)];
-        for place in places {
-            args.extend(["--schema".to_string(), format!("{}_{place}", db.schema)]);
-        }
-        args
+        on_server::places_args(Self::url(db), db, places)
     }
 
     fn application_args(db: &Db, places: &[&str]) -> Vec<String> {
@@ -263,6 +321,95 @@ impl CliBackend for tickbox::Postgres {
     async fn texts(module: &ModuleHandle<Self>, sql: &'static str) -> Vec<String> {
         texts!(module, sql)
     }
+}
+
+/// MariaDB/MySQL: the server's URL without a database; each module's
+/// database is named by `--schema` (`ModuleBuilder::schema`), as
+/// PostgreSQL's schemas are.
+#[cfg(feature = "mysql")]
+impl CliBackend for tickbox::Mysql {
+    fn module(db: &Db) -> ModuleBuilder<Self> {
+        on_server::module(Self::url(db), db)
+    }
+
+    fn url(db: &Db) -> String {
+        db.mysql_url.clone().expect("Db::mysql()")
+    }
+
+    fn extra_args(db: &Db) -> Vec<String> {
+        on_server::extra_args(db)
+    }
+
+    fn module_at(db: &Db, place: &str, name: &str) -> ModuleBuilder<Self> {
+        on_server::module_at(Self::url(db), db, place, name)
+    }
+
+    fn places_args(db: &Db, places: &[&str]) -> Vec<String> {
+        on_server::places_args(Self::url(db), db, places)
+    }
+
+    fn application_args(db: &Db, places: &[&str]) -> Vec<String> {
+        Self::places_args(db, places)
+    }
+
+    fn uuid_literal(id: Uuid) -> String {
+        hex_literal(id)
+    }
+
+    async fn texts(module: &ModuleHandle<Self>, sql: &'static str) -> Vec<String> {
+        texts!(module, sql)
+    }
+}
+
+/// The modules and options of a server backend, where one URL holds every
+/// module, each in the place `--schema` names (a PostgreSQL schema, a
+/// MariaDB/MySQL database): the test's own, [`Db::schema`], or one named
+/// after it per module of an application.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod on_server {
+    use super::Db;
+    use tickbox::{ModuleBuilder, Schemas};
+
+    /// The test's module, `orders`, in the test's place.
+    pub(crate) fn module<B: Schemas>(url: String, db: &Db) -> ModuleBuilder<B> {
+        tickbox::Module::builder("orders", url).schema(db.schema.clone())
+    }
+
+    /// `--schema` naming the test's place.
+    pub(crate) fn extra_args(db: &Db) -> Vec<String> {
+        vec!["--schema".into(), db.schema.clone()]
+    }
+
+    /// Module `name` in the place `<the test's schema>_PLACE`.
+    pub(crate) fn module_at<B: Schemas>(
+        url: String,
+        db: &Db,
+        place: &str,
+        name: &str,
+    ) -> ModuleBuilder<B> {
+        tickbox::Module::builder(name, url).schema(place_of(db, place))
+    }
+
+    /// The server's URL and one `--schema` per place.
+    pub(crate) fn places_args(url: String, db: &Db, places: &[&str]) -> Vec<String> {
+        let mut args = vec!["--database-url".to_string(), url];
+        for place in places {
+            args.extend(["--schema".to_string(), place_of(db, place)]);
+        }
+        args
+    }
+
+    /// The schema or database of `place`.
+    fn place_of(db: &Db, place: &str) -> String {
+        format!("{}_{place}", db.schema)
+    }
+}
+
+/// A UUID as a 16-byte hexadecimal literal (SQLite's BLOB, MariaDB's and
+/// MySQL's BINARY(16)).
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+fn hex_literal(id: Uuid) -> String {
+    format!("x'{}'", id.simple())
 }
 
 /// SQLite: the path of the database file `PLACE.db` in the test's

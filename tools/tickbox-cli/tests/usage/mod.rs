@@ -183,14 +183,17 @@ async fn usage_errors_exit_2_and_touch_no_database() {
             "--database-url x.db sweep --outbox-retention 3y",
             "weeks or less",
         ),
-        ("--database-url x.db --schema s status", "PostgreSQL only"),
         (
-            "--database-url mysql://h/db status",
+            "--database-url x.db --schema s status",
+            "MariaDB/MySQL (a database) only",
+        ),
+        (
+            "--database-url mongodb://h/db status",
             "neither an SQLite path",
         ),
         (
             "--data-dir shop --schema s1 status",
-            "--schema applies to PostgreSQL only",
+            "--schema applies to PostgreSQL (a schema) and MariaDB/MySQL (a database) only",
         ),
         ("help frobnicate", "unrecognized subcommand 'frobnicate'"),
         (
@@ -340,7 +343,7 @@ async fn a_password_in_a_misplaced_url_is_never_shown() {
         "--database-url x.db postgres://u:S3cret@h/db",
         "--database-url x.db status postgres://u:S3cret@h/db",
         "--database-url x.db status -postgres://u:S3cret@h/db",
-        "--database-url mysql://u:S3cret@h/db status",
+        "--database-url mongodb://u:S3cret@h/db status",
         "help postgres://u:S3cret@h/db",
     ] {
         let run = run_cli(args(line)).await;
