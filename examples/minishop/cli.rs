@@ -87,6 +87,12 @@ pub struct Args {
     #[arg(long, value_name = "URL", value_parser = Secret(server_url), conflicts_with = "data_dir")]
     database_url: Option<String>,
 
+    /// With --database-url: the prefix of the modules' schema (MariaDB/MySQL:
+    /// database) names, PREFIX_orders, PREFIX_warehouse and
+    /// PREFIX_notifications; several shops can share one server
+    #[arg(long, value_name = "PREFIX", default_value = "minishop", value_parser = schema_prefix, requires = "database_url")]
+    pub schema_prefix: String,
+
     /// Place no orders; only finish pending work (after a crash)
     #[arg(long)]
     pub resume: bool,
@@ -167,7 +173,8 @@ pub struct Args {
 
     /// With --transport amqp and --database-url: the same, on the same kind
     /// of server; each module's is the schema (MariaDB/MySQL: database)
-    /// minishop_MODULE in the first URL's server holding it. May be given
+    /// PREFIX_MODULE (--schema-prefix) in the first URL's server holding
+    /// it. May be given
     /// several times
     #[arg(long, value_name = "URL", value_parser = Secret(server_url), requires = "database_url")]
     pub check_database_url: Vec<String>,
@@ -420,6 +427,16 @@ fn server_kind(url: &str) -> Option<&'static str> {
         Some("MariaDB/MySQL")
     } else {
         None
+    }
+}
+
+/// A schema name's start: lower-case letters, digits and `_`.
+fn schema_prefix(value: &str) -> Result<String, String> {
+    let allowed = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_';
+    if !value.is_empty() && value.len() <= 40 && value.chars().all(allowed) {
+        Ok(value.to_string())
+    } else {
+        Err("takes up to 40 lower-case letters, digits and '_'".into())
     }
 }
 

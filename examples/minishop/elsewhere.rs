@@ -5,8 +5,9 @@
 //! The processes need nothing of each other's databases to run: only this
 //! process's final check reads them. Each is looked for in the locations
 //! given, in order, until one holds it: the file `MODULE.db` in a
-//! directory, the schema `minishop_MODULE` in a PostgreSQL database or the
-//! database `minishop_MODULE` on a MariaDB/MySQL server ([`NamedSchemas`]).
+//! directory, the schema `PREFIX_MODULE` (`--schema-prefix`) in a
+//! PostgreSQL database or the database of that name on a MariaDB/MySQL
+//! server ([`NamedSchemas`]).
 //! A process started before its partners waits for theirs to appear.
 
 use std::path::{Path, PathBuf};

@@ -81,10 +81,10 @@
 //!
 //! SQLite (the default) keeps one file per module under `./minishop-data`;
 //! `--database-url postgres://…` puts each module in its own PostgreSQL
-//! schema (`minishop_orders`, …); `--database-url mysql://…` (MariaDB ≥ 10.6
-//! or MySQL ≥ 8.0, the `mysql` feature) in its own database of the same
-//! name on that server, made if missing (the URL names no database, or one
-//! that is not used). Logs and progress go to stderr (`RUST_LOG` sets
+//! schema (`minishop_orders`, …; see `--schema-prefix`); `--database-url
+//! mysql://…` (MariaDB ≥ 10.6 or MySQL ≥ 8.0, the `mysql` feature) in its
+//! own database of the same name on that server, made if missing (the URL
+//! need name no database). Logs and progress go to stderr (`RUST_LOG` sets
 //! the filter, `minishop=debug` shows every e-mail), the report to stdout;
 //! `--json` prints one JSON object instead. `--metrics-addr HOST:PORT`
 //! serves Prometheus metrics while it runs (the `prometheus` feature).
@@ -1030,7 +1030,8 @@ async fn find_elsewhere<T>(
 }
 
 /// The run on a server where each module has a named schema (PostgreSQL)
-/// or database (MariaDB/MySQL), `minishop_MODULE`, on the server `url`
+/// or database (MariaDB/MySQL), `PREFIX_MODULE` (`--schema-prefix`,
+/// `minishop` unless given), on the server `url`
 /// names; over amqp the other processes' are looked for with
 /// `--check-database-url`.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
@@ -1039,9 +1040,9 @@ async fn run_in_schemas<B: ShopDb + elsewhere::NamedSchemas>(
     url: &str,
     stop: &CancellationToken,
 ) -> Result<report::Report, String> {
-    let module = |name: &str, url: &str| {
-        tickbox::Module::<B>::builder(name, url).schema(format!("minishop_{name}"))
-    };
+    let schema = |name: &str| format!("{}_{name}", args.schema_prefix);
+    let module =
+        |name: &str, url: &str| tickbox::Module::<B>::builder(name, url).schema(schema(name));
     let CheckStore::Servers(urls) = args.check_store() else {
         unreachable!("a server's modules are checked on servers")
     };
@@ -1050,7 +1051,7 @@ async fn run_in_schemas<B: ShopDb + elsewhere::NamedSchemas>(
         if urls.is_empty() {
             return Ok(None);
         }
-        let schema = format!("minishop_{name}");
+        let schema = schema(name);
         let found = async || elsewhere::schema_url::<B>(urls, &schema).await;
         let url = find_elsewhere(args, name, &looked_in, stop, found).await?;
         Ok(url.map(|url| module(name, url)))
