@@ -144,9 +144,11 @@ fn server_url(value: &str) -> Result<String, String> {
     if schemes.iter().any(|scheme| value.starts_with(scheme)) {
         Ok(value.to_string())
     } else {
-        Err("takes a PostgreSQL URL (postgres://...) or a MariaDB/MySQL URL (mysql://...); use \
+        Err(
+            "takes a PostgreSQL URL (postgres://...) or a MariaDB/MySQL URL (mysql://...); use \
              --data-dir for SQLite"
-            .into())
+                .into(),
+        )
     }
 }
 

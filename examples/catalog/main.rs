@@ -72,11 +72,11 @@ use cli::{Args, NewPlan, Store};
 use faults::{flaky, retrying};
 use plan::{Change, Plan};
 use report::{Ending, Report};
-use tables::Migrations;
 use serde::{Deserialize, Serialize};
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
+use tables::Migrations;
 use tickbox::{
     Backend, Bus, BusHandle, Delivery, Handler, HandlerError, Message, ModuleBuilder, ModuleHandle,
     RetryPolicy, Tx,
@@ -499,9 +499,11 @@ async fn main() -> ExitCode {
             run_in_schemas::<tickbox::Mysql>(&args, url, migrations, &stop).await
         }
         #[cfg(not(feature = "mysql"))]
-        Store::Mysql(_) => Err("--database-url mysql://... needs the `mysql` feature: cargo run \
+        Store::Mysql(_) => Err(
+            "--database-url mysql://... needs the `mysql` feature: cargo run \
              --release --features mysql --example catalog -- --database-url mysql://..."
-            .to_string()),
+                .to_string(),
+        ),
     };
     match result {
         Ok(report) => {

@@ -219,18 +219,18 @@ pub async fn take_next_change(conn: &mut AnyConn, plan_id: i64) -> QueryResult<O
         .filter(change_plans::published.lt(change_plans::changes));
     let count = diesel::update(plan).set(change_plans::published.eq(change_plans::published + 1));
     on_either!(conn, |c| count
-        .returning(change_plans::published)
-        .get_result(c)
-        .await
-        .optional(),
-        mysql: |c| {
-            if count.execute(c).await? == 0 {
-                Ok(None)
-            } else {
-                let published = change_plans::table.find(plan_id).select(change_plans::published);
-                published.get_result(c).await.map(Some)
-            }
-        })
+    .returning(change_plans::published)
+    .get_result(c)
+    .await
+    .optional(),
+    mysql: |c| {
+        if count.execute(c).await? == 0 {
+            Ok(None)
+        } else {
+            let published = change_plans::table.find(plan_id).select(change_plans::published);
+            published.get_result(c).await.map(Some)
+        }
+    })
 }
 
 /// Sets a product's price and bumps its version; the new version.
@@ -243,10 +243,10 @@ pub async fn change_price(conn: &mut AnyConn, product_id: &str, price: i64) -> Q
         products::version.eq(products::version + 1),
     ));
     on_either!(conn, |c| change.returning(products::version).get_result(c).await,
-        mysql: |c| {
-            change.execute(c).await?;
-            product.select(products::version).get_result(c).await
-        })
+    mysql: |c| {
+        change.execute(c).await?;
+        product.select(products::version).get_result(c).await
+    })
 }
 
 /// Adds a change to the catalog's log.
@@ -320,36 +320,36 @@ pub async fn apply_if_newer(conn: &mut AnyConn, change: &ProductPriceChanged) ->
         applied: 1,
     };
     let changed = on_either!(conn, |c| diesel::insert_into(product_copies::table)
-        .values(&copy)
-        .on_conflict(product_copies::product_id)
-        .do_update()
-        .set((
-            product_copies::price.eq(excluded(product_copies::price)),
-            product_copies::version.eq(excluded(product_copies::version)),
-            product_copies::applied.eq(product_copies::applied + 1),
-        ))
-        .filter(product_copies::version.lt(excluded(product_copies::version)))
-        .execute(c)
-        .await,
-        mysql: |c| {
-            let unchanged = ProductCopy { price: 0, version: 0, applied: 0, ..copy.clone() };
-            diesel::insert_into(product_copies::table)
-                .values(&unchanged)
-                .on_conflict(DuplicatedKeys)
-                .do_nothing()
-                .execute(c)
-                .await?;
-            let copy_of = product_copies::table.find(&copy.product_id);
-            let older = QueryDsl::filter(copy_of, product_copies::version.lt(copy.version));
-            diesel::update(older)
-                .set((
-                    product_copies::price.eq(copy.price),
-                    product_copies::version.eq(copy.version),
-                    product_copies::applied.eq(product_copies::applied + 1),
-                ))
-                .execute(c)
-                .await
-        })?;
+    .values(&copy)
+    .on_conflict(product_copies::product_id)
+    .do_update()
+    .set((
+        product_copies::price.eq(excluded(product_copies::price)),
+        product_copies::version.eq(excluded(product_copies::version)),
+        product_copies::applied.eq(product_copies::applied + 1),
+    ))
+    .filter(product_copies::version.lt(excluded(product_copies::version)))
+    .execute(c)
+    .await,
+    mysql: |c| {
+        let unchanged = ProductCopy { price: 0, version: 0, applied: 0, ..copy.clone() };
+        diesel::insert_into(product_copies::table)
+            .values(&unchanged)
+            .on_conflict(DuplicatedKeys)
+            .do_nothing()
+            .execute(c)
+            .await?;
+        let copy_of = product_copies::table.find(&copy.product_id);
+        let older = QueryDsl::filter(copy_of, product_copies::version.lt(copy.version));
+        diesel::update(older)
+            .set((
+                product_copies::price.eq(copy.price),
+                product_copies::version.eq(copy.version),
+                product_copies::applied.eq(product_copies::applied + 1),
+            ))
+            .execute(c)
+            .await
+    })?;
     Ok(changed == 1)
 }
 
@@ -427,11 +427,11 @@ pub fn event_id(product_id: &str, version: i64) -> String {
 pub async fn record_journey(conn: &mut AnyConn, journey: &Journey) -> QueryResult<bool> {
     let insert = diesel::insert_into(journeys::table).values(journey);
     on_either!(conn, |c| Ok(insert.on_conflict_do_nothing().execute(c).await? == 1),
-        mysql: |c| match insert.execute(c).await {
-            Ok(_) => Ok(true),
-            Err(DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
-            Err(error) => Err(error),
-        })
+    mysql: |c| match insert.execute(c).await {
+        Ok(_) => Ok(true),
+        Err(DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
+        Err(error) => Err(error),
+    })
 }
 
 /// Records a message that carried an event already recorded.

@@ -332,7 +332,11 @@ impl Args {
         }
         if let Some(url) = &args.database_url {
             let kind = server_kind(url);
-            if args.check_database_url.iter().any(|other| server_kind(other) != kind) {
+            if args
+                .check_database_url
+                .iter()
+                .any(|other| server_kind(other) != kind)
+            {
                 Args::command()
                     .error(
                         clap::error::ErrorKind::ArgumentConflict,
@@ -413,9 +417,11 @@ fn server_url(value: &str) -> Result<String, String> {
     if server_kind(value).is_some() {
         Ok(value.to_string())
     } else {
-        Err("takes a PostgreSQL URL (postgres://...) or a MariaDB/MySQL URL (mysql://...); use \
+        Err(
+            "takes a PostgreSQL URL (postgres://...) or a MariaDB/MySQL URL (mysql://...); use \
              --data-dir for SQLite"
-            .into())
+                .into(),
+        )
     }
 }
 

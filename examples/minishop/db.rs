@@ -16,8 +16,8 @@
 
 use crate::queries as q;
 use crate::tables::{
-    now_us, Migrations, IgnoredMessage, NewEmail, NewOrder, NewReservation, NewShortage, OrderCounts,
-    OrderStatus, PlacingRun, RUN_LEASE,
+    now_us, IgnoredMessage, Migrations, NewEmail, NewOrder, NewReservation, NewShortage,
+    OrderCounts, OrderStatus, PlacingRun, RUN_LEASE,
 };
 use std::future::Future;
 use tickbox::diesel::{OptionalExtension, QueryResult};

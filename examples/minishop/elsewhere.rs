@@ -89,14 +89,17 @@ pub trait NamedSchemas: tickbox::Schemas {
 async fn count_on<C>(url: &str, count: String) -> tickbox::diesel::QueryResult<bool>
 where
     C: tickbox::diesel_async::AsyncConnection + 'static,
-    tickbox::diesel::dsl::select<tickbox::diesel::expression::SqlLiteral<tickbox::diesel::sql_types::BigInt>>:
-        tickbox::diesel_async::methods::LoadQuery<'static, C, i64>,
+    tickbox::diesel::dsl::select<
+        tickbox::diesel::expression::SqlLiteral<tickbox::diesel::sql_types::BigInt>,
+    >: tickbox::diesel_async::methods::LoadQuery<'static, C, i64>,
 {
     use tickbox::diesel_async::RunQueryDsl;
-    let mut conn = C::establish(url)
-        .await
-        .map_err(|error| tickbox::diesel::result::Error::QueryBuilderError(error.to_string().into()))?;
-    let query = tickbox::diesel::select(tickbox::diesel::dsl::sql::<tickbox::diesel::sql_types::BigInt>(&count));
+    let mut conn = C::establish(url).await.map_err(|error| {
+        tickbox::diesel::result::Error::QueryBuilderError(error.to_string().into())
+    })?;
+    let query = tickbox::diesel::select(tickbox::diesel::dsl::sql::<
+        tickbox::diesel::sql_types::BigInt,
+    >(&count));
     Ok(query.get_result::<i64>(&mut conn).await? > 0)
 }
 

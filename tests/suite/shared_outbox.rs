@@ -616,7 +616,11 @@ pub async fn a_migration_cut_short_runs_again_over_its_own_work<B: TestBackend>(
         .await
         .expect("the migrations run again over their own work");
     assert_eq!(
-        count(&again, "SELECT count(*) AS n FROM __diesel_schema_migrations").await,
+        count(
+            &again,
+            "SELECT count(*) AS n FROM __diesel_schema_migrations"
+        )
+        .await,
         migrations,
         "every migration ran again and is recorded once"
     );
