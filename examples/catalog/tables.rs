@@ -158,8 +158,11 @@ pub async fn create_plan(conn: &mut AnyConn, new: NewPlan) -> QueryResult<Plan> 
             version: 0,
         };
         let insert = diesel::insert_into(products::table).values(&product);
-        on_either!(conn, |c| insert.on_conflict_do_nothing().execute(c).await,
-            mysql: |c| insert.on_conflict(DuplicatedKeys).do_nothing().execute(c).await)?;
+        on_either!(conn, |c| {
+            insert.on_conflict_do_nothing().execute(c).await
+        }, mysql: |c| {
+            insert.on_conflict(DuplicatedKeys).do_nothing().execute(c).await
+        })?;
     }
     let last: Option<i64> = on_either!(conn, |c| change_plans::table
         .select(diesel::dsl::max(change_plans::id))
@@ -218,16 +221,16 @@ pub async fn take_next_change(conn: &mut AnyConn, plan_id: i64) -> QueryResult<O
         .find(plan_id)
         .filter(change_plans::published.lt(change_plans::changes));
     let count = diesel::update(plan).set(change_plans::published.eq(change_plans::published + 1));
-    on_either!(conn, |c| count
-    .returning(change_plans::published)
-    .get_result(c)
-    .await
-    .optional(),
-    mysql: |c| {
+    let published = change_plans::table
+        .find(plan_id)
+        .select(change_plans::published);
+    on_either!(conn, |c| {
+        let taken = count.returning(change_plans::published);
+        taken.get_result(c).await.optional()
+    }, mysql: |c| {
         if count.execute(c).await? == 0 {
             Ok(None)
         } else {
-            let published = change_plans::table.find(plan_id).select(change_plans::published);
             published.get_result(c).await.map(Some)
         }
     })
@@ -242,8 +245,9 @@ pub async fn change_price(conn: &mut AnyConn, product_id: &str, price: i64) -> Q
         products::price.eq(price),
         products::version.eq(products::version + 1),
     ));
-    on_either!(conn, |c| change.returning(products::version).get_result(c).await,
-    mysql: |c| {
+    on_either!(conn, |c| {
+        change.returning(products::version).get_result(c).await
+    }, mysql: |c| {
         change.execute(c).await?;
         product.select(products::version).get_result(c).await
     })
@@ -319,36 +323,33 @@ pub async fn apply_if_newer(conn: &mut AnyConn, change: &ProductPriceChanged) ->
         version: change.version,
         applied: 1,
     };
-    let changed = on_either!(conn, |c| diesel::insert_into(product_copies::table)
-    .values(&copy)
-    .on_conflict(product_copies::product_id)
-    .do_update()
-    .set((
-        product_copies::price.eq(excluded(product_copies::price)),
-        product_copies::version.eq(excluded(product_copies::version)),
-        product_copies::applied.eq(product_copies::applied + 1),
-    ))
-    .filter(product_copies::version.lt(excluded(product_copies::version)))
-    .execute(c)
-    .await,
-    mysql: |c| {
-        let unchanged = ProductCopy { price: 0, version: 0, applied: 0, ..copy.clone() };
-        diesel::insert_into(product_copies::table)
-            .values(&unchanged)
-            .on_conflict(DuplicatedKeys)
-            .do_nothing()
-            .execute(c)
-            .await?;
-        let copy_of = product_copies::table.find(&copy.product_id);
-        let older = QueryDsl::filter(copy_of, product_copies::version.lt(copy.version));
-        diesel::update(older)
+    let changed = on_either!(conn, |c| {
+        let upsert = diesel::insert_into(product_copies::table)
+            .values(&copy)
+            .on_conflict(product_copies::product_id)
+            .do_update()
             .set((
-                product_copies::price.eq(copy.price),
-                product_copies::version.eq(copy.version),
+                product_copies::price.eq(excluded(product_copies::price)),
+                product_copies::version.eq(excluded(product_copies::version)),
                 product_copies::applied.eq(product_copies::applied + 1),
             ))
-            .execute(c)
-            .await
+            .filter(product_copies::version.lt(excluded(product_copies::version)));
+        upsert.execute(c).await
+    }, mysql: |c| {
+        let unchanged = ProductCopy { price: 0, version: 0, applied: 0, ..copy.clone() };
+        let exists = diesel::insert_into(product_copies::table)
+            .values(&unchanged)
+            .on_conflict(DuplicatedKeys)
+            .do_nothing();
+        exists.execute(c).await?;
+        let copy_of = product_copies::table.find(&copy.product_id);
+        let older = QueryDsl::filter(copy_of, product_copies::version.lt(copy.version));
+        let apply = diesel::update(older).set((
+            product_copies::price.eq(copy.price),
+            product_copies::version.eq(copy.version),
+            product_copies::applied.eq(product_copies::applied + 1),
+        ));
+        apply.execute(c).await
     })?;
     Ok(changed == 1)
 }
@@ -426,11 +427,14 @@ pub fn event_id(product_id: &str, version: i64) -> String {
 /// event is recorded.
 pub async fn record_journey(conn: &mut AnyConn, journey: &Journey) -> QueryResult<bool> {
     let insert = diesel::insert_into(journeys::table).values(journey);
-    on_either!(conn, |c| Ok(insert.on_conflict_do_nothing().execute(c).await? == 1),
-    mysql: |c| match insert.execute(c).await {
-        Ok(_) => Ok(true),
-        Err(DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
-        Err(error) => Err(error),
+    on_either!(conn, |c| {
+        Ok(insert.on_conflict_do_nothing().execute(c).await? == 1)
+    }, mysql: |c| {
+        match insert.execute(c).await {
+            Ok(_) => Ok(true),
+            Err(DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
+            Err(error) => Err(error),
+        }
     })
 }
 
