@@ -36,13 +36,15 @@ pub struct Args {
     #[arg(long, value_name = "DIR", default_value = "./catalog-data")]
     data_dir: PathBuf,
 
-    /// PostgreSQL (needs the `postgres` feature): one schema per module,
-    /// PREFIX_catalog, PREFIX_storefront and PREFIX_journeys (see
-    /// --schema-prefix)
-    #[arg(long, value_name = "URL", value_parser = Secret(postgres_url), conflicts_with = "data_dir")]
+    /// PostgreSQL (postgres://…, needs the `postgres` feature): one schema
+    /// per module, PREFIX_catalog, PREFIX_storefront and PREFIX_journeys
+    /// (see --schema-prefix); MariaDB or MySQL (mysql://…, needs the
+    /// `mysql` feature): one database per module, of the same names
+    #[arg(long, value_name = "URL", value_parser = Secret(server_url), conflicts_with = "data_dir")]
     database_url: Option<String>,
 
-    /// With --database-url: the prefix of the modules' schema names
+    /// With --database-url: the prefix of the modules' schema (MariaDB/MySQL:
+    /// database) names
     #[arg(long, value_name = "PREFIX", default_value = "catalog", value_parser = schema_prefix, requires = "database_url")]
     pub schema_prefix: String,
 
@@ -91,6 +93,9 @@ pub enum Store<'a> {
     /// A PostgreSQL database, one schema per module.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Postgres(&'a str),
+    /// A MariaDB or MySQL server, one database per module.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    Mysql(&'a str),
 }
 
 /// The changes a run that is not resuming plans.
@@ -116,6 +121,7 @@ impl Args {
     /// Where the modules' databases are.
     pub fn store(&self) -> Store<'_> {
         match &self.database_url {
+            Some(url) if url.starts_with("mysql://") => Store::Mysql(url),
             Some(url) => Store::Postgres(url),
             None => Store::Sqlite(&self.data_dir),
         }
@@ -132,12 +138,17 @@ impl Args {
     }
 }
 
-/// A `postgres://` URL.
-fn postgres_url(value: &str) -> Result<String, String> {
-    if value.starts_with("postgres://") || value.starts_with("postgresql://") {
+/// A PostgreSQL URL (`postgres://`) or a MariaDB/MySQL one (`mysql://`).
+fn server_url(value: &str) -> Result<String, String> {
+    let schemes = ["postgres://", "postgresql://", "mysql://"];
+    if schemes.iter().any(|scheme| value.starts_with(scheme)) {
         Ok(value.to_string())
     } else {
-        Err("takes a PostgreSQL URL (postgres://...); use --data-dir for SQLite".into())
+        Err(
+            "takes a PostgreSQL URL (postgres://...) or a MariaDB/MySQL URL (mysql://...); use \
+             --data-dir for SQLite"
+                .into(),
+        )
     }
 }
 

@@ -27,6 +27,7 @@
 //! cargo run --release --example catalog -- --resume          # after a crash (kill -9 at any moment)
 //! cargo run --release --example catalog -- --disturb 3       # show both safeguards at work
 //! cargo run --release --features postgres --example catalog -- --database-url postgres://…
+//! cargo run --release --features mysql --example catalog -- --database-url mysql://root@127.0.0.1:3306
 //! ```
 //!
 //! `--fail-rate P` makes handlers fail after their work, before COMMIT
@@ -41,15 +42,17 @@
 //! stdout (logs go to stderr); the exit code is 0 only if all is well.
 //!
 //! SQLite (the default) keeps one file per module under `./catalog-data`;
-//! `--database-url` puts each module in its own PostgreSQL schema
-//! (`catalog_catalog`, `catalog_storefront`, `catalog_journeys`; see
-//! `--schema-prefix`).
+//! `--database-url postgres://…` puts each module in its own PostgreSQL
+//! schema (`catalog_catalog`, `catalog_storefront`, `catalog_journeys`; see
+//! `--schema-prefix`); `--database-url mysql://…` (MariaDB ≥ 10.6 or MySQL
+//! ≥ 8.0, the `mysql` feature) in its own database of the same name on that
+//! server, made if missing.
 //!
 //! Read this file from top to bottom: the message, the handlers, the
 //! modules and the bus, publishing a change, waiting for the deliveries,
 //! the run. Beside it: `cli.rs` (the arguments), `plan.rs` (which changes
 //! a run makes), `tables.rs` (the modules' tables and queries), `db.rs`
-//! (one query for both backends), minishop's `faults.rs` (injected failures),
+//! (one query for every backend), minishop's `faults.rs` (injected failures),
 //! `disturb.rs` (messages that test the safeguards), `check.rs` (the final
 //! check), `report.rs` (what it prints), `interrupt.rs` (Ctrl-C).
 
@@ -73,6 +76,7 @@ use serde::{Deserialize, Serialize};
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
+use tables::Migrations;
 use tickbox::{
     Backend, Bus, BusHandle, Delivery, Handler, HandlerError, Message, ModuleBuilder, ModuleHandle,
     RetryPolicy, Tx,
@@ -203,28 +207,30 @@ pub struct Modules<B: Backend> {
 }
 
 /// Starts the modules; `module` makes a module's builder on the chosen
-/// backend. Starting a module creates tickbox's tables in its database,
-/// then runs the module's own migrations.
+/// backend, `migrations` are the modules' own in its dialect. Starting a
+/// module creates tickbox's tables in its database, then runs the module's
+/// own migrations.
 async fn start_modules<B: Backend>(
     args: &Args,
     module: impl Fn(&str) -> ModuleBuilder<B>,
+    migrations: &'static Migrations,
 ) -> tickbox::Result<Modules<B>> {
     let fail_rate = args.fail_rate;
     // Four connections per module are plenty here (and keep a PostgreSQL
     // server's connections few when tests run several of these at once).
     let module = |name: &str| module(name).pool_size(4);
     let catalog = module("catalog")
-        .migrations(&tables::CATALOG_MIGRATIONS)
+        .migrations(&migrations.catalog)
         .publishes::<ProductPriceChanged>()
         .start()
         .await?;
     let storefront = module("storefront")
-        .migrations(&tables::STOREFRONT_MIGRATIONS)
+        .migrations(&migrations.storefront)
         .handler(APPLY_PRICE_CHANGE, flaky(ApplyPriceChange, fail_rate))
         .start()
         .await?;
     let journeys = module("journeys")
-        .migrations(&tables::JOURNEYS_MIGRATIONS)
+        .migrations(&migrations.journeys)
         .handler(RECORD_JOURNEY, flaky(RecordJourney, fail_rate))
         .start()
         .await?;
@@ -381,15 +387,16 @@ async fn wait_for_deliveries<B: Backend>(
 // ---------------------------------------------------------------------------
 // 6. The run: start, publish, wait, stop the bus, disturb, check.
 
-/// One run on the backend whose module builders `module` makes: the report,
-/// or why there is none.
+/// One run on the backend whose module builders `module` makes, with the
+/// modules' `migrations` in its dialect: the report, or why there is none.
 async fn run<B: Backend>(
     args: &Args,
     module: impl Fn(&str) -> ModuleBuilder<B>,
+    migrations: &'static Migrations,
     stop: &CancellationToken,
 ) -> Result<Report, String> {
     let started = Instant::now();
-    let modules = start_modules(args, module)
+    let modules = start_modules(args, module, migrations)
         .await
         .map_err(|e| e.to_string())?;
     let bus = start_bus(&modules, args).await.map_err(|e| e.to_string())?;
@@ -431,6 +438,22 @@ async fn run<B: Backend>(
     ))
 }
 
+/// One run on a server where each module has a named schema (PostgreSQL)
+/// or database (MariaDB/MySQL), `PREFIX_MODULE` (`--schema-prefix`), on the
+/// server `url` names.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn run_in_schemas<B: tickbox::Schemas>(
+    args: &Args,
+    url: &str,
+    migrations: &'static Migrations,
+    stop: &CancellationToken,
+) -> Result<Report, String> {
+    let module = |name: &str| {
+        tickbox::Module::<B>::builder(name, url).schema(format!("{}_{name}", args.schema_prefix))
+    };
+    run(args, module, migrations, stop).await
+}
+
 /// Runs the example on the databases the arguments name, prints the
 /// report, and exits 0 only if the check found all well.
 #[actix::main]
@@ -457,22 +480,30 @@ async fn main() -> ExitCode {
                     let file = dir.join(format!("{name}.db")).display().to_string();
                     tickbox::Module::<tickbox::Sqlite>::builder(name, file)
                 };
-                run(&args, module, &stop).await
+                run(&args, module, &tables::PORTABLE_MIGRATIONS, &stop).await
             }
             Err(e) => Err(format!("cannot create {}: {e}", dir.display())),
         },
         #[cfg(feature = "postgres")]
         Store::Postgres(url) => {
-            let module = |name: &str| {
-                tickbox::Module::<tickbox::Postgres>::builder(name, url)
-                    .schema(format!("{}_{name}", args.schema_prefix))
-            };
-            run(&args, module, &stop).await
+            let migrations = &tables::PORTABLE_MIGRATIONS;
+            run_in_schemas::<tickbox::Postgres>(&args, url, migrations, &stop).await
         }
         #[cfg(not(feature = "postgres"))]
         Store::Postgres(_) => Err("--database-url needs the `postgres` feature: cargo run \
              --release --features postgres --example catalog -- --database-url postgres://..."
             .to_string()),
+        #[cfg(feature = "mysql")]
+        Store::Mysql(url) => {
+            let migrations = &tables::MYSQL_MIGRATIONS;
+            run_in_schemas::<tickbox::Mysql>(&args, url, migrations, &stop).await
+        }
+        #[cfg(not(feature = "mysql"))]
+        Store::Mysql(_) => Err(
+            "--database-url mysql://... needs the `mysql` feature: cargo run \
+             --release --features mysql --example catalog -- --database-url mysql://..."
+                .to_string(),
+        ),
     };
     match result {
         Ok(report) => {

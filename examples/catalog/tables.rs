@@ -2,29 +2,48 @@
 //!
 //! tickbox keeps its own tables (`tickbox_outbox`, `tickbox_inbox`, …) in
 //! each module's database; these are the application's, beside them,
-//! created by the migrations under `migrations/MODULE/`. Each query is
-//! written once and runs on either backend ([`on_either!`]).
+//! created by the migrations under `migrations/MODULE/` (MariaDB/MySQL:
+//! `mysql_migrations/MODULE/`). Each query is written once and runs on
+//! every backend ([`on_either!`]); the few MariaDB and MySQL spell otherwise
+//! are written for them beside it.
 
 use crate::cli::NewPlan;
 use crate::db::{on_either, AnyConn};
 use crate::plan::{product_id, Plan};
 use crate::ProductPriceChanged;
+#[cfg(feature = "mysql")]
+use tickbox::diesel::dsl::DuplicatedKeys;
+#[cfg(feature = "mysql")]
+use tickbox::diesel::result::{DatabaseErrorKind, Error::DatabaseError};
 use tickbox::diesel::upsert::excluded;
 use tickbox::diesel::{self, ExpressionMethods, OptionalExtension, QueryDsl, QueryResult};
 use tickbox::diesel_async::RunQueryDsl;
 use tickbox::diesel_migrations::{self, embed_migrations, EmbeddedMigrations};
 
 /// Each module's own migrations, which tickbox runs when the module starts
-/// (after its own tables, under the same lock). The SQL runs unchanged on
-/// SQLite and PostgreSQL.
-pub const CATALOG_MIGRATIONS: EmbeddedMigrations =
-    embed_migrations!("examples/catalog/migrations/catalog");
-/// The storefront's migrations.
-pub const STOREFRONT_MIGRATIONS: EmbeddedMigrations =
-    embed_migrations!("examples/catalog/migrations/storefront");
-/// The journeys' migrations.
-pub const JOURNEYS_MIGRATIONS: EmbeddedMigrations =
-    embed_migrations!("examples/catalog/migrations/journeys");
+/// (after its own tables, under the same lock). One set per dialect:
+/// [`PORTABLE_MIGRATIONS`] and [`MYSQL_MIGRATIONS`].
+pub struct Migrations {
+    pub catalog: EmbeddedMigrations,
+    pub storefront: EmbeddedMigrations,
+    pub journeys: EmbeddedMigrations,
+}
+
+/// `migrations/MODULE/`: SQL that runs unchanged on SQLite and PostgreSQL.
+pub const PORTABLE_MIGRATIONS: Migrations = Migrations {
+    catalog: embed_migrations!("examples/catalog/migrations/catalog"),
+    storefront: embed_migrations!("examples/catalog/migrations/storefront"),
+    journeys: embed_migrations!("examples/catalog/migrations/journeys"),
+};
+
+/// `mysql_migrations/MODULE/`: the same tables on MariaDB and MySQL, which
+/// index no `TEXT` key.
+#[cfg(feature = "mysql")]
+pub const MYSQL_MIGRATIONS: Migrations = Migrations {
+    catalog: embed_migrations!("examples/catalog/mysql_migrations/catalog"),
+    storefront: embed_migrations!("examples/catalog/mysql_migrations/storefront"),
+    journeys: embed_migrations!("examples/catalog/mysql_migrations/journeys"),
+};
 
 /// The price of a product no change has touched yet, in cents.
 const FIRST_PRICE: i64 = 1000;
@@ -138,11 +157,12 @@ pub async fn create_plan(conn: &mut AnyConn, new: NewPlan) -> QueryResult<Plan> 
             price: FIRST_PRICE,
             version: 0,
         };
-        on_either!(conn, |c| diesel::insert_into(products::table)
-            .values(&product)
-            .on_conflict_do_nothing()
-            .execute(c)
-            .await)?;
+        let insert = diesel::insert_into(products::table).values(&product);
+        on_either!(conn, |c| {
+            insert.on_conflict_do_nothing().execute(c).await
+        }, mysql: |c| {
+            insert.on_conflict(DuplicatedKeys).do_nothing().execute(c).await
+        })?;
     }
     let last: Option<i64> = on_either!(conn, |c| change_plans::table
         .select(diesel::dsl::max(change_plans::id))
@@ -193,30 +213,44 @@ pub async fn load_plans(conn: &mut AnyConn) -> QueryResult<Vec<Plan>> {
 /// Takes the number of the plan's next change, counting it as published
 /// (the caller's transaction publishes it); `None` when every change of
 /// the plan is. One statement, so the count can never skip or repeat a
-/// change, whoever else runs the plan.
-pub async fn take_next_change(conn: &mut AnyConn, plan: i64) -> QueryResult<Option<i64>> {
+/// change, whoever else runs the plan. (MariaDB/MySQL, without
+/// `RETURNING`: the `UPDATE`, then the count it wrote, read under the row
+/// lock the `UPDATE` holds until the transaction ends.)
+pub async fn take_next_change(conn: &mut AnyConn, plan_id: i64) -> QueryResult<Option<i64>> {
     let plan = change_plans::table
-        .find(plan)
+        .find(plan_id)
         .filter(change_plans::published.lt(change_plans::changes));
-    on_either!(conn, |c| diesel::update(plan)
-        .set(change_plans::published.eq(change_plans::published + 1))
-        .returning(change_plans::published)
-        .get_result(c)
-        .await
-        .optional())
+    let count = diesel::update(plan).set(change_plans::published.eq(change_plans::published + 1));
+    let published = change_plans::table
+        .find(plan_id)
+        .select(change_plans::published);
+    on_either!(conn, |c| {
+        let taken = count.returning(change_plans::published);
+        taken.get_result(c).await.optional()
+    }, mysql: |c| {
+        if count.execute(c).await? == 0 {
+            Ok(None)
+        } else {
+            published.get_result(c).await.map(Some)
+        }
+    })
 }
 
 /// Sets a product's price and bumps its version; the new version.
+/// (MariaDB/MySQL: the `UPDATE`, then the version it wrote, read under its
+/// row lock.)
 pub async fn change_price(conn: &mut AnyConn, product_id: &str, price: i64) -> QueryResult<i64> {
     let product = products::table.find(product_id);
-    on_either!(conn, |c| diesel::update(product)
-        .set((
-            products::price.eq(price),
-            products::version.eq(products::version + 1),
-        ))
-        .returning(products::version)
-        .get_result(c)
-        .await)
+    let change = diesel::update(product).set((
+        products::price.eq(price),
+        products::version.eq(products::version + 1),
+    ));
+    on_either!(conn, |c| {
+        change.returning(products::version).get_result(c).await
+    }, mysql: |c| {
+        change.execute(c).await?;
+        product.select(products::version).get_result(c).await
+    })
 }
 
 /// Adds a change to the catalog's log.
@@ -276,7 +310,10 @@ pub struct StaleChange {
 /// (or the copy does not exist yet); whether it did. One statement, an
 /// upsert whose update only happens for a newer version: two changes of
 /// one product applied at the same moment (PostgreSQL) cannot both pass
-/// the check.
+/// the check. MariaDB and MySQL have no upsert `WHERE`: there a first
+/// statement makes sure the copy exists (a new one at version 0, which any
+/// change is newer than) and locks it, and an `UPDATE` applies the change
+/// only to an older copy.
 pub async fn apply_if_newer(conn: &mut AnyConn, change: &ProductPriceChanged) -> QueryResult<bool> {
     // An upsert's WHERE, which `QueryDsl` does not cover.
     use tickbox::diesel::query_dsl::methods::FilterDsl;
@@ -286,18 +323,34 @@ pub async fn apply_if_newer(conn: &mut AnyConn, change: &ProductPriceChanged) ->
         version: change.version,
         applied: 1,
     };
-    let changed = on_either!(conn, |c| diesel::insert_into(product_copies::table)
-        .values(&copy)
-        .on_conflict(product_copies::product_id)
-        .do_update()
-        .set((
-            product_copies::price.eq(excluded(product_copies::price)),
-            product_copies::version.eq(excluded(product_copies::version)),
+    let changed = on_either!(conn, |c| {
+        let upsert = diesel::insert_into(product_copies::table)
+            .values(&copy)
+            .on_conflict(product_copies::product_id)
+            .do_update()
+            .set((
+                product_copies::price.eq(excluded(product_copies::price)),
+                product_copies::version.eq(excluded(product_copies::version)),
+                product_copies::applied.eq(product_copies::applied + 1),
+            ))
+            .filter(product_copies::version.lt(excluded(product_copies::version)));
+        upsert.execute(c).await
+    }, mysql: |c| {
+        let unchanged = ProductCopy { price: 0, version: 0, applied: 0, ..copy.clone() };
+        let exists = diesel::insert_into(product_copies::table)
+            .values(&unchanged)
+            .on_conflict(DuplicatedKeys)
+            .do_nothing();
+        exists.execute(c).await?;
+        let copy_of = product_copies::table.find(&copy.product_id);
+        let older = QueryDsl::filter(copy_of, product_copies::version.lt(copy.version));
+        let apply = diesel::update(older).set((
+            product_copies::price.eq(copy.price),
+            product_copies::version.eq(copy.version),
             product_copies::applied.eq(product_copies::applied + 1),
-        ))
-        .filter(product_copies::version.lt(excluded(product_copies::version)))
-        .execute(c)
-        .await)?;
+        ));
+        apply.execute(c).await
+    })?;
     Ok(changed == 1)
 }
 
@@ -367,14 +420,22 @@ pub fn event_id(product_id: &str, version: i64) -> String {
 }
 
 /// Records a journey unless its event is already recorded (`ON CONFLICT DO
-/// NOTHING` on the primary key); whether it was new.
+/// NOTHING` on the primary key); whether it was new. MariaDB and MySQL
+/// count a row found by `ON DUPLICATE KEY UPDATE` as one changed, like a
+/// row inserted: there the insert is plain, and the primary key's refusal
+/// (which, unlike PostgreSQL's, leaves the transaction usable) means the
+/// event is recorded.
 pub async fn record_journey(conn: &mut AnyConn, journey: &Journey) -> QueryResult<bool> {
-    let inserted = on_either!(conn, |c| diesel::insert_into(journeys::table)
-        .values(journey)
-        .on_conflict_do_nothing()
-        .execute(c)
-        .await)?;
-    Ok(inserted == 1)
+    let insert = diesel::insert_into(journeys::table).values(journey);
+    on_either!(conn, |c| {
+        Ok(insert.on_conflict_do_nothing().execute(c).await? == 1)
+    }, mysql: |c| {
+        match insert.execute(c).await {
+            Ok(_) => Ok(true),
+            Err(DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
+            Err(error) => Err(error),
+        }
+    })
 }
 
 /// Records a message that carried an event already recorded.

@@ -80,10 +80,18 @@ pub struct Args {
     #[arg(long, value_name = "DIR", default_value = "./minishop-data")]
     data_dir: PathBuf,
 
-    /// PostgreSQL (needs the `postgres` feature): one schema per module,
-    /// minishop_orders, minishop_warehouse, minishop_notifications
-    #[arg(long, value_name = "URL", value_parser = Secret(postgres_url), conflicts_with = "data_dir")]
+    /// PostgreSQL (postgres://…, needs the `postgres` feature): one schema
+    /// per module, minishop_orders, minishop_warehouse,
+    /// minishop_notifications; MariaDB or MySQL (mysql://…, needs the
+    /// `mysql` feature): one database per module, of the same names
+    #[arg(long, value_name = "URL", value_parser = Secret(server_url), conflicts_with = "data_dir")]
     database_url: Option<String>,
+
+    /// With --database-url: the prefix of the modules' schema (MariaDB/MySQL:
+    /// database) names, PREFIX_orders, PREFIX_warehouse and
+    /// PREFIX_notifications; several shops can share one server
+    #[arg(long, value_name = "PREFIX", default_value = "minishop", value_parser = schema_prefix, requires = "database_url")]
+    pub schema_prefix: String,
 
     /// Place no orders; only finish pending work (after a crash)
     #[arg(long)]
@@ -163,10 +171,12 @@ pub struct Args {
     #[arg(long, value_name = "DIR", conflicts_with = "database_url")]
     pub check_data_dir: Vec<PathBuf>,
 
-    /// With --transport amqp and --database-url: the same, on PostgreSQL;
-    /// each module's is the schema minishop_MODULE in the first URL's
-    /// database holding it. May be given several times
-    #[arg(long, value_name = "URL", value_parser = Secret(postgres_url), requires = "database_url")]
+    /// With --transport amqp and --database-url: the same, on the same kind
+    /// of server; each module's is the schema (MariaDB/MySQL: database)
+    /// PREFIX_MODULE (--schema-prefix) in the first URL's server holding
+    /// it. May be given
+    /// several times
+    #[arg(long, value_name = "URL", value_parser = Secret(server_url), requires = "database_url")]
     pub check_database_url: Vec<String>,
 
     /// With --transport amqp, for a process that sees no orders database:
@@ -268,7 +278,11 @@ pub enum Store<'a> {
     /// A directory of SQLite files.
     Sqlite(&'a PathBuf),
     /// A PostgreSQL database, one schema per module.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Postgres(&'a str),
+    /// A MariaDB or MySQL server, one database per module.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    Mysql(&'a str),
 }
 
 /// Where the databases of the modules this process does not run are, for
@@ -276,9 +290,11 @@ pub enum Store<'a> {
 pub enum CheckStore<'a> {
     /// Directories of SQLite files.
     Sqlite(&'a [PathBuf]),
-    /// PostgreSQL databases, one schema per module.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    Postgres(&'a [String]),
+    /// PostgreSQL databases (one schema per module) or MariaDB/MySQL
+    /// servers (one database per module), of the same kind as
+    /// `--database-url`.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    Servers(&'a [String]),
 }
 
 impl Args {
@@ -314,6 +330,22 @@ impl Args {
                 )
                 .exit();
         }
+        if let Some(url) = &args.database_url {
+            let kind = server_kind(url);
+            if args
+                .check_database_url
+                .iter()
+                .any(|other| server_kind(other) != kind)
+            {
+                Args::command()
+                    .error(
+                        clap::error::ErrorKind::ArgumentConflict,
+                        "--check-database-url names a server of the same kind as --database-url \
+                         (postgres:// or mysql://)",
+                    )
+                    .exit();
+            }
+        }
         args
     }
 
@@ -321,7 +353,7 @@ impl Args {
     /// run, for the check (`--check-data-dir`, `--check-database-url`).
     pub fn check_store(&self) -> CheckStore<'_> {
         match &self.database_url {
-            Some(_) => CheckStore::Postgres(&self.check_database_url),
+            Some(_) => CheckStore::Servers(&self.check_database_url),
             None => CheckStore::Sqlite(&self.check_data_dir),
         }
     }
@@ -343,6 +375,7 @@ impl Args {
 
     pub fn store(&self) -> Store<'_> {
         match &self.database_url {
+            Some(url) if url.starts_with("mysql://") => Store::Mysql(url),
             Some(url) => Store::Postgres(url),
             None => Store::Sqlite(&self.data_dir),
         }
@@ -379,11 +412,37 @@ impl ModuleName {
     }
 }
 
-fn postgres_url(value: &str) -> Result<String, String> {
-    if value.starts_with("postgres://") || value.starts_with("postgresql://") {
+/// A PostgreSQL URL (`postgres://`) or a MariaDB/MySQL one (`mysql://`).
+fn server_url(value: &str) -> Result<String, String> {
+    if server_kind(value).is_some() {
         Ok(value.to_string())
     } else {
-        Err("takes a PostgreSQL URL (postgres://...); use --data-dir for SQLite".into())
+        Err(
+            "takes a PostgreSQL URL (postgres://...) or a MariaDB/MySQL URL (mysql://...); use \
+             --data-dir for SQLite"
+                .into(),
+        )
+    }
+}
+
+/// The kind of server a URL names: "PostgreSQL" or "MariaDB/MySQL".
+fn server_kind(url: &str) -> Option<&'static str> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Some("PostgreSQL")
+    } else if url.starts_with("mysql://") {
+        Some("MariaDB/MySQL")
+    } else {
+        None
+    }
+}
+
+/// A schema name's start: lower-case letters, digits and `_`.
+fn schema_prefix(value: &str) -> Result<String, String> {
+    let allowed = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_';
+    if !value.is_empty() && value.len() <= 40 && value.chars().all(allowed) {
+        Ok(value.to_string())
+    } else {
+        Err("takes up to 40 lower-case letters, digits and '_'".into())
     }
 }
 

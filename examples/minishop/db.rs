@@ -9,14 +9,15 @@
 //! from many places, so it gathers them in one trait, [`ShopDb`],
 //! implemented once for every backend whose connection runs them all: the
 //! rest of the example asks only for `B: ShopDb`, and the compiler checks
-//! the bounds where `main` picks SQLite or PostgreSQL. The one thing that
-//! truly differs between the backends, how the warehouse locks its stock,
-//! is [`LockStock`], implemented for each.
+//! the bounds where `main` picks SQLite, PostgreSQL or MariaDB/MySQL. What
+//! truly differs between the backends, the SQL of the tables' migrations
+//! and how the warehouse locks its stock, is [`Dialect`], implemented for
+//! each.
 
 use crate::queries as q;
 use crate::tables::{
-    now_us, IgnoredMessage, NewEmail, NewOrder, NewReservation, NewShortage, OrderCounts,
-    OrderStatus, PlacingRun, RUN_LEASE,
+    now_us, IgnoredMessage, Migrations, NewEmail, NewOrder, NewReservation, NewShortage,
+    OrderCounts, OrderStatus, PlacingRun, RUN_LEASE,
 };
 use std::future::Future;
 use tickbox::diesel::{OptionalExtension, QueryResult};
@@ -26,7 +27,7 @@ use tickbox::Backend;
 
 /// Every query minishop runs on a module's database, inside the
 /// transaction whose connection it is given.
-pub trait ShopDb: LockStock {
+pub trait ShopDb: Dialect {
     // orders
 
     fn insert_order(
@@ -170,7 +171,7 @@ pub trait ShopDb: LockStock {
 /// For every backend whose connection runs each of minishop's queries. The
 /// bounds name no backend: a backend tickbox adds later serves minishop as
 /// soon as its connection runs them (and it locks stock its own way).
-impl<B: LockStock> ShopDb for B
+impl<B: Dialect> ShopDb for B
 where
     q::insert_order: ExecuteDsl<B::Connection>,
     q::settle_order: ExecuteDsl<B::Connection>,
@@ -359,17 +360,22 @@ fn lease_end() -> i64 {
     now_us() + RUN_LEASE.as_micros() as i64
 }
 
-/// How the warehouse locks its stock, which differs per backend: written
-/// for each.
-pub trait LockStock: Backend {
+/// What differs per backend, written for each: the SQL that makes the
+/// modules' tables, and how the warehouse locks its stock.
+pub trait Dialect: Backend {
+    /// The migrations that make the modules' own tables.
+    const MIGRATIONS: &'static Migrations;
+
     /// Locks every stock row, in sku order, until the transaction ends (see
     /// `ReserveStock` for why).
     fn lock_stock(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<()>> + Send;
 }
 
-/// Nothing to do: a write transaction (`BEGIN IMMEDIATE`) holds the whole
+/// Nothing to lock: a write transaction (`BEGIN IMMEDIATE`) holds the whole
 /// database's one write lock from its start.
-impl LockStock for tickbox::Sqlite {
+impl Dialect for tickbox::Sqlite {
+    const MIGRATIONS: &'static Migrations = &crate::tables::PORTABLE_MIGRATIONS;
+
     async fn lock_stock(_: &mut Self::Connection) -> QueryResult<()> {
         Ok(())
     }
@@ -381,7 +387,9 @@ impl LockStock for tickbox::Sqlite {
 /// same transaction, on rows it already locked or updated, waits for
 /// nobody.
 #[cfg(feature = "postgres")]
-impl LockStock for tickbox::Postgres {
+impl Dialect for tickbox::Postgres {
+    const MIGRATIONS: &'static Migrations = &crate::tables::PORTABLE_MIGRATIONS;
+
     async fn lock_stock(conn: &mut Self::Connection) -> QueryResult<()> {
         use crate::tables::schema::stock;
         use tickbox::diesel::QueryDsl;
@@ -389,6 +397,25 @@ impl LockStock for tickbox::Postgres {
             .select(stock::sku)
             .order(stock::sku)
             .for_no_key_update();
+        lock.load::<String>(conn).await.map(drop)
+    }
+}
+
+/// `SELECT sku FROM stock ORDER BY sku FOR UPDATE` locks the rows one after
+/// the other in the primary key's order (InnoDB has one kind of row write
+/// lock, the one the later `UPDATE` takes): running it again in the same
+/// transaction waits for nobody.
+#[cfg(feature = "mysql")]
+impl Dialect for tickbox::Mysql {
+    const MIGRATIONS: &'static Migrations = &crate::tables::MYSQL_MIGRATIONS;
+
+    async fn lock_stock(conn: &mut Self::Connection) -> QueryResult<()> {
+        use crate::tables::schema::stock;
+        use tickbox::diesel::QueryDsl;
+        let lock = stock::table
+            .select(stock::sku)
+            .order(stock::sku)
+            .for_update();
         lock.load::<String>(conn).await.map(drop)
     }
 }

@@ -5,8 +5,10 @@
 //! The processes need nothing of each other's databases to run: only this
 //! process's final check reads them. Each is looked for in the locations
 //! given, in order, until one holds it: the file `MODULE.db` in a
-//! directory, the schema `minishop_MODULE` in a PostgreSQL database. A
-//! process started before its partners waits for theirs to appear.
+//! directory, the schema `PREFIX_MODULE` (`--schema-prefix`) in a
+//! PostgreSQL database or the database of that name on a MariaDB/MySQL
+//! server ([`NamedSchemas`]).
+//! A process started before its partners waits for theirs to appear.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -61,7 +63,7 @@ pub fn dirs_text(dirs: &[PathBuf]) -> String {
 }
 
 /// The URLs, passwords hidden, as the error names them.
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub fn urls_text(urls: &[String]) -> String {
     urls.iter()
         .map(|url| tickbox::redact_url(url))
@@ -69,27 +71,68 @@ pub fn urls_text(urls: &[String]) -> String {
         .join(", ")
 }
 
-/// The first of `urls` whose database holds the schema `schema`; a
-/// database out of reach is skipped for now.
+/// A backend that keeps each module in a named schema of a server
+/// (PostgreSQL's schemas, MariaDB/MySQL's databases), and can tell whether
+/// a server holds one.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub trait NamedSchemas: tickbox::Schemas {
+    /// Whether the server at `url` holds the schema `schema`.
+    fn holds_schema(
+        url: &str,
+        schema: &str,
+    ) -> impl std::future::Future<Output = tickbox::diesel::QueryResult<bool>>;
+}
+
+/// Counts the rows of `count`, a `SELECT count(*)` naming one schema, on a
+/// connection of type `C` to `url`.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn count_on<C>(url: &str, count: String) -> tickbox::diesel::QueryResult<bool>
+where
+    C: tickbox::diesel_async::AsyncConnection + 'static,
+    tickbox::diesel::dsl::select<
+        tickbox::diesel::expression::SqlLiteral<tickbox::diesel::sql_types::BigInt>,
+    >: tickbox::diesel_async::methods::LoadQuery<'static, C, i64>,
+{
+    use tickbox::diesel_async::RunQueryDsl;
+    let mut conn = C::establish(url).await.map_err(|error| {
+        tickbox::diesel::result::Error::QueryBuilderError(error.to_string().into())
+    })?;
+    let query = tickbox::diesel::select(tickbox::diesel::dsl::sql::<
+        tickbox::diesel::sql_types::BigInt,
+    >(&count));
+    Ok(query.get_result::<i64>(&mut conn).await? > 0)
+}
+
+/// A schema of the database the URL names.
 #[cfg(feature = "postgres")]
-pub async fn postgres_url<'a>(urls: &'a [String], schema: &str) -> Option<&'a str> {
-    use tickbox::diesel::dsl::sql;
-    use tickbox::diesel::sql_types::BigInt;
-    use tickbox::diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-    // Our own module names: nothing to quote.
-    let query = tickbox::diesel::select(sql::<BigInt>(&format!(
-        "(SELECT count(*) FROM pg_namespace WHERE nspname = '{schema}')"
-    )));
+impl NamedSchemas for tickbox::Postgres {
+    async fn holds_schema(url: &str, schema: &str) -> tickbox::diesel::QueryResult<bool> {
+        // Our own module names: nothing to quote.
+        let count = format!("(SELECT count(*) FROM pg_namespace WHERE nspname = '{schema}')");
+        count_on::<tickbox::diesel_async::AsyncPgConnection>(url, count).await
+    }
+}
+
+/// A database of the server the URL names (its own database, if it names
+/// one, does not matter).
+#[cfg(feature = "mysql")]
+impl NamedSchemas for tickbox::Mysql {
+    async fn holds_schema(url: &str, schema: &str) -> tickbox::diesel::QueryResult<bool> {
+        let count = format!(
+            "(SELECT count(*) FROM information_schema.schemata WHERE schema_name = '{schema}')"
+        );
+        count_on::<tickbox::diesel_async::AsyncMysqlConnection>(url, count).await
+    }
+}
+
+/// The first of `urls` whose server holds the schema `schema`; a server
+/// out of reach is skipped for now.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub async fn schema_url<'a, B: NamedSchemas>(urls: &'a [String], schema: &str) -> Option<&'a str> {
     for url in urls {
-        let found = match AsyncPgConnection::establish(url).await {
-            Ok(mut conn) => query.clone().get_result::<i64>(&mut conn).await,
-            Err(error) => Err(tickbox::diesel::result::Error::QueryBuilderError(
-                error.to_string().into(),
-            )),
-        };
-        match found {
-            Ok(n) if n > 0 => return Some(url),
-            Ok(_) => {}
+        match B::holds_schema(url, schema).await {
+            Ok(true) => return Some(url),
+            Ok(false) => {}
             Err(error) => tracing::debug!(url = %tickbox::redact_url(url), %error,
                 "cannot look for the schema {schema} there yet"),
         }

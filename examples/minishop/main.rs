@@ -40,6 +40,7 @@
 //! cargo run --release --example minishop -- --smtp 127.0.0.1:2525
 //! cargo run --release --example minishop -- --smtp 127.0.0.1:2525 --email-policy at-most-once --crash-at after-send --crash-rate 0.2
 //! cargo run --release --features postgres --example minishop -- --database-url postgres://…
+//! cargo run --release --features mysql --example minishop -- --database-url mysql://root@127.0.0.1:3306
 //! cargo run --release --example minishop -- --help
 //! ```
 //!
@@ -79,8 +80,11 @@
 //! start is retried; one refusing the credentials ends the run (exit 1).
 //!
 //! SQLite (the default) keeps one file per module under `./minishop-data`;
-//! `--database-url` puts each module in its own PostgreSQL schema
-//! (`minishop_orders`, …). Logs and progress go to stderr (`RUST_LOG` sets
+//! `--database-url postgres://…` puts each module in its own PostgreSQL
+//! schema (`minishop_orders`, …; see `--schema-prefix`); `--database-url
+//! mysql://…` (MariaDB ≥ 10.6 or MySQL ≥ 8.0, the `mysql` feature) in its
+//! own database of the same name on that server, made if missing (the URL
+//! need name no database). Logs and progress go to stderr (`RUST_LOG` sets
 //! the filter, `minishop=debug` shows every e-mail), the report to stdout;
 //! `--json` prints one JSON object instead. `--metrics-addr HOST:PORT`
 //! serves Prometheus metrics while it runs (the `prometheus` feature).
@@ -464,7 +468,7 @@ fn configure<B: ShopDb>(
     match name {
         ModuleName::Orders => {
             let orders = builder
-                .migrations(&tables::ORDERS_MIGRATIONS)
+                .migrations(&B::MIGRATIONS.orders)
                 .publishes::<OrderPlaced>()
                 .publishes::<OrderConfirmed>();
             if runs {
@@ -477,7 +481,7 @@ fn configure<B: ShopDb>(
         }
         ModuleName::Warehouse => {
             let warehouse = builder
-                .migrations(&tables::WAREHOUSE_MIGRATIONS)
+                .migrations(&B::MIGRATIONS.warehouse)
                 .publishes::<StockReserved>()
                 .publishes::<StockShort>();
             if runs {
@@ -491,7 +495,7 @@ fn configure<B: ShopDb>(
             }
         }
         ModuleName::Notifications => {
-            let notifications = builder.migrations(&tables::NOTIFICATIONS_MIGRATIONS);
+            let notifications = builder.migrations(&B::MIGRATIONS.notifications);
             if runs {
                 notifications.handler(SEND_CONFIRMATION, flaky(SendConfirmation::new(args), fail))
             } else {
@@ -1025,6 +1029,36 @@ async fn find_elsewhere<T>(
     }
 }
 
+/// The run on a server where each module has a named schema (PostgreSQL)
+/// or database (MariaDB/MySQL), `PREFIX_MODULE` (`--schema-prefix`,
+/// `minishop` unless given), on the server `url`
+/// names; over amqp the other processes' are looked for with
+/// `--check-database-url`.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn run_in_schemas<B: ShopDb + elsewhere::NamedSchemas>(
+    args: &Args,
+    url: &str,
+    stop: &CancellationToken,
+) -> Result<report::Report, String> {
+    let schema = |name: &str| format!("{}_{name}", args.schema_prefix);
+    let module =
+        |name: &str, url: &str| tickbox::Module::<B>::builder(name, url).schema(schema(name));
+    let CheckStore::Servers(urls) = args.check_store() else {
+        unreachable!("a server's modules are checked on servers")
+    };
+    let looked_in = elsewhere::urls_text(urls);
+    let elsewhere = async |name: &'static str| {
+        if urls.is_empty() {
+            return Ok(None);
+        }
+        let schema = schema(name);
+        let found = async || elsewhere::schema_url::<B>(urls, &schema).await;
+        let url = find_elsewhere(args, name, &looked_in, stop, found).await?;
+        Ok(url.map(|url| module(name, url)))
+    };
+    run(args, |name| module(name, url), elsewhere, stop).await
+}
+
 #[actix::main]
 async fn main() -> ExitCode {
     let args = Args::parse_or_exit();
@@ -1080,30 +1114,19 @@ async fn main() -> ExitCode {
             )),
         },
         #[cfg(feature = "postgres")]
-        Store::Postgres(url) => {
-            let module = |name: &str, url: &str| {
-                tickbox::Module::<tickbox::Postgres>::builder(name, url)
-                    .schema(format!("minishop_{name}"))
-            };
-            let CheckStore::Postgres(urls) = args.check_store() else {
-                unreachable!("PostgreSQL checks PostgreSQL schemas")
-            };
-            let looked_in = elsewhere::urls_text(urls);
-            let elsewhere = async |name: &'static str| {
-                if urls.is_empty() {
-                    return Ok(None);
-                }
-                let schema = format!("minishop_{name}");
-                let found = async || elsewhere::postgres_url(urls, &schema).await;
-                let url = find_elsewhere(&args, name, &looked_in, &stop, found).await?;
-                Ok(url.map(|url| module(name, url)))
-            };
-            run(&args, |name| module(name, url), elsewhere, &stop).await
-        }
+        Store::Postgres(url) => run_in_schemas::<tickbox::Postgres>(&args, url, &stop).await,
         #[cfg(not(feature = "postgres"))]
         Store::Postgres(url) => Err(format!(
             "--database-url {} needs the `postgres` feature: cargo run --release --features \
              postgres --example minishop -- --database-url postgres://...",
+            tickbox::redact_url(url)
+        )),
+        #[cfg(feature = "mysql")]
+        Store::Mysql(url) => run_in_schemas::<tickbox::Mysql>(&args, url, &stop).await,
+        #[cfg(not(feature = "mysql"))]
+        Store::Mysql(url) => Err(format!(
+            "--database-url {} needs the `mysql` feature: cargo run --release --features \
+             mysql --example minishop -- --database-url mysql://...",
             tickbox::redact_url(url)
         )),
     };

@@ -9,16 +9,32 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tickbox::diesel;
 use tickbox::diesel_migrations::{self, embed_migrations, EmbeddedMigrations};
 
-/// Each module's own tables, created by the migrations beside this file
-/// (`migrations/MODULE/`), which tickbox runs when the module starts: after
-/// its own tables, under the same lock, so processes starting together run
-/// them once. The SQL runs unchanged on SQLite and PostgreSQL.
-pub const ORDERS_MIGRATIONS: EmbeddedMigrations =
-    embed_migrations!("examples/minishop/migrations/orders");
-pub const WAREHOUSE_MIGRATIONS: EmbeddedMigrations =
-    embed_migrations!("examples/minishop/migrations/warehouse");
-pub const NOTIFICATIONS_MIGRATIONS: EmbeddedMigrations =
-    embed_migrations!("examples/minishop/migrations/notifications");
+/// Each module's own tables, created by the migrations beside this file,
+/// which tickbox runs when the module starts: after its own tables, under
+/// the same lock, so processes starting together run them once. One set
+/// per dialect: [`PORTABLE_MIGRATIONS`] and [`MYSQL_MIGRATIONS`]; each
+/// backend names its own (`db::Dialect::MIGRATIONS`).
+pub struct Migrations {
+    pub orders: EmbeddedMigrations,
+    pub warehouse: EmbeddedMigrations,
+    pub notifications: EmbeddedMigrations,
+}
+
+/// `migrations/MODULE/`: SQL that runs unchanged on SQLite and PostgreSQL.
+pub const PORTABLE_MIGRATIONS: Migrations = Migrations {
+    orders: embed_migrations!("examples/minishop/migrations/orders"),
+    warehouse: embed_migrations!("examples/minishop/migrations/warehouse"),
+    notifications: embed_migrations!("examples/minishop/migrations/notifications"),
+};
+
+/// `mysql_migrations/MODULE/`: the same tables on MariaDB and MySQL, which
+/// index no `TEXT` key and spell the stock's seed `ON DUPLICATE KEY UPDATE`.
+#[cfg(feature = "mysql")]
+pub const MYSQL_MIGRATIONS: Migrations = Migrations {
+    orders: embed_migrations!("examples/minishop/mysql_migrations/orders"),
+    warehouse: embed_migrations!("examples/minishop/mysql_migrations/warehouse"),
+    notifications: embed_migrations!("examples/minishop/mysql_migrations/notifications"),
+};
 
 /// Items the warehouse stocks (its migration seeds each far beyond what any
 /// run orders).

@@ -404,3 +404,9 @@ mod postgres {
     use super::*;
     effects_mail!(Place::postgres("mail"));
 }
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use super::*;
+    effects_mail!(Place::mysql("mail"));
+}

@@ -103,9 +103,16 @@ fn the_examples_command_lines_show_no_secret_of_any_shape() {
             (&catalog, vec!["--database-url", url]),
         ] {
             let (code, stderr) = run(binary, &args);
+            assert_hidden(&format!("{args:?}"), &stderr);
+            if url.starts_with("mysql://") && args[0] != "--amqp-url" {
+                // A MariaDB/MySQL URL the examples take: refused by the
+                // command line only beside a PostgreSQL one, and otherwise
+                // when the server `h` cannot be reached.
+                assert!(matches!(code, Some(1 | 2)), "{args:?}: {stderr}");
+                continue;
+            }
             assert_eq!(code, Some(2), "{args:?}: {stderr}");
             assert!(stderr.contains("invalid value"), "{args:?}: {stderr}");
-            assert_hidden(&format!("{args:?}"), &stderr);
         }
         // A URL given without its flag is quoted as an unexpected
         // argument; a lone word is shown as typed (it is likely a typo).

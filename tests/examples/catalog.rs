@@ -1,5 +1,6 @@
-//! The catalog example as a child process, on SQLite and (feature
-//! `postgres`, `TICKBOX_PG_URL`) on PostgreSQL: keyed runs through injected
+//! The catalog example as a child process, on SQLite, (feature
+//! `postgres`, `TICKBOX_PG_URL`) on PostgreSQL and (feature `mysql`,
+//! `TICKBOX_MYSQL_URL`) on MariaDB/MySQL: keyed runs through injected
 //! failures and duplicates keep every copy right without ever meeting an
 //! older change; unordered runs meet older changes and the storefront's
 //! version check keeps the copy right anyway; runs killed with SIGKILL at
@@ -25,6 +26,10 @@ enum Place {
     /// `TICKBOX_PG_URL` names; dropped at the end.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Postgres { url: String, prefix: String },
+    /// Three databases, `<prefix>_catalog` and so on, on the MariaDB/MySQL
+    /// server `TICKBOX_MYSQL_URL` names; dropped at the end.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    Mysql { url: String, prefix: String },
 }
 
 impl Place {
@@ -46,11 +51,21 @@ impl Place {
         }
     }
 
+    /// Fresh database names on the MariaDB/MySQL server of
+    /// `TICKBOX_MYSQL_URL`, which must be set and reachable.
+    #[cfg(feature = "mysql")]
+    fn mysql() -> Self {
+        Place::Mysql {
+            url: crate::support::mysql::server_url(),
+            prefix: crate::support::mysql::new_prefix("catalog"),
+        }
+    }
+
     /// The example's arguments naming this place.
     fn args(&self) -> Vec<String> {
         match self {
             Place::Sqlite(dir) => vec!["--data-dir".into(), dir.path().display().to_string()],
-            Place::Postgres { url, prefix } => vec![
+            Place::Postgres { url, prefix } | Place::Mysql { url, prefix } => vec![
                 "--database-url".into(),
                 url.clone(),
                 "--schema-prefix".into(),
@@ -62,6 +77,10 @@ impl Place {
 
 impl Drop for Place {
     fn drop(&mut self) {
+        #[cfg(feature = "mysql")]
+        if let Place::Mysql { prefix, .. } = self {
+            crate::support::mysql::drop_databases(prefix);
+        }
         if let Place::Postgres { url, prefix } = self {
             let drop = ["catalog", "storefront", "journeys"]
                 .map(|module| format!("DROP SCHEMA IF EXISTS {prefix}_{module} CASCADE;"))
@@ -381,4 +400,10 @@ mod sqlite {
 mod postgres {
     use super::Place;
     on_backend!(Place::postgres());
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use super::Place;
+    on_backend!(Place::mysql());
 }

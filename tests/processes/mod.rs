@@ -1,6 +1,6 @@
 //! Whole processes: the minishop example runs as a child process and is
-//! killed with SIGKILL at seeded random moments, has its PostgreSQL
-//! connections terminated under it, or runs as several processes over one
+//! killed with SIGKILL at seeded random moments, has its PostgreSQL or
+//! MariaDB/MySQL connections killed under it, or runs as several processes over one
 //! set of databases, each running some of the modules (`--modules`), also
 //! many at once on fresh databases (`started_together`). Every
 //! run ends with the example's own check of the invariants, read from the
@@ -34,7 +34,17 @@ pub(crate) fn minishop() -> PathBuf {
 /// Where a run keeps its databases.
 pub(crate) enum Place {
     Sqlite(tempfile::TempDir),
-    Postgres { url: String, database: String },
+    Postgres {
+        url: String,
+        database: String,
+    },
+    /// On the MariaDB/MySQL server `TICKBOX_MYSQL_URL` names: one database
+    /// per module, `<prefix>_<module>` (minishop's `--schema-prefix`).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    Mysql {
+        url: String,
+        prefix: String,
+    },
 }
 
 /// Connections the PostgreSQL process tests may hold at once with the rest
@@ -71,13 +81,33 @@ impl Place {
         }
     }
 
+    /// New databases on the MariaDB/MySQL server `TICKBOX_MYSQL_URL` names,
+    /// made by the run itself.
+    #[cfg(feature = "mysql")]
+    pub(crate) fn mysql(name: &str) -> Self {
+        Place::Mysql {
+            url: crate::support::mysql::server_url(),
+            prefix: crate::support::mysql::new_prefix(name),
+        }
+    }
+
     /// Runs `SELECT count(*) FROM <rest>` in the orders module's database;
     /// 0 before its tables exist.
     fn count_orders_db(&self, rest: &str) -> i64 {
+        self.count("orders", rest)
+    }
+
+    /// Runs `SELECT count(*) FROM <rest>` in `module`'s database; 0 before
+    /// its tables exist.
+    pub(crate) fn count(&self, module: &str, rest: &str) -> i64 {
         match self {
             Place::Sqlite(dir) => {
                 use tickbox::diesel::{dsl::sql, sql_types::BigInt, Connection, RunQueryDsl};
-                let path = dir.path().join("orders.db").display().to_string();
+                let path = dir
+                    .path()
+                    .join(format!("{module}.db"))
+                    .display()
+                    .to_string();
                 let Ok(mut conn) = tickbox::diesel::SqliteConnection::establish(&path) else {
                     return 0;
                 };
@@ -87,7 +117,7 @@ impl Place {
             }
             Place::Postgres { url, .. } => {
                 let sql =
-                    format!("SET search_path TO minishop_orders; SELECT count(*) FROM {rest}");
+                    format!("SET search_path TO minishop_{module}; SELECT count(*) FROM {rest}");
                 let output = Command::new("psql")
                     .args([url, "-qtAc", &sql])
                     .output()
@@ -97,19 +127,74 @@ impl Place {
                     .parse()
                     .unwrap_or(0)
             }
+            #[cfg(feature = "mysql")]
+            Place::Mysql { prefix, .. } => crate::support::mysql::count(&format!(
+                "SELECT count(*) AS n FROM {prefix}_{module}.{rest}"
+            )),
+            #[cfg(not(feature = "mysql"))]
+            Place::Mysql { .. } => unreachable!("made with the `mysql` feature only"),
         }
     }
 
-    fn args(&self) -> Vec<String> {
+    /// Each row's one text column, `SELECT <column> AS t FROM <rest>` in
+    /// `module`'s database.
+    pub(crate) fn texts(&self, module: &str, column: &str, rest: &str) -> Vec<String> {
+        match self {
+            Place::Sqlite(dir) => {
+                use tickbox::diesel::{sql_query, sql_types::Text, Connection, RunQueryDsl};
+                #[derive(tickbox::diesel::QueryableByName)]
+                struct Row {
+                    #[diesel(sql_type = Text)]
+                    t: String,
+                }
+                let path = dir
+                    .path()
+                    .join(format!("{module}.db"))
+                    .display()
+                    .to_string();
+                let mut conn = tickbox::diesel::SqliteConnection::establish(&path)
+                    .unwrap_or_else(|e| panic!("{path}: {e}"));
+                let sql = format!("SELECT {column} AS t FROM {rest}");
+                let rows: Vec<Row> = sql_query(&sql)
+                    .load(&mut conn)
+                    .unwrap_or_else(|e| panic!("{sql} in {path}: {e}"));
+                rows.into_iter().map(|row| row.t).collect()
+            }
+            Place::Postgres { url, .. } => {
+                let sql =
+                    format!("SET search_path TO minishop_{module}; SELECT {column} FROM {rest}");
+                psql(url, &sql).lines().map(String::from).collect()
+            }
+            #[cfg(feature = "mysql")]
+            Place::Mysql { prefix, .. } => crate::support::mysql::texts(&format!(
+                "SELECT {column} AS t FROM {prefix}_{module}.{rest}"
+            )),
+            #[cfg(not(feature = "mysql"))]
+            Place::Mysql { .. } => unreachable!("made with the `mysql` feature only"),
+        }
+    }
+
+    /// minishop's flags naming these databases.
+    pub(crate) fn args(&self) -> Vec<String> {
         match self {
             Place::Sqlite(dir) => vec!["--data-dir".into(), dir.path().display().to_string()],
             Place::Postgres { url, .. } => vec!["--database-url".into(), url.clone()],
+            Place::Mysql { url, prefix } => vec![
+                "--database-url".into(),
+                url.clone(),
+                "--schema-prefix".into(),
+                prefix.clone(),
+            ],
         }
     }
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
+        #[cfg(feature = "mysql")]
+        if let Place::Mysql { prefix, .. } = self {
+            crate::support::mysql::drop_databases(prefix);
+        }
         if let Place::Postgres { database, .. } = self {
             if let Ok(base) = std::env::var("TICKBOX_PG_URL") {
                 let _ = Command::new("psql")
@@ -298,10 +383,13 @@ pub(crate) fn kill_runs_at_random(
 }
 
 /// SIGKILL at seeded random moments, at least 20 times, then a resume.
-fn survives_sigkill(place: Place) {
+/// A moment is at most `latest_ms` after a run starts: long enough that
+/// some runs, with nothing left to do, end by themselves first (and the next
+/// places orders again).
+fn survives_sigkill(place: Place, latest_ms: u64) {
     let kills = 20;
     let faults = ["--fail-rate", "0.1", "--duplicate-rate", "0.2"];
-    let (seed, runs) = kill_runs_at_random(&place, &faults, "150", kills, 20..1200);
+    let (seed, runs) = kill_runs_at_random(&place, &faults, "150", kills, 20..latest_ms);
     let output = finish(
         spawn(&place, &["--resume", "--json"]),
         Duration::from_secs(300),
@@ -313,7 +401,67 @@ fn survives_sigkill(place: Place) {
 
 #[test]
 fn sqlite_minishop_survives_sigkill_at_random_moments() {
-    survives_sigkill(Place::sqlite());
+    survives_sigkill(Place::sqlite(), 1200);
+}
+
+/// Kills every connection of the example's databases again and again while
+/// it runs `orders` orders; the same process must finish with the
+/// invariants holding.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+fn survives_its_connections_being_killed(place: Place, orders: &str) {
+    let mut child = spawn(&place, &["--orders", orders, "--json"]);
+
+    // Once orders flow, kill the connections until the run ends.
+    let started = Instant::now();
+    while place.count_orders_db("orders") == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the example never placed an order"
+        );
+        assert!(
+            child.try_wait().expect("try_wait").is_none(),
+            "the example exited before it started work"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (mut rounds, mut killed) = (0, 0);
+    while wait_for(&mut child, Duration::from_millis(fastrand::u64(100..300))).is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "the example did not finish"
+        );
+        killed += place.kill_connections();
+        rounds += 1;
+    }
+    let output = child.wait_with_output().expect("output");
+    let result = check_result(&output, "the run whose connections were killed");
+    eprintln!("{rounds} rounds killed {killed} connections: {result}");
+    assert!(
+        rounds >= 5 && killed >= 5,
+        "too few faults injected: {rounds} rounds, {killed} connections"
+    );
+}
+
+impl Place {
+    /// Ends every connection to the run's databases from the server's side
+    /// (PostgreSQL: `pg_terminate_backend`, MariaDB/MySQL: `KILL`); how many.
+    fn kill_connections(&self) -> u32 {
+        match self {
+            Place::Sqlite(_) => unreachable!("SQLite has no connections to kill"),
+            Place::Postgres { database, .. } => {
+                let base = std::env::var("TICKBOX_PG_URL").expect("TICKBOX_PG_URL");
+                let kill_sql = format!(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                     WHERE datname = '{database}' AND pid <> pg_backend_pid()"
+                );
+                psql(&base, &kill_sql).parse().expect("a count")
+            }
+            #[cfg(feature = "mysql")]
+            Place::Mysql { prefix, .. } => crate::support::mysql::kill_connections(prefix),
+            #[cfg(not(feature = "mysql"))]
+            Place::Mysql { .. } => unreachable!("made with the `mysql` feature only"),
+        }
+    }
 }
 
 #[cfg(feature = "postgres")]
@@ -322,56 +470,34 @@ mod postgres {
 
     #[test]
     fn minishop_survives_sigkill_at_random_moments() {
-        survives_sigkill(Place::postgres("crash"));
+        survives_sigkill(Place::postgres("crash"), 1200);
     }
 
-    /// Terminates every connection of the example's database again and
-    /// again while it runs; the same process must finish with the invariants
-    /// holding.
     #[test]
     fn minishop_survives_its_connections_being_terminated() {
-        let place = Place::postgres("terminate");
-        let Place::Postgres { database, url } = &place else {
-            unreachable!()
-        };
-        let base = std::env::var("TICKBOX_PG_URL").expect("TICKBOX_PG_URL");
-        let mut child = spawn(&place, &["--orders", "1500", "--json"]);
+        survives_its_connections_being_killed(Place::postgres("terminate"), "1500");
+    }
+}
 
-        // Once orders flow, terminate the backends until the run ends.
-        let started = Instant::now();
-        let orders_exist =
-            "SELECT count(*) FROM pg_tables WHERE schemaname = 'minishop_orders' AND tablename = 'orders'";
-        while psql(url, orders_exist) != "1" {
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "the example never created its tables"
-            );
-            assert!(
-                child.try_wait().expect("try_wait").is_none(),
-                "the example exited before it started work"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let (mut rounds, mut terminated) = (0, 0);
-        let kill_sql = format!(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-             WHERE datname = '{database}' AND pid <> pg_backend_pid()"
-        );
-        while wait_for(&mut child, Duration::from_millis(fastrand::u64(100..300))).is_none() {
-            assert!(
-                started.elapsed() < Duration::from_secs(300),
-                "the example did not finish"
-            );
-            terminated += psql(&base, &kill_sql).parse::<u32>().expect("a count");
-            rounds += 1;
-        }
-        let output = child.wait_with_output().expect("output");
-        let result = check_result(&output, "the run whose connections were terminated");
-        eprintln!("{rounds} rounds terminated {terminated} connections: {result}");
-        assert!(
-            rounds >= 5 && terminated >= 5,
-            "too few faults injected: {rounds} rounds, {terminated} connections"
-        );
+#[cfg(feature = "mysql")]
+mod mysql {
+    use super::*;
+
+    /// A MariaDB run takes longer to start (it makes and opens three
+    /// databases over the network; over a second on a busy machine even
+    /// when they exist): moments up to 3 s, or every run is killed before
+    /// it places an order.
+    #[test]
+    fn minishop_survives_sigkill_at_random_moments() {
+        survives_sigkill(Place::mysql("crash"), 3000);
+    }
+
+    /// Fewer orders than on PostgreSQL: a new MariaDB connection costs
+    /// more, and at a kill every 100-300 ms 500 orders already meet some
+    /// hundreds of rounds.
+    #[test]
+    fn minishop_survives_its_connections_being_killed() {
+        survives_its_connections_being_killed(Place::mysql("kill"), "500");
     }
 }
 
@@ -607,6 +733,12 @@ mod postgres_split {
     splits!(Place::postgres("split"));
 }
 
+#[cfg(feature = "mysql")]
+mod mysql_split {
+    use super::*;
+    splits!(Place::mysql("split"));
+}
+
 /// A process whose partners never come gives up at `--timeout`, exit 1,
 /// naming what is unfinished; it placed nothing it could not deliver.
 #[test]
@@ -680,6 +812,20 @@ mod amqp_split {
             Split::new([place(), place(), place()], name, orders)
         }
 
+        /// Databases on one MariaDB/MySQL server under one prefix: each
+        /// process makes only its own module's, `<prefix>_<module>`, and
+        /// finds the others' there (`--check-database-url` names the same
+        /// server).
+        #[cfg(feature = "mysql")]
+        fn mysql(name: &str, orders: u64) -> Self {
+            let prefix = crate::support::mysql::new_prefix("amqp");
+            let place = || Place::Mysql {
+                url: crate::support::mysql::server_url(),
+                prefix: prefix.clone(),
+            };
+            Split::new([place(), place(), place()], name, orders)
+        }
+
         /// Its own namespace on the broker, unique to this test run.
         fn new(places: [Place; 3], name: &str, orders: u64) -> Self {
             let namespace = format!("minishop-test.{name}.{:08x}", fastrand::u32(..));
@@ -724,7 +870,9 @@ mod amqp_split {
                     Place::Sqlite(dir) => {
                         ["--check-data-dir".into(), dir.path().display().to_string()]
                     }
-                    Place::Postgres { url, .. } => ["--check-database-url".into(), url.clone()],
+                    Place::Postgres { url, .. } | Place::Mysql { url, .. } => {
+                        ["--check-database-url".into(), url.clone()]
+                    }
                 });
             }
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -910,5 +1058,29 @@ mod amqp_split {
     #[test]
     fn postgres_three_processes_over_amqp_survive_their_connections_being_closed() {
         survive_broker_fault(Split::postgres("close", 1000), close_connections);
+    }
+
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn mysql_three_processes_share_the_work_over_amqp() {
+        share_the_work(Split::mysql("share", 300));
+    }
+
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn mysql_three_processes_over_amqp_survive_sigkill() {
+        survive_sigkills(Split::mysql("sigkill", 150));
+    }
+
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn mysql_three_processes_over_amqp_survive_a_broker_restart() {
+        survive_broker_fault(Split::mysql("restart", 1000), restart_broker);
+    }
+
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn mysql_three_processes_over_amqp_survive_their_connections_being_closed() {
+        survive_broker_fault(Split::mysql("close", 1000), close_connections);
     }
 }

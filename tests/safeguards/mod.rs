@@ -9,12 +9,13 @@
 //! duplicates the bus injects meanwhile must be caught by the inbox and
 //! never reach those counts.
 //!
-//! `cargo test` builds the examples, so the binary is beside the test's.
+//! minishop runs as a child process, with the process tests' helpers
+//! (`processes::Place`, `spawn`, …).
 
-use serde_json::{json, Value};
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use crate::processes::{finish, result_json, spawn, Place};
+use serde_json::json;
+use std::process::Output;
+use std::time::Duration;
 
 /// Orders the disturbed run places besides the two it disturbs.
 const ORDERS: i64 = 100;
@@ -44,157 +45,18 @@ const EXPECTED: [(&str, &str); 6] = [
     ),
 ];
 
-/// The minishop binary built with this test.
-fn minishop() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps");
-    let path = profile_dir.join("examples").join("minishop");
-    assert!(
-        path.exists(),
-        "{} is missing: run the tests with `cargo test`, which builds the examples",
-        path.display()
-    );
-    path
+/// Runs minishop on `place` with `args` to its end, for at most three
+/// minutes.
+fn run_minishop(place: &Place, args: &[&str]) -> Output {
+    finish(spawn(place, args), Duration::from_secs(180), "minishop")
 }
 
-/// Runs minishop with `args` to its end, for at most three minutes.
-fn run_minishop(args: &[String]) -> Output {
-    let mut child = Command::new(minishop())
-        .args(args)
-        .env("RUST_LOG", "error")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("minishop starts");
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while child.try_wait().expect("try_wait").is_none() {
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let output = child.wait_with_output().expect("its output");
-            panic!(
-                "minishop {args:?} did not finish within 3 minutes\nstderr:\n{}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().expect("its output")
-}
-
-/// The databases of one disturbed run.
-enum Place {
-    /// One SQLite file per module in a directory of its own.
-    Sqlite(tempfile::TempDir),
-    /// A database of its own beside the one `TICKBOX_PG_URL` names, one
-    /// schema per module.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    Postgres { url: String, database: String },
-}
-
-impl Place {
-    fn sqlite() -> Self {
-        Place::Sqlite(tempfile::tempdir().expect("a temporary directory"))
-    }
-
-    /// A new database on the server `TICKBOX_PG_URL` names: the test fails
-    /// without the variable or the server.
-    #[cfg(feature = "postgres")]
-    fn postgres() -> Self {
-        let base = std::env::var("TICKBOX_PG_URL").expect(
-            "the PostgreSQL tests need TICKBOX_PG_URL, e.g. postgres://postgres@127.0.0.1:5432/test",
-        );
-        let database = format!("tickbox_safeguards_{:08x}", fastrand::u32(..));
-        psql(&base, &format!("CREATE DATABASE {database}"));
-        let (server, _) = base.rsplit_once('/').expect("a URL ending in /database");
-        Place::Postgres {
-            url: format!("{server}/{database}"),
-            database,
-        }
-    }
-
-    /// minishop's flags naming these databases.
-    fn args(&self) -> Vec<String> {
-        match self {
-            Place::Sqlite(dir) => vec!["--data-dir".into(), dir.path().display().to_string()],
-            Place::Postgres { url, .. } => vec!["--database-url".into(), url.clone()],
-        }
-    }
-
-    /// The reason of every row of `module`'s `ignored_messages`, read
-    /// straight from its database, sorted.
-    fn ignored_reasons(&self, module: &str) -> Vec<String> {
-        let sql = "SELECT reason FROM ignored_messages ORDER BY reason";
-        let mut reasons: Vec<String> = match self {
-            Place::Sqlite(dir) => {
-                use diesel::{sql_query, sql_types::Text, Connection, RunQueryDsl};
-                #[derive(diesel::QueryableByName)]
-                struct Row {
-                    #[diesel(sql_type = Text)]
-                    reason: String,
-                }
-                let path = dir.path().join(format!("{module}.db"));
-                let mut conn = diesel::SqliteConnection::establish(&path.display().to_string())
-                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-                let rows: Vec<Row> = sql_query(sql)
-                    .load(&mut conn)
-                    .unwrap_or_else(|e| panic!("{sql} in {}: {e}", path.display()));
-                rows.into_iter().map(|row| row.reason).collect()
-            }
-            Place::Postgres { url, .. } => {
-                let sql = format!("SET search_path TO minishop_{module}; {sql}");
-                psql(url, &sql).lines().map(String::from).collect()
-            }
-        };
-        reasons.sort();
-        reasons
-    }
-}
-
-impl Drop for Place {
-    fn drop(&mut self) {
-        if let Place::Postgres { database, .. } = self {
-            if let Ok(base) = std::env::var("TICKBOX_PG_URL") {
-                let _ = Command::new("psql")
-                    .args([
-                        base.as_str(),
-                        "-qc",
-                        &format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"),
-                    ])
-                    .output();
-            }
-        }
-    }
-}
-
-/// Runs SQL with psql against `url`; panics with psql's words on failure.
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-fn psql(url: &str, sql: &str) -> String {
-    let output = Command::new("psql")
-        .args([url, "-v", "ON_ERROR_STOP=1", "-qtAc", sql])
-        .output()
-        .expect("psql runs");
-    assert!(
-        output.status.success(),
-        "psql `{sql}` failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).trim().to_string()
-}
-
-/// The JSON line a `--json` run ends with.
-fn result_line(output: &Output) -> Value {
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let last = stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(last).unwrap_or_else(|e| {
-        panic!(
-            "the last line is not JSON ({e})\nstdout:\n{stdout}\nstderr:\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        )
-    })
+/// The reason of every row of `module`'s `ignored_messages`, read straight
+/// from its database, sorted.
+fn ignored_reasons(place: &Place, module: &str) -> Vec<String> {
+    let mut reasons = place.texts(module, "reason", "ignored_messages");
+    reasons.sort();
+    reasons
 }
 
 /// A disturbed run with injected duplicates and failures: every disturbing
@@ -203,23 +65,19 @@ fn result_line(output: &Output) -> Value {
 /// exactly those, and the flow itself is intact (the rejected order has no
 /// reservation, confirmation or e-mail; every other order one of each).
 fn disturbing_messages_are_ignored_and_counted(place: Place) {
-    let mut args = place.args();
     let orders = ORDERS.to_string();
-    args.extend(
-        [
-            "--orders",
-            &orders,
-            "--disturb",
-            "--duplicate-rate",
-            "0.3",
-            "--fail-rate",
-            "0.1",
-            "--json",
-        ]
-        .map(String::from),
-    );
-    let output = run_minishop(&args);
-    let result = result_line(&output);
+    let args = [
+        "--orders",
+        &orders,
+        "--disturb",
+        "--duplicate-rate",
+        "0.3",
+        "--fail-rate",
+        "0.1",
+        "--json",
+    ];
+    let output = run_minishop(&place, &args);
+    let result = result_json(&output, "the disturbed run");
     assert!(
         output.status.success() && result["ok"] == true,
         "the disturbed run failed its check: {result}\nstderr:\n{}",
@@ -279,7 +137,7 @@ fn disturbing_messages_are_ignored_and_counted(place: Place) {
 
     // Recorded durably, in each module's own database.
     assert_eq!(
-        place.ignored_reasons("orders"),
+        ignored_reasons(&place, "orders"),
         [
             "no such order",
             "the order is confirmed already",
@@ -288,7 +146,7 @@ fn disturbing_messages_are_ignored_and_counted(place: Place) {
         ]
     );
     assert_eq!(
-        place.ignored_reasons("warehouse"),
+        ignored_reasons(&place, "warehouse"),
         [
             "the order was found short already",
             "the order was reserved already",
@@ -304,7 +162,13 @@ fn sqlite_minishop_ignores_and_counts_messages_that_do_not_fit_their_order() {
 #[cfg(feature = "postgres")]
 #[test]
 fn postgres_minishop_ignores_and_counts_messages_that_do_not_fit_their_order() {
-    disturbing_messages_are_ignored_and_counted(Place::postgres());
+    disturbing_messages_are_ignored_and_counted(Place::postgres("safeguards"));
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_minishop_ignores_and_counts_messages_that_do_not_fit_their_order() {
+    disturbing_messages_are_ignored_and_counted(Place::mysql("safeguards"));
 }
 
 /// `--disturb` delivers to every module's handlers, so it refuses a process
@@ -313,9 +177,7 @@ fn postgres_minishop_ignores_and_counts_messages_that_do_not_fit_their_order() {
 #[test]
 fn disturb_refuses_a_process_without_every_module() {
     let place = Place::sqlite();
-    let mut args = place.args();
-    args.extend(["--modules", "orders", "--disturb"].map(String::from));
-    let output = run_minishop(&args);
+    let output = run_minishop(&place, &["--modules", "orders", "--disturb"]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "stderr:\n{stderr}");
     assert!(

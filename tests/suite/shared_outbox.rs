@@ -586,3 +586,45 @@ pub async fn a_migration_with_a_version_of_tickbox_on_any_backend_is_refused<B: 
         "tickbox's effects migration named in: {message}"
     );
 }
+
+/// On a server whose DDL commits at once (MariaDB, MySQL), a process killed
+/// in the middle of a migration leaves the statements before the kill done
+/// and the migration unrecorded: the next start runs it again from its
+/// first statement, over tables, columns and indexes already there, and
+/// must start. Shown at its worst: every migration's work done and none
+/// recorded.
+pub async fn a_migration_cut_short_runs_again_over_its_own_work<B: TestBackend>(db: TestDb) {
+    let first = B::module(&db, "orders")
+        .publishes::<Ping>()
+        .start()
+        .await
+        .expect("a new database is made and migrated");
+    let migrations = count(
+        &first,
+        "SELECT count(*) AS n FROM __diesel_schema_migrations",
+    )
+    .await;
+    assert!(migrations > 0, "the migrations are recorded");
+    // What a kill after each migration's DDL and before its record leaves.
+    execute(&first, "DELETE FROM __diesel_schema_migrations".into())
+        .await
+        .expect("the records go");
+    first.close();
+    let again = B::module(&db, "orders")
+        .publishes::<Ping>()
+        .start()
+        .await
+        .expect("the migrations run again over their own work");
+    assert_eq!(
+        count(
+            &again,
+            "SELECT count(*) AS n FROM __diesel_schema_migrations"
+        )
+        .await,
+        migrations,
+        "every migration ran again and is recorded once"
+    );
+    // The module works: it publishes.
+    publish(&again, 1).await;
+    again.close();
+}

@@ -2,9 +2,11 @@
 //! messages and handlers, and waiting on conditions with a timeout; a TCP
 //! proxy that injects network faults (`fault_proxy`); an SMTP server that
 //! keeps every e-mail it accepts (`smtp_sink`); what a panic said and where
-//! (`panics`).
+//! (`panics`); the MariaDB/MySQL server the process tests use (`mysql`).
 
 pub mod fault_proxy;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 pub mod panics;
 pub mod smtp_sink;
 

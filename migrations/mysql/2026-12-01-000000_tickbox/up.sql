@@ -15,10 +15,20 @@
 -- value is refused by the server (strict mode), never cut short. Other
 -- texts are LONGTEXT (the default largest payload is 256 KiB, past TEXT's
 -- 64 KiB).
+--
+-- Every statement of these migrations can run again over its own work. DDL
+-- commits at once on these servers, so a process killed in the middle of a
+-- migration leaves the statements before the kill done and the migration
+-- unrecorded; the next start runs it again from its first statement. So a
+-- table is made IF NOT EXISTS, and an index or columns added to a table
+-- that may have them already (neither server shares an IF NOT EXISTS for
+-- those) go through a statement prepared from what information_schema
+-- says: the DDL if they are missing, `DO 0` otherwise. A version row is
+-- inserted ON DUPLICATE KEY UPDATE.
 
 -- Messages published by this module. A row is pending while delivered_at_us
 -- is NULL; ids are UUIDv7, so ordering by id orders by publication time.
-CREATE TABLE tickbox_outbox (
+CREATE TABLE IF NOT EXISTS tickbox_outbox (
     id              BINARY(16) NOT NULL PRIMARY KEY,
     topic           VARBINARY(255) NOT NULL,
     payload         LONGTEXT NOT NULL,
@@ -31,13 +41,18 @@ CREATE TABLE tickbox_outbox (
 -- NULL): MySQL has no partial index, so the pending rows are the ones whose
 -- delivered_at_us is NULL at the front of this one, in id order (the
 -- delivered rows behind them are what retention sweeps, by the same index).
-CREATE INDEX tickbox_outbox_pending ON tickbox_outbox (delivered_at_us, id);
+SET @ddl = IF((SELECT count(*) FROM information_schema.statistics WHERE table_schema = DATABASE() AND table_name = 'tickbox_outbox' AND index_name = 'tickbox_outbox_pending') = 0,
+    'CREATE INDEX tickbox_outbox_pending ON tickbox_outbox (delivered_at_us, id)',
+    'DO 0');
+PREPARE ddl FROM @ddl;
+EXECUTE ddl;
+DEALLOCATE PREPARE ddl;
 
 -- Messages already processed by a handler of this module: the dedup key.
 -- It is the primary key: a duplicate key met by ON DUPLICATE KEY UPDATE
 -- takes an exclusive lock on the record, where a secondary unique key
 -- would take a gap lock.
-CREATE TABLE tickbox_inbox (
+CREATE TABLE IF NOT EXISTS tickbox_inbox (
     message_id      BINARY(16) NOT NULL,
     handler         VARBINARY(255) NOT NULL,
     processed_at_us BIGINT NOT NULL,

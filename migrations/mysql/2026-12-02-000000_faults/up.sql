@@ -1,10 +1,15 @@
 -- Claims, so several processes can share an outbox.
-ALTER TABLE tickbox_outbox ADD COLUMN claimed_by BINARY(16), ADD COLUMN claimed_until_us BIGINT;
+SET @ddl = IF((SELECT count(*) FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = 'tickbox_outbox' AND column_name = 'claimed_by') = 0,
+    'ALTER TABLE tickbox_outbox ADD COLUMN claimed_by BINARY(16), ADD COLUMN claimed_until_us BIGINT',
+    'DO 0');
+PREPARE ddl FROM @ddl;
+EXECUTE ddl;
+DEALLOCATE PREPARE ddl;
 
 -- Deliveries given up on: after the last attempt, a permanent error, or a
 -- payload that cannot be decoded. Kept until replayed or discarded.
 -- handler is '' when no handler could be chosen (an unknown topic).
-CREATE TABLE tickbox_dead_letters (
+CREATE TABLE IF NOT EXISTS tickbox_dead_letters (
     message_id      BINARY(16) NOT NULL,
     handler         VARBINARY(255) NOT NULL,
     topic           VARBINARY(255) NOT NULL,

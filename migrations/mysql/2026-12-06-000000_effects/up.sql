@@ -7,7 +7,7 @@
 -- `unknown` for a person to settle (`done`, or `retry` to allow one more
 -- call). As on PostgreSQL it is a table of the module's own database (its
 -- journal connections are a pool of their own).
-CREATE TABLE tickbox_effects (
+CREATE TABLE IF NOT EXISTS tickbox_effects (
     message_id     BINARY(16) NOT NULL,
     handler        VARBINARY(255) NOT NULL,
     effect         VARBINARY(255) NOT NULL,
@@ -23,10 +23,21 @@ CREATE TABLE tickbox_effects (
     PRIMARY KEY (message_id, handler, effect)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin ROW_FORMAT=DYNAMIC;
 -- Retention sweeps settled rows by age; operators list the unsettled ones.
-CREATE INDEX tickbox_effects_updated ON tickbox_effects (updated_at_us);
+SET @ddl = IF((SELECT count(*) FROM information_schema.statistics WHERE table_schema = DATABASE() AND table_name = 'tickbox_effects' AND index_name = 'tickbox_effects_updated') = 0,
+    'CREATE INDEX tickbox_effects_updated ON tickbox_effects (updated_at_us)',
+    'DO 0');
+PREPARE ddl FROM @ddl;
+EXECUTE ddl;
+DEALLOCATE PREPARE ddl;
 -- PostgreSQL's index is partial (WHERE state <> 'succeeded' AND state <>
 -- 'failed'); here every row is in it, and the unsettled ones are the
 -- ranges of it outside those two values.
-CREATE INDEX tickbox_effects_unsettled ON tickbox_effects (state);
+SET @ddl = IF((SELECT count(*) FROM information_schema.statistics WHERE table_schema = DATABASE() AND table_name = 'tickbox_effects' AND index_name = 'tickbox_effects_unsettled') = 0,
+    'CREATE INDEX tickbox_effects_unsettled ON tickbox_effects (state)',
+    'DO 0');
+PREPARE ddl FROM @ddl;
+EXECUTE ddl;
+DEALLOCATE PREPARE ddl;
 
-INSERT INTO tickbox_schema_version (version) VALUES ('20261206000000');
+INSERT INTO tickbox_schema_version (version) VALUES ('20261206000000')
+ON DUPLICATE KEY UPDATE version = version;

@@ -1,0 +1,2 @@
+DROP TABLE IF EXISTS repeated_events;
+DROP TABLE IF EXISTS journeys;

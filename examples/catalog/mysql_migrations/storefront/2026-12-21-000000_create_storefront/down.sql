@@ -1,0 +1,2 @@
+DROP TABLE IF EXISTS stale_changes;
+DROP TABLE IF EXISTS product_copies;

@@ -1,0 +1,1 @@
+DROP TABLE sent_emails;

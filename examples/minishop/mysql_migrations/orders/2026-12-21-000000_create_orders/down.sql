@@ -1,0 +1,3 @@
+DROP TABLE ignored_messages;
+DROP TABLE placing_runs;
+DROP TABLE orders;

@@ -1,0 +1,4 @@
+DROP TABLE ignored_messages;
+DROP TABLE shortages;
+DROP TABLE reservations;
+DROP TABLE stock;
