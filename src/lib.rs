@@ -375,6 +375,27 @@
 //! - mysql_async would move a TCP connection to a local server over to its
 //!   Unix socket; tickbox adds `prefer_socket=false` unless the URL sets it,
 //!   so the connection goes where the URL says.
+//! - When a client goes quiet mid-transaction, MariaDB rolls its
+//!   transaction back and ends its session once it has been idle for the
+//!   module's longest transaction deadline plus 5 s
+//!   (`idle_transaction_timeout`, set on tickbox's sessions), so its locks
+//!   do not outlive it for long. MySQL 8 has no such setting: there the
+//!   server's own `wait_timeout` ends it; lower it where that matters.
+//!
+//! # Adding a backend
+//!
+//! A backend is one folder of `src/store/` (`sqlite/`, `postgres/`,
+//! `mysql/`): a type implementing [`Backend`], how it opens, migrates and
+//! pools its connections, and one file per concept (`outbox`, `inbox`,
+//! `subscriptions`, `ordering`, `journal`, `dead_letters`, `retention`,
+//! `catalog`, `scratch`) implementing that concept's statements. Each
+//! statement is a named operation documented once on its concept's trait
+//! (`src/store/<concept>.rs`); where standard SQL serves, the trait's default
+//! states it and the backend states only what its dialect spells
+//! differently. Add its migrations under `migrations/<backend>/`, a Cargo
+//! feature, its lines in the registry of `src/store/mod.rs`, and one
+//! `suite!` line in `tests/lib.rs` to run the whole suite on it. The MariaDB
+//! backend was added that way: its commit touches no generic file.
 //!
 //! # Layout
 //!

@@ -595,12 +595,17 @@ mod tests {
         assert_eq!(place.database, "shop_orders");
         assert_eq!(
             place.module,
-            "mysql://root@db:3306/shop_orders?prefer_socket=false"
+            "mysql://root@db:3306/shop_orders?prefer_socket=false&tcp_keepalive=10000"
         );
-        assert_eq!(place.server, "mysql://root@db:3306?prefer_socket=false");
-        let place = Place::of(&settings("mysql://root@db/shop?prefer_socket=true", None)).unwrap();
+        assert_eq!(
+            place.server,
+            "mysql://root@db:3306?prefer_socket=false&tcp_keepalive=10000"
+        );
+        // What the URL says is kept.
+        let url = "mysql://root@db/shop?prefer_socket=true&tcp_keepalive=2000";
+        let place = Place::of(&settings(url, None)).unwrap();
         assert_eq!(place.database, "shop");
-        assert_eq!(place.module, "mysql://root@db/shop?prefer_socket=true");
+        assert_eq!(place.module, url);
     }
 
     #[test]
