@@ -1,13 +1,13 @@
 //! SQLite: the bench's queries on tickbox's SQLite connections.
 
-use crate::backend::{deadpool_config, BenchBackend, Count};
+use crate::backend::{pool_like_tickbox, BenchBackend, Count};
 use crate::place::Place;
 use crate::workload::{Work, HANDLER};
 use crate::Res;
 use tickbox::diesel::sql_types::{BigInt, Binary, Nullable, Text};
 use tickbox::diesel::{self, QueryResult};
 use tickbox::diesel_async::pooled_connection::deadpool::{Object, Pool};
-use tickbox::diesel_async::pooled_connection::{AsyncDieselConnectionManager, SetupCallback};
+use tickbox::diesel_async::pooled_connection::SetupCallback;
 use tickbox::diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
 use tickbox::{Message, ModuleBuilder, Sqlite, SqliteConnection};
 use uuid::Uuid;
@@ -48,11 +48,7 @@ impl BenchBackend for Sqlite {
                 Ok(conn)
             })
         });
-        let manager = AsyncDieselConnectionManager::<SqliteConnection>::new_with_config(
-            path(place, db),
-            deadpool_config(setup),
-        );
-        Ok(Pool::builder(manager).max_size(size).build()?)
+        pool_like_tickbox(path(place, db), setup, size)
     }
 
     const CREATE_ORDERS: &'static str =
