@@ -6,10 +6,10 @@
 
 use crate::place::Place;
 use crate::Res;
+use deadpool::managed::{Manager, QueueMode};
 use std::future::Future;
 use tickbox::diesel::deserialize::QueryableByName;
 use tickbox::diesel::QueryResult;
-use deadpool::managed::{Manager, QueueMode};
 use tickbox::diesel_async::pooled_connection::deadpool::Pool;
 use tickbox::diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, PoolError, RecyclingMethod, SetupCallback,
@@ -109,7 +109,11 @@ pub(crate) trait BenchBackend: Backend {
 /// A pool as tickbox builds its own: fast recycling, `setup` run on each
 /// new connection, at most `size` connections, and the most recently used
 /// idle connection handed out first (it has the warmest caches).
-pub(crate) fn pool_like_tickbox<C>(url: String, setup: SetupCallback<C>, size: usize) -> Res<Pool<C>>
+pub(crate) fn pool_like_tickbox<C>(
+    url: String,
+    setup: SetupCallback<C>,
+    size: usize,
+) -> Res<Pool<C>>
 where
     C: AsyncConnection + 'static,
     AsyncDieselConnectionManager<C>: Manager<Type = C, Error = PoolError>,
