@@ -4,31 +4,64 @@
 
 use crate::store::contract::Store;
 use crate::store::ordering::KeyScope;
+use crate::store::schema::{DbUuid, Id};
+use diesel::sql_types::{BigInt, Text};
 use diesel::QueryResult;
 use std::future::Future;
 use uuid::Uuid;
 
-/// The inbox guard's insert: `(message_id, handler)` unless present. Each
-/// backend runs it its own way (SQLite on its blocking thread, where the
-/// statement of this fixed shape is prepared once and its SQL never rebuilt).
-#[allow(unused_macros)]
-macro_rules! tick_inbox_statement {
-    ($message_id:expr, $handler:expr, $now_us:expr) => {{
-        use diesel::ExpressionMethods;
-        use $crate::store::schema::tickbox_inbox::dsl as inbox;
-        diesel::insert_into(inbox::tickbox_inbox)
-            .values((
-                inbox::message_id.eq($crate::store::schema::Id($message_id)),
-                inbox::handler.eq($handler),
-                inbox::processed_at_us.eq($now_us),
-            ))
-            .on_conflict_do_nothing()
-    }};
+/// The inbox guard's insert, `(message_id, handler)` unless present, on the
+/// backends that say "unless present" as `ON CONFLICT DO NOTHING`: fixed
+/// text and a type of its own, so that diesel finds it prepared on the
+/// connection by that type instead of rendering and hashing its SQL for
+/// every delivery ([`InsertOutboxRow`](crate::store::outbox::InsertOutboxRow)
+/// does the same for a publish).
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(crate) struct TickInbox<'a> {
+    /// The message.
+    pub(crate) message_id: Id,
+    /// The handler's name.
+    pub(crate) handler: &'a str,
+    /// When (µs since the Unix epoch).
+    pub(crate) now_us: i64,
 }
-// Stated for the backends that spell the statement this way; a build
-// with only other backends leaves it unused.
-#[allow(unused_imports)]
-pub(crate) use tick_inbox_statement;
+
+impl diesel::query_builder::QueryId for TickInbox<'_> {
+    type QueryId = TickInbox<'static>;
+    const HAS_STATIC_QUERY_ID: bool = true;
+}
+
+impl<DB> diesel::query_builder::QueryFragment<DB> for TickInbox<'_>
+where
+    DB: diesel::backend::Backend
+        + diesel::sql_types::HasSqlType<DbUuid>
+        + diesel::sql_types::HasSqlType<Text>
+        + diesel::sql_types::HasSqlType<BigInt>,
+    Id: diesel::serialize::ToSql<DbUuid, DB>,
+    str: diesel::serialize::ToSql<Text, DB>,
+    i64: diesel::serialize::ToSql<BigInt, DB>,
+{
+    fn walk_ast<'b>(
+        &'b self,
+        mut out: diesel::query_builder::AstPass<'_, 'b, DB>,
+    ) -> QueryResult<()> {
+        out.push_sql("INSERT INTO tickbox_inbox (message_id, handler, processed_at_us) VALUES (");
+        out.push_bind_param::<DbUuid, _>(&self.message_id)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Text, _>(self.handler)?;
+        out.push_sql(", ");
+        out.push_bind_param::<BigInt, _>(&self.now_us)?;
+        out.push_sql(") ON CONFLICT DO NOTHING");
+        Ok(())
+    }
+
+    fn is_safe_to_cache_prepared(&self, _backend: &DB) -> QueryResult<bool> {
+        Ok(true)
+    }
+}
+
+impl<Conn> diesel::RunQueryDsl<Conn> for TickInbox<'_> {}
+impl<Conn> diesel_async::RunQueryDsl<Conn> for TickInbox<'_> {}
 
 /// How the inbox guard's first statement went.
 #[derive(Debug, Clone, Copy)]

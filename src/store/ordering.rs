@@ -31,7 +31,7 @@ pub struct KeyScope<'a> {
 /// A handler's progress in a key moves to `sequence` if it stands just
 /// before it: one row changed means the message is the key's next. Fixed
 /// shape, run by each backend the way it runs the inbox guard's insert
-/// ([`tick_inbox_statement`](crate::store::inbox::tick_inbox_statement)).
+/// ([`TickInbox`](crate::store::inbox::TickInbox)).
 macro_rules! advance_key_statement {
     ($scope:expr, $sequence:expr) => {{
         use diesel::{ExpressionMethods, QueryDsl};

@@ -3,9 +3,14 @@
 use crate::store::settings::StoreSettings;
 use diesel_async::AsyncConnection;
 
-/// Builds a deadpool pool for either backend: fast recycling (no ping on
-/// every checkout; broken connections are still discarded), a bounded wait for
-/// a free connection, and `setup` run on every new connection.
+/// Builds a deadpool pool for any backend: fast recycling (no ping on every
+/// checkout; broken connections are still discarded), a bounded wait for a
+/// free connection, `setup` run on every new connection, and the most
+/// recently used idle connection handed out first. Last in, first out keeps
+/// the busy few connections warm: on SQLite a connection's page cache
+/// survives only while no other connection has written since it last ran,
+/// and handing connections out in turn (first in, first out) made every
+/// transaction start cold — 14 % more instructions per message.
 pub(crate) fn build_pool<C>(
     settings: &StoreSettings,
     url: String,
@@ -28,6 +33,7 @@ where
         .wait_timeout(Some(settings.checkout_timeout))
         .create_timeout(Some(settings.checkout_timeout))
         .runtime(deadpool::Runtime::Tokio1)
+        .queue_mode(deadpool::managed::QueueMode::Lifo)
         .build()
         .map_err(|e| crate::Error::Config(format!("module `{}`: {e}", settings.module)))
 }

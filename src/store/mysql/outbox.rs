@@ -9,8 +9,8 @@ use super::{check_width, in_transaction, Mysql, KEY_BYTES, NAME_BYTES};
 use crate::store::contract::Store;
 use crate::store::ids::IdLists;
 use crate::store::outbox::{
-    claimable_text, numbering_order, outbox_texts, owed_elsewhere_text, Claim, OutboxStatements,
-    OutboxTexts, Owed,
+    claimable_text, numbering_order, outbox_texts, owed_elsewhere_text, Claim, InsertOutboxRow,
+    OutboxStatements, OutboxTexts, Owed,
 };
 use crate::store::schema::{tickbox_outbox, ClaimedRow, OutboxRow};
 use crate::store::sql::sql;
@@ -137,12 +137,12 @@ impl OutboxStatements for Mysql {
             };
             (rows[i].key_seq, rows[i].key_previous_at_us) = (Some(numbered.0), numbered.1);
         }
-        // One row (the common case) is a statement of a fixed shape, prepared
-        // once per connection without building its SQL again.
+        // One row (the common case) is a statement of its own type, prepared
+        // once per connection and found by that type ([`InsertOutboxRow`]).
         let insert = diesel::insert_into(tickbox_outbox::table);
         match rows.as_slice() {
             [] => 0,
-            [row] => insert.values(row).execute(conn).await?,
+            [row] => InsertOutboxRow(row).execute(conn).await?,
             many => insert.values(many).execute(conn).await?,
         };
         Ok(rows)

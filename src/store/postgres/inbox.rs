@@ -1,8 +1,9 @@
 //! PostgreSQL's inbox statements.
 
-use crate::store::inbox::{tick_inbox_statement, InboxStatements, Tick};
+use crate::store::inbox::{InboxStatements, Tick, TickInbox};
 use crate::store::ordering::{advance_key_statement, start_key_statement, KeyScope};
 use crate::store::postgres::Postgres;
+use crate::store::schema::Id;
 use diesel::QueryResult;
 use uuid::Uuid;
 
@@ -15,10 +16,12 @@ impl InboxStatements for Postgres {
         key: Option<(KeyScope<'_>, i64)>,
     ) -> QueryResult<Tick> {
         use diesel_async::RunQueryDsl;
-        let inserted = tick_inbox_statement!(message_id, handler, now_us)
-            .execute(conn)
-            .await?
-            == 1;
+        let tick = TickInbox {
+            message_id: Id(message_id),
+            handler,
+            now_us,
+        };
+        let inserted = tick.execute(conn).await? == 1;
         let key_turn = match key {
             Some((scope, sequence)) if inserted => {
                 let changed = if sequence == 1 {

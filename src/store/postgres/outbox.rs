@@ -8,7 +8,7 @@ use crate::store::contract::Store;
 use crate::store::ids::IdLists;
 use crate::store::outbox::{
     bump_sequence_statement, claim_owed_text, first_sequence_statement, numbering_order,
-    outbox_texts, Claim, OutboxStatements, OutboxTexts,
+    outbox_texts, Claim, InsertOutboxRow, OutboxStatements, OutboxTexts,
 };
 use crate::store::schema::{tickbox_outbox, ClaimedRow, OutboxRow};
 use diesel::QueryResult;
@@ -61,12 +61,12 @@ impl OutboxStatements for Postgres {
             };
             (rows[i].key_seq, rows[i].key_previous_at_us) = (Some(numbered.0), numbered.1);
         }
-        // One row (the common case) is a statement of a fixed shape, prepared
-        // once per connection without building its SQL again.
+        // One row (the common case) is a statement of its own type, prepared
+        // once per connection and found by that type ([`InsertOutboxRow`]).
         let insert = diesel::insert_into(tickbox_outbox::table);
         match rows.as_slice() {
             [] => 0,
-            [row] => insert.values(row).execute(conn).await?,
+            [row] => InsertOutboxRow(row).execute(conn).await?,
             many => insert.values(many).execute(conn).await?,
         };
         Ok(rows)

@@ -1,7 +1,8 @@
 //! SQLite's inbox statements.
 
-use crate::store::inbox::{tick_inbox_statement, InboxStatements, Tick};
+use crate::store::inbox::{InboxStatements, Tick, TickInbox};
 use crate::store::ordering::{advance_key_statement, start_key_statement, KeyScope};
+use crate::store::schema::Id;
 use crate::store::sqlite::ordering::OwnedScope;
 use crate::store::sqlite::Sqlite;
 use diesel::QueryResult;
@@ -22,7 +23,12 @@ impl InboxStatements for Sqlite {
         // and the key's progress moves in the same visit.
         conn.spawn_blocking(move |c| {
             use diesel::RunQueryDsl;
-            let inserted = tick_inbox_statement!(message_id, handler, now_us).execute(c)? == 1;
+            let tick = TickInbox {
+                message_id: Id(message_id),
+                handler: &handler,
+                now_us,
+            };
+            let inserted = tick.execute(c)? == 1;
             let key_turn = match &key {
                 Some((scope, sequence)) if inserted => {
                     let (scope, sequence) = (scope.scope(), *sequence);

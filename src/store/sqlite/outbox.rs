@@ -8,7 +8,7 @@ use crate::store::contract::Store;
 use crate::store::ids::IdLists;
 use crate::store::outbox::{
     bump_sequence_statement, claim_owed_text, first_sequence_statement, numbering_order,
-    outbox_texts, Claim, OutboxStatements, OutboxTexts,
+    outbox_texts, Claim, InsertOutboxRow, OutboxStatements, OutboxTexts,
 };
 use crate::store::schema::{tickbox_outbox, ClaimedRow, OutboxRow};
 use diesel::QueryResult;
@@ -64,7 +64,7 @@ impl OutboxStatements for Sqlite {
             }
             let insert = diesel::insert_into(tickbox_outbox::table);
             match rows.as_slice() {
-                [row] => insert.values(row).execute(c)?,
+                [row] => InsertOutboxRow(row).execute(c)?,
                 rows => insert.values(rows).execute(c)?,
             };
             Ok(rows)

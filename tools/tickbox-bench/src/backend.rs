@@ -6,10 +6,14 @@
 
 use crate::place::Place;
 use crate::Res;
+use deadpool::managed::{Manager, QueueMode};
 use std::future::Future;
 use tickbox::diesel::deserialize::QueryableByName;
 use tickbox::diesel::QueryResult;
-use tickbox::diesel_async::pooled_connection::{ManagerConfig, RecyclingMethod, SetupCallback};
+use tickbox::diesel_async::pooled_connection::deadpool::Pool;
+use tickbox::diesel_async::pooled_connection::{
+    AsyncDieselConnectionManager, ManagerConfig, PoolError, RecyclingMethod, SetupCallback,
+};
 use tickbox::diesel_async::{AsyncConnection, SimpleAsyncConnection};
 use tickbox::{diesel, Backend, ModuleBuilder};
 use uuid::Uuid;
@@ -102,13 +106,24 @@ pub(crate) trait BenchBackend: Backend {
     fn prefill_inbox_sql(lo: u64, hi: u64, base_ms: i64) -> String;
 }
 
-/// A deadpool manager configuration as tickbox's: fast recycling, `setup`
-/// run on each new connection.
-pub(crate) fn deadpool_config<C: AsyncConnection + 'static>(
+/// A pool as tickbox builds its own: fast recycling, `setup` run on each
+/// new connection, at most `size` connections, and the most recently used
+/// idle connection handed out first (it has the warmest caches).
+pub(crate) fn pool_like_tickbox<C>(
+    url: String,
     setup: SetupCallback<C>,
-) -> ManagerConfig<C> {
+    size: usize,
+) -> Res<Pool<C>>
+where
+    C: AsyncConnection + 'static,
+    AsyncDieselConnectionManager<C>: Manager<Type = C, Error = PoolError>,
+{
     let mut config = ManagerConfig::default();
     config.recycling_method = RecyclingMethod::Fast;
     config.custom_setup = setup;
-    config
+    let manager = AsyncDieselConnectionManager::new_with_config(url, config);
+    Ok(Pool::builder(manager)
+        .max_size(size)
+        .queue_mode(QueueMode::Lifo)
+        .build()?)
 }

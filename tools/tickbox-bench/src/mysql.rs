@@ -1,7 +1,7 @@
 //! MariaDB and MySQL: the bench's queries on tickbox's MySQL connections,
 //! one database per module on the server.
 
-use crate::backend::{deadpool_config, BenchBackend, Count};
+use crate::backend::{pool_like_tickbox, BenchBackend, Count};
 use crate::clock::lock;
 use crate::place::Place;
 use crate::workload::{Work, HANDLER};
@@ -9,7 +9,7 @@ use crate::Res;
 use tickbox::diesel::sql_types::{BigInt, Binary, Nullable, Text};
 use tickbox::diesel::{self, QueryResult};
 use tickbox::diesel_async::pooled_connection::deadpool::{Object, Pool};
-use tickbox::diesel_async::pooled_connection::{AsyncDieselConnectionManager, SetupCallback};
+use tickbox::diesel_async::pooled_connection::SetupCallback;
 use tickbox::diesel_async::{
     AsyncConnection, AsyncMysqlConnection, RunQueryDsl, SimpleAsyncConnection,
 };
@@ -91,11 +91,7 @@ impl BenchBackend for Mysql {
                 Ok(conn)
             })
         });
-        let manager = AsyncDieselConnectionManager::<AsyncMysqlConnection>::new_with_config(
-            database_url(place, db)?,
-            deadpool_config(setup),
-        );
-        Ok(Pool::builder(manager).max_size(size).build()?)
+        pool_like_tickbox(database_url(place, db)?, setup, size)
     }
 
     const CREATE_ORDERS: &'static str =

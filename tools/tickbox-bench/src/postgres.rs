@@ -1,7 +1,7 @@
 //! PostgreSQL: the bench's queries on tickbox's PostgreSQL connections,
 //! one schema per module.
 
-use crate::backend::{deadpool_config, BenchBackend, Count};
+use crate::backend::{pool_like_tickbox, BenchBackend, Count};
 use crate::clock::lock;
 use crate::place::Place;
 use crate::workload::{Work, HANDLER};
@@ -9,7 +9,7 @@ use crate::Res;
 use tickbox::diesel::sql_types::{BigInt, Nullable, Text};
 use tickbox::diesel::{self, QueryResult};
 use tickbox::diesel_async::pooled_connection::deadpool::{Object, Pool};
-use tickbox::diesel_async::pooled_connection::{AsyncDieselConnectionManager, SetupCallback};
+use tickbox::diesel_async::pooled_connection::SetupCallback;
 use tickbox::diesel_async::{
     AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection,
 };
@@ -43,11 +43,7 @@ impl BenchBackend for Postgres {
             })
         });
         let url = place.pg_url().to_string();
-        let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config(
-            url,
-            deadpool_config(setup),
-        );
-        Ok(Pool::builder(manager).max_size(size).build()?)
+        pool_like_tickbox(url, setup, size)
     }
 
     const CREATE_ORDERS: &'static str =

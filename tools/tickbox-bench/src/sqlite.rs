@@ -1,13 +1,13 @@
 //! SQLite: the bench's queries on tickbox's SQLite connections.
 
-use crate::backend::{deadpool_config, BenchBackend, Count};
+use crate::backend::{pool_like_tickbox, BenchBackend, Count};
 use crate::place::Place;
 use crate::workload::{Work, HANDLER};
 use crate::Res;
-use tickbox::diesel::sql_types::{BigInt, Binary, Nullable, Text};
+use tickbox::diesel::sql_types::{BigInt, Binary, Text};
 use tickbox::diesel::{self, QueryResult};
 use tickbox::diesel_async::pooled_connection::deadpool::{Object, Pool};
-use tickbox::diesel_async::pooled_connection::{AsyncDieselConnectionManager, SetupCallback};
+use tickbox::diesel_async::pooled_connection::SetupCallback;
 use tickbox::diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
 use tickbox::{Message, ModuleBuilder, Sqlite, SqliteConnection};
 use uuid::Uuid;
@@ -48,11 +48,7 @@ impl BenchBackend for Sqlite {
                 Ok(conn)
             })
         });
-        let manager = AsyncDieselConnectionManager::<SqliteConnection>::new_with_config(
-            path(place, db),
-            deadpool_config(setup),
-        );
-        Ok(Pool::builder(manager).max_size(size).build()?)
+        pool_like_tickbox(path(place, db), setup, size)
     }
 
     const CREATE_ORDERS: &'static str =
@@ -92,6 +88,10 @@ impl BenchBackend for Sqlite {
         conn.batch_execute("BEGIN IMMEDIATE").await
     }
 
+    // The two statements on tickbox's tables are written as a careful
+    // diesel user writes them: typed inserts that diesel prepares once per
+    // connection, run on the connection's own thread (the async wrapper
+    // would render their SQL for every call), as tickbox runs its own.
     async fn raw_insert_outbox(
         conn: &mut SqliteConnection,
         id: Uuid,
@@ -99,19 +99,22 @@ impl BenchBackend for Sqlite {
         payload: &str,
         created_at_us: i64,
     ) -> QueryResult<()> {
-        diesel::sql_query(
-            "INSERT INTO tickbox_outbox (id, topic, payload, correlation_id, causation_id, created_at_us) \
-             VALUES (?, ?, ?, ?, ?, ?)",
-        )
-        .bind::<Binary, _>(id.as_bytes().as_slice())
-        .bind::<Text, _>(topic)
-        .bind::<Text, _>(payload)
-        .bind::<Binary, _>(id.as_bytes().as_slice())
-        .bind::<Nullable<Binary>, _>(None::<&[u8]>)
-        .bind::<BigInt, _>(created_at_us)
-        .execute(conn)
+        let (topic, payload) = (topic.to_owned(), payload.to_owned());
+        conn.spawn_blocking(move |c| {
+            use diesel::ExpressionMethods;
+            use tables::tickbox_outbox::dsl as o;
+            let id = id.as_bytes().as_slice();
+            let insert = diesel::insert_into(o::tickbox_outbox).values((
+                o::id.eq(id),
+                o::topic.eq(&topic),
+                o::payload.eq(&payload),
+                o::correlation_id.eq(id),
+                o::causation_id.eq(None::<&[u8]>),
+                o::created_at_us.eq(created_at_us),
+            ));
+            diesel::RunQueryDsl::execute(insert, c).map(drop)
+        })
         .await
-        .map(drop)
     }
 
     async fn raw_insert_inbox(
@@ -120,16 +123,19 @@ impl BenchBackend for Sqlite {
         handler: &str,
         now_us: i64,
     ) -> QueryResult<bool> {
-        let inserted = diesel::sql_query(
-            "INSERT INTO tickbox_inbox (message_id, handler, processed_at_us) VALUES (?, ?, ?) \
-             ON CONFLICT DO NOTHING",
-        )
-        .bind::<Binary, _>(id.as_bytes().as_slice())
-        .bind::<Text, _>(handler)
-        .bind::<BigInt, _>(now_us)
-        .execute(conn)
-        .await?;
-        Ok(inserted == 1)
+        let handler = handler.to_owned();
+        conn.spawn_blocking(move |c| {
+            use diesel::ExpressionMethods;
+            use tables::tickbox_inbox::dsl as i;
+            let insert = diesel::insert_into(i::tickbox_inbox).values((
+                i::message_id.eq(id.as_bytes().as_slice()),
+                i::handler.eq(&handler),
+                i::processed_at_us.eq(now_us),
+            ));
+            diesel::RunQueryDsl::execute(insert.on_conflict_do_nothing(), c)
+                .map(|inserted| inserted == 1)
+        })
+        .await
     }
 
     fn prefill_outbox_sql(lo: u64, hi: u64, base_ms: i64) -> String {
@@ -150,5 +156,28 @@ impl BenchBackend for Sqlite {
                     || printf('%x%015x', 8 + abs(random()) % 4, i)), \
                     '{HANDLER}', ({base_ms} + i / 10) * 1000 FROM seq"
         )
+    }
+}
+
+/// tickbox's two tables, as far as the baseline writes them (SQLite keeps
+/// ids as 16-byte blobs).
+mod tables {
+    diesel::table! {
+        tickbox_outbox (id) {
+            id -> Binary,
+            topic -> Text,
+            payload -> Text,
+            correlation_id -> Binary,
+            causation_id -> Nullable<Binary>,
+            created_at_us -> BigInt,
+        }
+    }
+
+    diesel::table! {
+        tickbox_inbox (message_id, handler) {
+            message_id -> Binary,
+            handler -> Text,
+            processed_at_us -> BigInt,
+        }
     }
 }
