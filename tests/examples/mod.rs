@@ -266,3 +266,54 @@ fn in_the_several_processes_example_each_worker_gets_every_order() {
         );
     }
 }
+
+/// The number just before `words` in `output`: `12` in `… 12 retried …`.
+fn number_before(output: &str, words: &str) -> u64 {
+    let before = output
+        .split_once(words)
+        .unwrap_or_else(|| panic!("no `{words}` in: {output}"))
+        .0;
+    let digits = before.rsplit(' ').next().unwrap_or_default();
+    digits
+        .parse()
+        .unwrap_or_else(|_| panic!("no number before `{words}` in: {output}"))
+}
+
+#[test]
+fn with_ordering_keys_each_products_changes_arrive_in_order_through_retries() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let output = run("ordering_keys", dir.path());
+    assert!(
+        output.contains("keyed: 60 changes arrived") && output.contains("out of order: 0"),
+        "{output}"
+    );
+    // Every third change of each product fails its first attempt.
+    assert!(number_before(&output, " retried") >= 18, "{output}");
+}
+
+#[test]
+fn the_external_effects_example_charges_each_order_once_through_a_crash() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let output = run("external_effects", dir.path());
+    // The call the crash cut short was made again, with its key.
+    assert!(
+        output.contains("provider: 4 calls, 3 charges (one per key)"),
+        "{output}"
+    );
+    assert!(output.contains("payments recorded: 3"), "{output}");
+}
+
+#[cfg(feature = "amqp")]
+#[test]
+fn in_the_two_services_example_every_order_is_confirmed_over_rabbitmq() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let output = run("two_services", dir.path());
+    assert!(
+        output.contains("orders: placed 10 orders; every order confirmed"),
+        "{output}"
+    );
+    // The warehouse answered at least this run's ten orders.
+    let warehouse = output.lines().find(|line| line.starts_with("warehouse: "));
+    let warehouse = warehouse.unwrap_or_else(|| panic!("no warehouse line: {output}"));
+    assert!(number_before(warehouse, " messages") >= 10, "{output}");
+}
