@@ -1,7 +1,8 @@
 //! The examples: the README's quick start is `examples/quick_start.rs` word
-//! for word, its test of minishop is `examples/minishop/flow_test.rs`, every example opens with what it shows and the command that
-//! runs it, and the short examples run and do what they say. (minishop has
-//! tests of its own, in `processes`.)
+//! for word, its test of minishop is `examples/minishop/flow_test.rs`,
+//! every example opens with what it shows and the command that runs it,
+//! the README lists each with that command, and the short examples run and
+//! do what they say. (minishop has tests of its own, in `processes`.)
 //!
 //! `cargo test` builds the examples, so their binaries are beside the
 //! test's.
@@ -152,27 +153,73 @@ fn examples() -> Vec<(String, PathBuf)> {
     found
 }
 
+/// The `//!` comment an example's source opens with, its lines joined by
+/// spaces (a command may be wrapped between two).
+fn opening_comment(path: &Path) -> String {
+    let source = read(path);
+    let doc: Vec<&str> = source
+        .lines()
+        .map_while(|line| line.strip_prefix("//!"))
+        .map(str::trim)
+        .collect();
+    assert!(
+        doc.len() >= 2,
+        "{} does not open with a `//!` comment saying what it shows",
+        path.display()
+    );
+    doc.join(" ")
+}
+
 #[test]
 fn every_example_opens_with_what_it_shows_and_the_command_that_runs_it() {
     let examples = examples();
     assert!(examples.len() >= 4, "examples found: {examples:?}");
     for (name, path) in examples {
-        let source = read(&path);
-        let doc: Vec<&str> = source
-            .lines()
-            .take_while(|line| line.starts_with("//!"))
-            .collect();
-        assert!(
-            doc.len() >= 2,
-            "{} does not open with a `//!` comment saying what it shows",
-            path.display()
-        );
-        let doc = doc.join("\n");
+        let doc = opening_comment(&path);
         assert!(
             doc.contains("cargo run") && doc.contains(&format!("--example {name}")),
             "{}'s opening comment does not give the command that runs it \
              (`cargo run --example {name}`)",
             path.display()
+        );
+    }
+}
+
+/// The README's `## Examples` table, row by row: the example, and the
+/// command in its last column.
+fn readme_examples() -> Vec<(String, String)> {
+    readme_section("Examples")
+        .lines()
+        .filter(|line| line.starts_with("| `"))
+        .map(|row| {
+            let cells: Vec<&str> = row.trim_matches('|').split(" | ").map(str::trim).collect();
+            let name = cells[0].trim_matches('`').to_string();
+            let command = cells[cells.len() - 1].trim_matches('`').to_string();
+            (name, command)
+        })
+        .collect()
+}
+
+#[test]
+fn the_readme_lists_every_example_with_the_command_its_opening_comment_gives() {
+    let examples = examples();
+    let listed = readme_examples();
+    let mut names: Vec<&str> = listed.iter().map(|(name, _)| name.as_str()).collect();
+    names.sort();
+    let found: Vec<&str> = examples.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(
+        names, found,
+        "README.md's Examples list names each example under examples/, once"
+    );
+    for (name, command) in listed {
+        let (_, path) = examples.iter().find(|(n, _)| *n == name).expect("listed");
+        assert!(
+            command.starts_with("cargo run") && command.contains(&format!("--example {name}")),
+            "README.md runs {name} with `{command}`"
+        );
+        assert!(
+            opening_comment(path).contains(&format!("`{command}`")),
+            "README.md runs {name} with `{command}`, which its opening comment does not give"
         );
     }
 }
