@@ -66,6 +66,7 @@ impl Message for ProductPriceChanged {
 
 /// Handler names: half of each inbox row's key, so stable across releases.
 pub const APPLY_PRICE_CHANGE: &str = "storefront.apply_price_change";
+/// The journeys' handler name.
 pub const RECORD_JOURNEY: &str = "journeys.record_journey";
 
 /// storefront: `ProductPriceChanged` → update the copy, unless the copy is

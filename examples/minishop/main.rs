@@ -254,6 +254,7 @@ async fn run<B: ShopDb>(
     let bus = start_bus(&shop, args, deadline, stop).await.map_err(text)?;
     let mut figures = report::Figures::new(args, started);
     let progress = &mut progress::Progress::new();
+    // Whatever happens in here, the bus is stopped after it.
     let drain = async {
         // A message committed while no handler subscribes reaches none.
         let subscribed = flow::await_subscriptions(&shop, args, deadline, stop).await?;
