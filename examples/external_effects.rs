@@ -47,11 +47,9 @@ diesel::table! {
 /// `provider.log`. Like a real payment API, it charges once per
 /// idempotency key, however often it is called with it.
 fn provider_charge(key: &str, order_id: &str) -> std::io::Result<String> {
-    let mut log = std::fs::File::options();
-    writeln!(
-        log.create(true).append(true).open("provider.log")?,
-        "{key} {order_id}"
-    )?;
+    let mut options = std::fs::File::options();
+    let mut log = options.create(true).append(true).open("provider.log")?;
+    writeln!(log, "{key} {order_id}")?;
     Ok(format!("receipt-{key}"))
 }
 

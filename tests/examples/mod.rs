@@ -185,6 +185,25 @@ fn every_example_opens_with_what_it_shows_and_the_command_that_runs_it() {
     }
 }
 
+#[test]
+fn each_short_example_fits_in_150_lines_and_each_large_ones_main_in_300() {
+    for (name, path) in examples() {
+        let lines = read(&path).lines().count();
+        let (limit, what) = match path.ends_with("main.rs") {
+            true => (
+                300,
+                "its main.rs, the tutorial part (fixtures go in files beside it)",
+            ),
+            false => (150, "a short example"),
+        };
+        assert!(
+            lines <= limit,
+            "{name}: {} has {lines} lines, more than {limit} for {what}",
+            path.display()
+        );
+    }
+}
+
 /// The README's `## Examples` table, row by row: the example, and the
 /// command in its last column.
 fn readme_examples() -> Vec<(String, String)> {
