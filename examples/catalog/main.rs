@@ -1,86 +1,43 @@
-//! catalog: ordering keys. A catalog changes its products' prices; each
-//! change publishes `ProductPriceChanged` with the product id as its
-//! ordering key, so every handler receives one product's changes in the
-//! order they were committed — through injected failures, duplicate
-//! deliveries and crashes — while other products' changes flow beside
-//! them.
+//! catalog: ordering keys. Each price change of the catalog publishes
+//! `ProductPriceChanged` keyed by its product, so every handler receives a
+//! product's changes in the order they were committed — through failures,
+//! duplicate deliveries and crashes — while other products' flow beside
+//! them. The **storefront** keeps a copy of every product, applying only a
+//! change newer than its copy; **journeys** keeps an audit row per change.
+//! At the end it reads and checks the three databases: every change
+//! published once, applied or ignored as stale (never, with keys), every
+//! copy right, one journey per change, nothing pending; else exit code 1.
 //!
-//! Three modules, each with its own database:
-//!
-//! - **catalog** changes a product's price and version in a transaction
-//!   that also publishes `ProductPriceChanged { product_id, price, version }`
-//!   keyed by the product ([`tickbox::Tx::publish_keyed`]).
-//! - **storefront** keeps a copy of every product's price and version. It
-//!   applies a change only if it is newer than its copy, and counts the
-//!   older ones it ignores (`stale_ignored`): with ordering keys there are
-//!   none; with `--unordered` retries reorder the changes, and this version
-//!   check alone keeps the copy right.
-//! - **journeys** records an audit row per change, whose event id (product
-//!   and version) is its primary key: even a message the inbox cannot
-//!   recognise (a new message id carrying an old event) is not recorded
-//!   twice.
-//!
-//! ```text
-//! cargo run --release --example catalog
-//! cargo run --release --example catalog -- --products 100 --changes 2000 --fail-rate 0.3 --duplicate-rate 0.3
-//! cargo run --release --example catalog -- --unordered --fail-rate 0.3
-//! cargo run --release --example catalog -- --resume          # after a crash (kill -9 at any moment)
-//! cargo run --release --example catalog -- --disturb 3       # show both safeguards at work
-//! cargo run --release --features postgres --example catalog -- --database-url postgres://…
-//! cargo run --release --features mysql --example catalog -- --database-url mysql://root@127.0.0.1:3306
-//! ```
-//!
-//! `--fail-rate P` makes handlers fail after their work, before COMMIT
-//! (the bus retries them); `--duplicate-rate P` makes the bus deliver
-//! messages twice (the inbox skips the second). Every change is recorded
-//! in the catalog's own transaction, so `--resume` publishes exactly the
-//! planned changes a killed run had not made. At the end the example reads
-//! the three databases and checks them: every change published once,
-//! applied by the storefront or ignored as stale (never with ordering
-//! keys), every copy equal to the catalog's product, one journey per
-//! change, nothing pending. `--json` prints the result as one JSON line on
-//! stdout (logs go to stderr); the exit code is 0 only if all is well.
-//!
-//! SQLite (the default) keeps one file per module under `./catalog-data`;
-//! `--database-url postgres://…` puts each module in its own PostgreSQL
-//! schema (`catalog_catalog`, `catalog_storefront`, `catalog_journeys`; see
-//! `--schema-prefix`); `--database-url mysql://…` (MariaDB ≥ 10.6 or MySQL
-//! ≥ 8.0, the `mysql` feature) in its own database of the same name on that
-//! server, made if missing.
-//!
-//! Read this file from top to bottom: the message, the handlers, the
-//! modules and the bus, publishing a change, waiting for the deliveries,
-//! the run. Beside it: `cli.rs` (the arguments), `plan.rs` (which changes
-//! a run makes), `tables.rs` (the modules' tables and queries), `db.rs`
-//! (one query for every backend), minishop's `faults.rs` (injected failures),
-//! `disturb.rs` (messages that test the safeguards), `check.rs` (the final
-//! check), `report.rs` (what it prints), `interrupt.rs` (Ctrl-C).
+//! Run it with `cargo run --release --example catalog`; `-- --help` shows
+//! the rest: `--unordered` (no keys: retries reorder the changes, and the
+//! version check alone keeps the copy right), failures and duplicates on
+//! purpose, `--resume` after a crash, `--disturb`, PostgreSQL, MariaDB.
+//! Read this file top to bottom: the message, the handlers, the modules
+//! and the bus, the flow. The crash-test fixtures live in the files below.
 
-mod check;
-mod cli;
-mod db;
-mod disturb;
-/// Injected failures and retried statements: minishop's, shared.
+mod check; // the final check of the three databases
+mod cli; // the arguments
+mod db; // one query, written once for every backend
+mod disturb; // `--disturb`: messages that test the handlers' safeguards
 #[path = "../minishop/faults.rs"]
-mod faults;
-mod interrupt;
-mod plan;
-mod report;
-mod tables;
+mod faults; // `--fail-rate`, and statements retried: minishop's, shared
+mod interrupt; // Ctrl-C
+mod plan; // which changes a run makes, recorded for `--resume`
+mod report; // what a run prints, and its exit code
+mod safeguards; // the handlers' own checks, beyond the inbox
+mod stores; // where the databases are: SQLite, PostgreSQL, MariaDB/MySQL
+mod tables; // the modules' tables and queries
+mod waiting; // until every message is delivered, with progress
 
-use cli::{Args, NewPlan, Store};
+use cli::{Args, NewPlan};
 use faults::{flaky, retrying};
 use plan::{Change, Plan};
 use report::{Ending, Report};
 use serde::{Deserialize, Serialize};
-use std::io::IsTerminal;
-use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use tables::Migrations;
-use tickbox::{
-    Backend, Bus, BusHandle, Delivery, Handler, HandlerError, Message, ModuleBuilder, ModuleHandle,
-    RetryPolicy, Tx,
-};
+use tickbox::{Backend, Bus, BusHandle, Delivery, Handler, HandlerError, Message};
+use tickbox::{ModuleBuilder, ModuleHandle, RetryPolicy, Tx};
 use tokio_util::sync::CancellationToken;
 
 // ---------------------------------------------------------------------------
@@ -97,26 +54,17 @@ pub struct ProductPriceChanged {
     /// one more per change.
     pub version: i64,
 }
-
 impl Message for ProductPriceChanged {
     const TOPIC: &'static str = "catalog.product_price_changed";
 }
 
 // ---------------------------------------------------------------------------
-// 2. The handlers.
-//
-// Each delivery runs in a transaction on the handler's module's database
-// that already holds the inbox row (message id, handler name): the
-// handler's changes and the inbox row commit together, and the same message
-// delivered again is skipped. With an ordering key the bus also runs a
-// product's changes through each handler one at a time, in commit order.
-//
-// Both handlers are generic over the backend and run their queries through
-// `tables` (see `db.rs`); an application on one backend would write
-// `impl Handler<Sqlite>` and run diesel on `tx.conn()`.
+// 2. The handlers. Each delivery runs in a transaction that already holds
+//    the inbox row: the handler's changes and the inbox row commit together.
+//    With an ordering key, a product's changes go through each handler one
+//    at a time, in commit order. On one backend: `impl Handler<Sqlite>`.
 
-/// The storefront's handler name: half of each of its inbox rows' keys, so
-/// stable across releases.
+/// Handler names: half of each inbox row's key, so stable across releases.
 pub const APPLY_PRICE_CHANGE: &str = "storefront.apply_price_change";
 /// The journeys' handler name.
 pub const RECORD_JOURNEY: &str = "journeys.record_journey";
@@ -124,10 +72,8 @@ pub const RECORD_JOURNEY: &str = "journeys.record_journey";
 /// storefront: `ProductPriceChanged` → update the copy, unless the copy is
 /// already as new.
 struct ApplyPriceChange;
-
 impl<B: Backend> Handler<B> for ApplyPriceChange {
     type Message = ProductPriceChanged;
-
     async fn handle(
         &self,
         tx: &mut Tx<B>,
@@ -137,59 +83,32 @@ impl<B: Backend> Handler<B> for ApplyPriceChange {
         if tables::apply_if_newer(tx.conn(), &change).await? {
             return Ok(());
         }
-        // The safeguard: the copy holds this version or a newer one, so the
-        // change comes late (an unordered retry, or an old message sent
-        // again under a new id, which the inbox cannot recognise). Applying
-        // it would put an old price back; it is ignored, and counted.
-        let held_version = tables::held_version(tx.conn(), &change.product_id).await?;
-        tracing::debug!(product = %change.product_id, version = change.version, held_version,
-            "ignoring a change older than the copy");
-        let stale = tables::StaleChange {
-            message_id: delivery.envelope.id.to_string(),
-            product_id: change.product_id,
-            version: change.version,
-            held_version,
-        };
-        tables::record_stale(tx.conn(), &stale).await?;
-        Ok(())
+        // The copy holds this version or a newer one: the change comes late
+        // (an unordered retry, or an old change under a new message id, which
+        // the inbox cannot recognise). It would put an old price back.
+        safeguards::ignore_stale(tx, change, delivery).await
     }
 }
 
 /// journeys: `ProductPriceChanged` → one audit row per change.
 struct RecordJourney;
-
 impl<B: Backend> Handler<B> for RecordJourney {
     type Message = ProductPriceChanged;
-
     async fn handle(
         &self,
         tx: &mut Tx<B>,
         change: ProductPriceChanged,
         delivery: &Delivery,
     ) -> Result<(), HandlerError> {
-        let journey = tables::Journey {
-            event_id: tables::event_id(&change.product_id, change.version),
-            product_id: change.product_id,
-            version: change.version,
-            price: change.price,
-            message_id: delivery.envelope.id.to_string(),
-            // The change's number in its product's order (1, 2, 3…), when
-            // it was published with a key.
-            sequence: delivery.sequence(),
-        };
+        // With the change's number in its product's order (1, 2, 3…), when
+        // it was published with a key: it must be the version.
+        let journey = tables::Journey::of(change, delivery.envelope.id, delivery.sequence());
         if tables::record_journey(tx.conn(), &journey).await? {
             return Ok(());
         }
-        // The safeguard: this event is already recorded, carried by another
-        // message. The primary key kept it out; the repeat is counted.
-        tracing::warn!(event_id = %journey.event_id, message_id = %journey.message_id,
-            "event already recorded; ignoring the repeat");
-        let repeat = tables::RepeatedEvent {
-            message_id: journey.message_id,
-            event_id: journey.event_id,
-        };
-        tables::record_repeat(tx.conn(), &repeat).await?;
-        Ok(())
+        // The event is recorded already, carried by another message: its
+        // primary key kept it out, and the repeat is counted.
+        safeguards::count_repeat(tx, journey).await
     }
 }
 
@@ -206,10 +125,8 @@ pub struct Modules<B: Backend> {
     pub journeys: ModuleHandle<B>,
 }
 
-/// Starts the modules; `module` makes a module's builder on the chosen
-/// backend, `migrations` are the modules' own in its dialect. Starting a
-/// module creates tickbox's tables in its database, then runs the module's
-/// own migrations.
+/// Starts the modules, each making tickbox's tables in its database, then
+/// its own (`migrations`, in the dialect of the backend `module` is on).
 async fn start_modules<B: Backend>(
     args: &Args,
     module: impl Fn(&str) -> ModuleBuilder<B>,
@@ -249,10 +166,9 @@ async fn start_bus<B: Backend>(modules: &Modules<B>, args: &Args) -> tickbox::Re
         .module(&modules.storefront)
         .module(&modules.journeys)
         .duplicate_rate(args.duplicate_rate)
-        // Quick retries, and many: a delivery becomes a dead letter after 60
-        // failed attempts in a row (about 15 s), which at --fail-rate 0.5
-        // happens once in 10^18 deliveries. A failing keyed change holds
-        // back only its own product's later changes meanwhile.
+        // Quick retries, and many: 60 failed attempts in a row (about 15 s)
+        // make a dead letter, once in 10^18 deliveries at --fail-rate 0.5.
+        // A failing keyed change holds back only its product's later ones.
         .retry_policy(RetryPolicy {
             initial_delay: Duration::from_millis(10),
             max_delay: Duration::from_millis(250),
@@ -267,15 +183,13 @@ async fn start_bus<B: Backend>(modules: &Modules<B>, args: &Args) -> tickbox::Re
 }
 
 // ---------------------------------------------------------------------------
-// 4. Publishing a change: the product's new price, the plan's progress, the
-//    log entry and the message commit together, or none of them does.
+// 4. The flow: each change published in a transaction with the product's
+//    new price; the wait for the deliveries; the check.
 
 /// Makes the plan's next change in one catalog transaction; false when
-/// every change of the plan was already made.
-///
-/// Whatever happens, it is safe to call again: the number of the change is
-/// taken inside the transaction, so a run killed before COMMIT makes that
-/// change again, and one killed after moves on to the next.
+/// every change of the plan was already made. The change's number is taken
+/// inside the transaction, so a run killed before COMMIT makes it again,
+/// and one killed after moves on to the next.
 async fn make_next_change<B: Backend>(
     catalog: &ModuleHandle<B>,
     plan: Plan,
@@ -294,17 +208,11 @@ async fn make_next_change<B: Backend>(
             };
             // The product is the ordering key: each handler receives this
             // product's changes in the order their transactions commit.
-            let message_id = if plan.keyed {
-                tx.publish_keyed(&changed.product_id, &changed)?
-            } else {
-                tx.publish(&changed)?
+            let message_id = match plan.keyed {
+                true => tx.publish_keyed(&changed.product_id, &changed)?,
+                false => tx.publish(&changed)?,
             };
-            let logged = tables::LoggedChange {
-                message_id: message_id.to_string(),
-                product_id: changed.product_id,
-                version,
-                price,
-            };
+            let logged = tables::LoggedChange::of(message_id, &changed);
             tables::log_change(tx.conn(), &logged).await?;
             Ok::<_, tickbox::Error>(true)
         })
@@ -312,35 +220,17 @@ async fn make_next_change<B: Backend>(
     .await
 }
 
-/// Records this run's plan (unless resuming), then makes every planned
-/// change not made yet, of this run's plan and of any a killed run left
-/// unfinished, until done or Ctrl-C; how many it made.
+/// Makes every planned change not made yet, of this run's plan (unless
+/// `--resume`) and of any a killed run left unfinished, until done or
+/// Ctrl-C; how many it made.
 async fn publish_changes<B: Backend>(
     catalog: &ModuleHandle<B>,
     new_plan: Option<NewPlan>,
     stop: &CancellationToken,
 ) -> tickbox::Result<u64> {
-    if let Some(new_plan) = new_plan {
-        let plan = catalog
-            .transaction(async move |tx| {
-                Ok::<_, tickbox::Error>(tables::create_plan(tx.conn(), new_plan).await?)
-            })
-            .await?;
-        tracing::info!(
-            plan = plan.id,
-            changes = plan.changes,
-            products = plan.products,
-            keyed = plan.keyed,
-            seed = plan.seed as u64,
-            "planned"
-        );
-    }
-    let plans = catalog
-        .read(async |tx| Ok::<_, tickbox::Error>(tables::load_plans(tx.conn()).await?))
-        .await?;
     let mut made = 0;
     let mut said = Instant::now();
-    for plan in plans.into_iter().filter(|p| p.published < p.changes) {
+    for plan in plan::unfinished(catalog, new_plan).await? {
         while !stop.is_cancelled() && make_next_change(catalog, plan).await? {
             made += 1;
             if said.elapsed() >= Duration::from_secs(2) {
@@ -352,178 +242,55 @@ async fn publish_changes<B: Backend>(
     Ok(made)
 }
 
-// ---------------------------------------------------------------------------
-// 5. Waiting until every message is delivered.
-
-/// Waits until the bus is idle (nothing in memory, nothing pending in any
-/// outbox), until `timeout`, or until Ctrl-C.
-async fn wait_for_deliveries<B: Backend>(
-    bus: &BusHandle<B>,
-    timeout: Duration,
-    stop: &CancellationToken,
-) -> tickbox::Result<Ending> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        tokio::select! {
-            idle = bus.wait_idle(Duration::from_secs(2)) => {
-                if idle? {
-                    return Ok(Ending::Finished);
-                }
-            }
-            () = stop.cancelled() => return Ok(Ending::Interrupted),
-        }
-        if Instant::now() >= deadline {
-            return Ok(Ending::TimedOut);
-        }
-        let metrics = bus.metrics();
-        tracing::info!(
-            handled = metrics.total(|h| h.handled),
-            failed_attempts = metrics.total(|h| h.failed),
-            "delivering"
-        );
-    }
-}
-
-// ---------------------------------------------------------------------------
-// 6. The run: start, publish, wait, stop the bus, disturb, check.
-
-/// One run on the backend whose module builders `module` makes, with the
-/// modules' `migrations` in its dialect: the report, or why there is none.
+/// One run on the backend whose builders `module` makes (`stores.rs`): the
+/// report, or why there is none.
 async fn run<B: Backend>(
     args: &Args,
     module: impl Fn(&str) -> ModuleBuilder<B>,
     migrations: &'static Migrations,
     stop: &CancellationToken,
 ) -> Result<Report, String> {
-    let started = Instant::now();
+    let (started, text) = (Instant::now(), |e: tickbox::Error| e.to_string());
     let modules = start_modules(args, module, migrations)
         .await
-        .map_err(|e| e.to_string())?;
-    let bus = start_bus(&modules, args).await.map_err(|e| e.to_string())?;
-    if args.resume {
-        tracing::info!("resuming: no new plan; finishing what is planned and pending");
-    }
+        .map_err(text)?;
+    let bus = start_bus(&modules, args).await.map_err(text)?;
     // Stop the bus whatever happens in here.
     let outcome = async {
         let published = publish_changes(&modules.catalog, args.new_plan(), stop).await?;
-        let ending = if stop.is_cancelled() {
-            Ending::Interrupted
-        } else {
-            wait_for_deliveries(&bus, args.timeout, stop).await?
+        let ending = match stop.is_cancelled() {
+            true => Ending::Interrupted,
+            false => waiting::for_deliveries(&bus, args.timeout, stop).await?,
         };
         Ok::<_, tickbox::Error>((published, ending))
     }
     .await;
     bus.stop().await;
-    let (published, ending) = outcome.map_err(|e| e.to_string())?;
+    let (published, ending) = outcome.map_err(text)?;
     let metrics = bus.metrics();
-
     // Both safeguards at work, with nothing else running: see disturb.rs.
-    let sent = if args.disturb > 0 && ending == Ending::Finished {
-        Some(disturb::disturb(&modules, args.disturb).await?)
-    } else {
-        None
+    let sent = match args.disturb > 0 && ending == Ending::Finished {
+        true => Some(disturb::disturb(&modules, args.disturb).await?),
+        false => None,
     };
-
-    // The check: everything below is read from the databases.
-    let found = check::Found::read(&modules)
-        .await
-        .map_err(|e| e.to_string())?;
+    // The check: everything in the report is read from the databases.
+    let found = check::Found::read(&modules).await.map_err(text)?;
+    let this_run = report::ThisRun::new(published, &metrics, started.elapsed());
     Ok(Report::new(
         B::NAME,
         ending,
         &found,
         sent.as_ref(),
-        report::ThisRun::new(published, &metrics, started.elapsed()),
+        this_run,
     ))
 }
 
-/// One run on a server where each module has a named schema (PostgreSQL)
-/// or database (MariaDB/MySQL), `PREFIX_MODULE` (`--schema-prefix`), on the
-/// server `url` names.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-async fn run_in_schemas<B: tickbox::Schemas>(
-    args: &Args,
-    url: &str,
-    migrations: &'static Migrations,
-    stop: &CancellationToken,
-) -> Result<Report, String> {
-    let module = |name: &str| {
-        tickbox::Module::<B>::builder(name, url).schema(format!("{}_{name}", args.schema_prefix))
-    };
-    run(args, module, migrations, stop).await
-}
-
-/// Runs the example on the databases the arguments name, prints the
-/// report, and exits 0 only if the check found all well.
 #[actix::main]
-async fn main() -> ExitCode {
+async fn main() -> std::process::ExitCode {
     let args = Args::parse_or_exit();
-    // The example's own progress; of tickbox's logs only errors (a dead
-    // letter), since every injected failure would log a warning
-    // (`RUST_LOG=warn` shows them).
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "error,catalog=info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    report::init_logging();
     // From here on Ctrl-C asks the run to stop; a second one quits.
     let stop = interrupt::on_ctrl_c();
-
-    let result = match args.store() {
-        Store::Sqlite(dir) => match std::fs::create_dir_all(dir) {
-            Ok(()) => {
-                let module = |name: &str| {
-                    let file = dir.join(format!("{name}.db")).display().to_string();
-                    tickbox::Module::<tickbox::Sqlite>::builder(name, file)
-                };
-                run(&args, module, &tables::PORTABLE_MIGRATIONS, &stop).await
-            }
-            Err(e) => Err(format!("cannot create {}: {e}", dir.display())),
-        },
-        #[cfg(feature = "postgres")]
-        Store::Postgres(url) => {
-            let migrations = &tables::PORTABLE_MIGRATIONS;
-            run_in_schemas::<tickbox::Postgres>(&args, url, migrations, &stop).await
-        }
-        #[cfg(not(feature = "postgres"))]
-        Store::Postgres(_) => Err("--database-url needs the `postgres` feature: cargo run \
-             --release --features postgres --example catalog -- --database-url postgres://..."
-            .to_string()),
-        #[cfg(feature = "mysql")]
-        Store::Mysql(url) => {
-            let migrations = &tables::MYSQL_MIGRATIONS;
-            run_in_schemas::<tickbox::Mysql>(&args, url, migrations, &stop).await
-        }
-        #[cfg(not(feature = "mysql"))]
-        Store::Mysql(_) => Err(
-            "--database-url mysql://... needs the `mysql` feature: cargo run \
-             --release --features mysql --example catalog -- --database-url mysql://..."
-                .to_string(),
-        ),
-    };
-    match result {
-        Ok(report) => {
-            if args.json {
-                println!("{}", report.json());
-            } else {
-                report.print();
-            }
-            report.exit_code()
-        }
-        Err(error) => {
-            eprintln!("catalog: {error}");
-            if args.json {
-                println!("{}", serde_json::json!({ "ok": false, "error": error }));
-            }
-            if stop.is_cancelled() {
-                ExitCode::from(130)
-            } else {
-                ExitCode::FAILURE
-            }
-        }
-    }
+    let result = stores::run(&args, &stop).await; // `run`, on the databases the arguments name
+    report::finish(result, args.json, stop.is_cancelled())
 }

@@ -1,6 +1,11 @@
 //! A run's plan of price changes: which product gets which price, drawn
 //! from a seed, so that a resumed run makes exactly the changes a killed
-//! one had not made yet.
+//! one had not made yet. Plans are recorded in the catalog's database
+//! (`change_plans`), each with how many of its changes are made.
+
+use crate::cli::NewPlan;
+use crate::tables;
+use tickbox::{Backend, ModuleHandle};
 
 /// A plan as the catalog's `change_plans` table keeps it.
 #[derive(Debug, Clone, Copy)]
@@ -44,4 +49,38 @@ impl Plan {
 /// The id of the product numbered `index` (from 0).
 pub fn product_id(index: u64) -> String {
     format!("p{index:05}")
+}
+
+/// Records `new`, this run's plan (none with `--resume`); then every plan
+/// with changes still to make, this one and any a killed run left, oldest
+/// first.
+pub async fn unfinished<B: Backend>(
+    catalog: &ModuleHandle<B>,
+    new: Option<NewPlan>,
+) -> tickbox::Result<Vec<Plan>> {
+    match new {
+        Some(new) => {
+            let plan = catalog
+                .transaction(async move |tx| {
+                    Ok::<_, tickbox::Error>(tables::create_plan(tx.conn(), new).await?)
+                })
+                .await?;
+            tracing::info!(
+                plan = plan.id,
+                changes = plan.changes,
+                products = plan.products,
+                keyed = plan.keyed,
+                seed = plan.seed as u64,
+                "planned"
+            );
+        }
+        None => tracing::info!("resuming: no new plan; finishing what is planned and pending"),
+    }
+    let plans = catalog
+        .read(async |tx| Ok::<_, tickbox::Error>(tables::load_plans(tx.conn()).await?))
+        .await?;
+    Ok(plans
+        .into_iter()
+        .filter(|p| p.published < p.changes)
+        .collect())
 }

@@ -7,6 +7,7 @@
 use crate::check::{Disturbance, Figures, Found};
 use crate::disturb::Sent;
 use serde::Serialize;
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::Duration;
 use tickbox::BusMetrics;
@@ -156,6 +157,46 @@ impl Report {
             _ if self.ok => ExitCode::SUCCESS,
             Ending::Interrupted => ExitCode::from(130),
             _ => ExitCode::FAILURE,
+        }
+    }
+}
+
+/// Logs to stderr: the example's own progress, and of tickbox's logs only
+/// errors (a dead letter), since every injected failure would log a
+/// warning (`RUST_LOG=warn` shows them).
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "error,catalog=info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+/// Prints the report of a run, or why there is none, and gives the exit
+/// code: the report's own, or 1 (130 when interrupted).
+pub fn finish(result: Result<Report, String>, json: bool, interrupted: bool) -> ExitCode {
+    match result {
+        Ok(report) => {
+            if json {
+                println!("{}", report.json());
+            } else {
+                report.print();
+            }
+            report.exit_code()
+        }
+        Err(error) => {
+            eprintln!("catalog: {error}");
+            if json {
+                println!("{}", serde_json::json!({ "ok": false, "error": error }));
+            }
+            if interrupted {
+                ExitCode::from(130)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }

@@ -148,6 +148,18 @@ pub struct LoggedChange {
     pub price: i64,
 }
 
+impl LoggedChange {
+    /// The catalog's record of `change`, announced by message `message_id`.
+    pub fn of(message_id: uuid::Uuid, change: &ProductPriceChanged) -> Self {
+        LoggedChange {
+            message_id: message_id.to_string(),
+            product_id: change.product_id.clone(),
+            version: change.version,
+            price: change.price,
+        }
+    }
+}
+
 /// Records a new plan, after creating the products it changes that do not
 /// exist yet; returns it.
 pub async fn create_plan(conn: &mut AnyConn, new: NewPlan) -> QueryResult<Plan> {
@@ -221,13 +233,13 @@ pub async fn take_next_change(conn: &mut AnyConn, plan_id: i64) -> QueryResult<O
         .find(plan_id)
         .filter(change_plans::published.lt(change_plans::changes));
     let count = diesel::update(plan).set(change_plans::published.eq(change_plans::published + 1));
-    let published = change_plans::table
-        .find(plan_id)
-        .select(change_plans::published);
     on_either!(conn, |c| {
         let taken = count.returning(change_plans::published);
         taken.get_result(c).await.optional()
     }, mysql: |c| {
+        let published = change_plans::table
+            .find(plan_id)
+            .select(change_plans::published);
         if count.execute(c).await? == 0 {
             Ok(None)
         } else {
@@ -401,6 +413,21 @@ pub struct Journey {
     pub message_id: String,
     /// Its number in its ordering key, when it had one.
     pub sequence: Option<i64>,
+}
+
+impl Journey {
+    /// The audit row of `change`, carried by message `message_id`, whose
+    /// number in its ordering key's order is `sequence` (if it had a key).
+    pub fn of(change: ProductPriceChanged, message_id: uuid::Uuid, sequence: Option<i64>) -> Self {
+        Journey {
+            event_id: event_id(&change.product_id, change.version),
+            product_id: change.product_id,
+            version: change.version,
+            price: change.price,
+            message_id: message_id.to_string(),
+            sequence,
+        }
+    }
 }
 
 /// A message that carried an event already recorded.

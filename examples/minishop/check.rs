@@ -4,8 +4,9 @@
 
 use crate::db::ShopDb;
 use crate::faults::retrying;
+use crate::mail::SEND_CONFIRMATION_EFFECT;
 use crate::tables::OrderStatus;
-use crate::{OrderConfirmed, Shop, SEND_CONFIRMATION, SEND_CONFIRMATION_EFFECT};
+use crate::{OrderConfirmed, Shop, SEND_CONFIRMATION};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use tickbox::{EffectPolicy, EffectState, ModuleHandle};
 

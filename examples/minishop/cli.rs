@@ -363,6 +363,18 @@ impl Args {
         self.transport == Transport::Amqp
     }
 
+    /// Whether this build has the transport the arguments ask for; if not,
+    /// why, and the exit code (2).
+    pub fn transport_built(&self) -> Result<(), (String, u8)> {
+        if self.over_amqp() && !cfg!(feature = "amqp") {
+            let error =
+                "--transport amqp needs the `amqp` feature: cargo run --release --features \
+                         amqp --example minishop -- --transport amqp";
+            return Err((error.to_string(), 2));
+        }
+        Ok(())
+    }
+
     /// New orders this process places: none with `--resume` or without the
     /// orders module.
     pub fn orders(&self) -> u64 {

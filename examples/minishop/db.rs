@@ -366,8 +366,15 @@ pub trait Dialect: Backend {
     /// The migrations that make the modules' own tables.
     const MIGRATIONS: &'static Migrations;
 
-    /// Locks every stock row, in sku order, until the transaction ends (see
-    /// `ReserveStock` for why).
+    /// Locks every stock row, in sku order, until the transaction ends.
+    ///
+    /// `ReserveStock` runs batched: up to 32 orders in one transaction,
+    /// each taking the stock of its own item. Two transactions taking items
+    /// A then B and B then A would each lock one row and wait for the
+    /// other's: a deadlock, which PostgreSQL breaks only after a second by
+    /// failing one batch. So each call first locks every stock row in one
+    /// global order (there are five); the later calls of a batch find them
+    /// held by their own transaction and wait for nobody.
     fn lock_stock(conn: &mut Self::Connection) -> impl Future<Output = QueryResult<()>> + Send;
 }
 

@@ -15,6 +15,7 @@
 //! whether each was ignored.
 
 use crate::check::Problem;
+use crate::cli::Args;
 use crate::db::ShopDb;
 use crate::faults::retrying;
 use crate::tables::NewOrder;
@@ -34,8 +35,19 @@ pub struct Targets {
 }
 
 impl Targets {
+    /// With `--disturb`, places the two orders; without, none.
+    pub async fn place_if_asked<B: ShopDb>(
+        shop: &Shop<B>,
+        args: &Args,
+    ) -> tickbox::Result<Option<Targets>> {
+        match shop.orders.as_ref().filter(|_| args.disturb) {
+            Some(orders) => Ok(Some(Targets::place(orders).await?)),
+            None => Ok(None),
+        }
+    }
+
     /// Places the two orders, as any order is placed.
-    pub async fn place<B: ShopDb>(orders: &ModuleHandle<B>) -> tickbox::Result<Targets> {
+    async fn place<B: ShopDb>(orders: &ModuleHandle<B>) -> tickbox::Result<Targets> {
         let targets = Targets {
             filled: NewOrder::random(),
             short: NewOrder::beyond_stock(),

@@ -15,8 +15,10 @@
 //! its handlers have been idle for `--settle` after its database holds work
 //! (see [`Settle`]).
 
+use crate::cli::{Args, ModuleName};
 use crate::db::ShopDb;
 use crate::faults::retrying;
+use crate::progress::Progress;
 use crate::tables::{self, PlacingRun};
 use crate::{Shop, CONFIRM_ORDER, REJECT_ORDER, RESERVE_STOCK, SEND_CONFIRMATION};
 use std::time::{Duration, Instant};
@@ -32,6 +34,104 @@ pub enum Drain {
     TimedOut(String),
     /// Ctrl-C.
     Interrupted,
+}
+
+/// Polls until the flow is done, as far as this process can see — or the
+/// bus is idle while dead letters hold up the rest; until `deadline` or
+/// Ctrl-C otherwise.
+///
+/// Done, when the orders database is seen here (always over the local
+/// transport): the bus is idle (`BusHandle::wait_idle`: nothing in memory,
+/// pending in its outboxes or, over amqp, in its handlers' queues), nothing
+/// is pending in any outbox seen, every order is confirmed (and e-mailed, if
+/// the notifications database is seen) or rejected, and no run is still placing
+/// orders. Without the orders database (over amqp, the warehouse or the
+/// notifications alone): the bus has been idle for `--settle` on end since
+/// its database holds work (`Settle`).
+///
+/// Without a deadline, a process running all three modules gives itself a
+/// minute plus 20 ms per order; one running some of them waits as long as
+/// the others take.
+pub async fn wait_until_done<B: ShopDb>(
+    shop: &Shop<B>,
+    bus: &BusHandle<B>,
+    args: &Args,
+    deadline: Option<Instant>,
+    stop: &CancellationToken,
+    progress: &mut Progress,
+) -> tickbox::Result<Drain> {
+    if stop.is_cancelled() {
+        return Ok(Drain::Interrupted);
+    }
+    let over_amqp = args.over_amqp();
+    let mut counts = Counts::read(shop).await?;
+    let orders = counts.orders.unwrap_or(0);
+    let allowance = Duration::from_secs(60) + Duration::from_millis(20) * orders as u32;
+    let deadline = deadline.or_else(|| args.runs_all().then(|| Instant::now() + allowance));
+    // Over amqp the process running the orders module needs no other run
+    // placing orders; over the local transport one running all modules.
+    let places_here = if over_amqp {
+        args.runs(ModuleName::Orders)
+    } else {
+        args.runs_all()
+    };
+    let least_runs = least_placing_runs(args.placers, places_here);
+    let mut settle = Settle::new(args.settle);
+    let drain = loop {
+        if stop.is_cancelled() {
+            break Drain::Interrupted;
+        }
+        // The runs are read before the counts, so that every order of a run
+        // seen done is in the counts, and after them, so that a run that
+        // starts (and perhaps ends) meanwhile shows.
+        let runs_before = match &shop.orders {
+            Some(orders) => Some(placing_runs(orders).await?),
+            None => None,
+        };
+        counts = Counts::read(shop).await?;
+        let idle = bus_idle(bus, over_amqp).await? && counts.pending == 0;
+        let runs = match &shop.orders {
+            Some(orders) => Some(placing_runs(orders).await?),
+            None => None,
+        };
+        let done = match (&runs_before, &runs) {
+            (Some(before), Some(runs)) => {
+                idle && counts.complete()
+                    && placing_done(before, least_runs)
+                    && runs.len() == before.len()
+                    && placing_done(runs, least_runs)
+            }
+            _ => settle.over(counts.hold_work(), idle),
+        };
+        if done {
+            break Drain::Finished;
+        }
+        if idle && dead_letters(shop).await? > 0 {
+            // With `--email-policy at-most-once`, an e-mail a crash cut
+            // short is one of them, as the policy means it to be; the
+            // check tells whether they all are.
+            tracing::warn!("stopped waiting: nothing is pending, but dead letters hold up orders");
+            break Drain::Finished;
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            let what =
+                unfinished(shop, bus, counts, runs.as_deref(), least_runs, over_amqp).await?;
+            tracing::error!("timed out: {what}");
+            break Drain::TimedOut(what);
+        }
+        if progress.due() {
+            progress.draining(&counts);
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(50)) => {}
+            () = stop.cancelled() => {}
+        }
+    };
+    if progress.drawn() {
+        progress.draining(&counts);
+    }
+    progress.finish();
+    Ok(drain)
 }
 
 /// The handlers of the whole flow, each with the outbox it receives from:
@@ -59,12 +159,19 @@ async fn subscriptions<B: ShopDb>(
 /// Waits until every handler of the [`FLOW`] has subscribed (each process
 /// subscribes its own when its bus starts), until `deadline` or Ctrl-C. A
 /// message committed while no handler subscribes to its topic is delivered
-/// to none, so orders are placed only after this.
+/// to none, so orders are placed only after this. Over amqp there is
+/// nothing to wait for: a message no queue is bound for yet stays in the
+/// outbox, published again until the handler's service has declared its
+/// queue. Nor is there when this run places no order and disturbs nothing.
 pub async fn await_subscriptions<B: ShopDb>(
     shop: &Shop<B>,
+    args: &Args,
     deadline: Option<Instant>,
     stop: &CancellationToken,
 ) -> tickbox::Result<Drain> {
+    if (args.orders() == 0 && !args.disturb) || args.over_amqp() {
+        return Ok(Drain::Finished);
+    }
     let mut said = None::<Instant>;
     loop {
         let recorded = subscriptions(shop).await?;

@@ -2,11 +2,17 @@
 //! over one plain SMTP connection per e-mail, and what the effects journal
 //! keeps of it.
 //!
-//! The handler (`SendConfirmation` in main.rs) makes the call through
-//! `Delivery::effect`, which gives it the effect's idempotency key; the
-//! e-mail carries it as its Message-ID, `<KEY@minishop.example>`, the same
-//! on every try, so a mail server or an inbox that folds equal Message-IDs
-//! folds a repeat.
+//! The handler (`SendConfirmation` in main.rs) sends it with
+//! [`Mailer::send`], which makes the call through `Delivery::effect`: the
+//! journal records the e-mail as started (committed at once) before the
+//! call, and as succeeded, with what the call returned, after it. A later
+//! delivery of the message finds it succeeded and gets [`Sent`] back
+//! without sending; one that finds it started (a crash cut it short) sends
+//! it again with the same key, or makes it unknown and gives the delivery
+//! up (a dead letter, for a person), as `--email-policy` says. The effect
+//! gives the call its idempotency key; the e-mail carries it as its
+//! Message-ID, `<KEY@minishop.example>`, the same on every try, so a mail
+//! server or an inbox that folds equal Message-IDs folds a repeat.
 //!
 //! How a failure is reported decides what the journal does next, so each
 //! says whether the server may have taken the e-mail:
@@ -25,17 +31,21 @@
 //! [`Crash`]); its other injected faults are in `faults.rs`, which the
 //! catalog example shares.
 
-use crate::cli::CrashPoint;
+use crate::cli::{Args, CrashPoint};
 use lettre::message::header::ContentType;
 use lettre::transport::smtp::client::AsyncSmtpConnection;
 use lettre::transport::smtp::extension::ClientId;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::time::Duration;
-use tickbox::{EffectPolicy, HandlerError};
+use tickbox::{Delivery, EffectPolicy, HandlerError};
 use tokio::net::TcpStream;
 use tokio::sync::{Mutex, MutexGuard};
 use tokio::time::timeout;
+
+/// The effect the confirmation e-mail is, within its handler: named as
+/// stably as the handler, since the journal's entries are keyed by it.
+pub const SEND_CONFIRMATION_EFFECT: &str = "send_confirmation";
 
 /// The domain of the shop's Message-IDs and of its sender address.
 const DOMAIN: &str = "minishop.example";
@@ -65,24 +75,59 @@ pub struct Mailer {
     /// Where the e-mails go (`--smtp`).
     server: SocketAddr,
     /// What becomes of an e-mail cut short by a crash (`--email-policy`).
-    pub policy: EffectPolicy,
+    policy: EffectPolicy,
     /// The injected crashes (`--crash-at`, `--crash-rate`).
-    pub crash: Crash,
+    crash: Crash,
 }
 
 impl Mailer {
-    pub fn new(server: SocketAddr, policy: EffectPolicy, crash: Crash) -> Self {
-        Mailer {
+    /// The mailer the arguments ask for: with `--smtp`, one sending real
+    /// e-mails; without, none, and nothing leaves the process.
+    pub fn from_args(args: &Args) -> Option<Self> {
+        args.smtp.map(|server| Mailer {
             server,
-            policy,
-            crash,
-        }
+            policy: args.email_policy.effect_policy(),
+            crash: Crash::new(args.crash_at, args.crash_rate),
+        })
+    }
+
+    /// Sends the confirmation of `order_id` to `to` once, through the
+    /// effects journal of the delivery's module (see the module's doc);
+    /// the effect's idempotency key, which the `sent_emails` row keeps.
+    pub async fn send(
+        &self,
+        delivery: &Delivery,
+        to: &str,
+        subject: &str,
+        order_id: &str,
+    ) -> Result<String, HandlerError> {
+        let _alone = self.crash.one_at_a_time().await;
+        let sent: Sent = delivery
+            .effect(
+                SEND_CONFIRMATION_EFFECT,
+                self.policy,
+                |key: String| async move {
+                    // The key becomes the Message-ID: the same on every try.
+                    let sent = self.send_email(to, subject, order_id, &key).await?;
+                    // `--crash-at after-send`: the server has the e-mail, the
+                    // journal does not know it yet.
+                    self.crash.maybe(CrashPoint::AfterSend);
+                    Ok::<_, HandlerError>(sent)
+                },
+            )
+            .await?;
+        // `--crash-at after-journal`: the journal knows, but the delivery's
+        // transaction (its `sent_emails` row, its inbox row) never commits;
+        // the next delivery gets `sent` back from the journal.
+        self.crash.maybe(CrashPoint::AfterJournal);
+        tracing::debug!(message_id = %sent.message_id, reply = %sent.reply, "e-mail accepted");
+        Ok(sent.key)
     }
 
     /// Sends the confirmation of `order_id` to `to`, with Message-ID
     /// `<key@minishop.example>`; see the module's doc for what its errors
     /// mean.
-    pub async fn send(
+    async fn send_email(
         &self,
         to: &str,
         subject: &str,

@@ -7,13 +7,140 @@
 //! the databases: what it did not see is `null` in the JSON object and
 //! named as not checked in the text, never counted as fine.
 
-use crate::check::Problem;
-use crate::disturb::Disturbance;
-use crate::flow::Drain;
+use crate::check::{self, Problem};
+use crate::cli::Args;
+use crate::db::ShopDb;
+use crate::disturb::{self, Disturbance};
+use crate::flow::{self, Drain};
+use crate::Shop;
 use comfy_table::{CellAlignment, LineStyle, Table, TableStyle};
 use std::process::ExitCode;
-use std::time::Duration;
-use tickbox::{BusMetrics, LatencyMetrics, StoreStats};
+use std::time::{Duration, Instant};
+use tickbox::{BusHandle, BusMetrics, LatencyMetrics, StoreStats};
+
+/// What the run counts while it runs, for [`ThisRun`].
+pub struct Figures {
+    /// New orders to place, and placed so far.
+    pub to_place: u64,
+    pub placed: u64,
+    /// How long placing them took.
+    pub place_seconds: f64,
+    /// With `--disturb`, the disturbing messages delivered.
+    pub disturbed: Option<Vec<Disturbance>>,
+    /// When the run started, and when its bus did.
+    started: Instant,
+    waited: Instant,
+}
+
+impl Figures {
+    /// A run that started at `started` and whose bus has just started.
+    pub fn new(args: &Args, started: Instant) -> Self {
+        Figures {
+            to_place: args.orders(),
+            placed: 0,
+            place_seconds: 0.0,
+            disturbed: None,
+            started,
+            waited: Instant::now(),
+        }
+    }
+}
+
+impl Report {
+    /// The report of a run whose bus has stopped: what the bus counted, and
+    /// what the databases seen here hold, read now.
+    pub async fn read<B: ShopDb>(
+        shop: &Shop<B>,
+        bus: &BusHandle<B>,
+        args: &Args,
+        figures: Figures,
+        drain: Drain,
+    ) -> tickbox::Result<Report> {
+        let drain_seconds = figures.waited.elapsed().as_secs_f64() - figures.place_seconds;
+        let snapshot = check::Snapshot::read(shop).await?;
+        let stores = flow::store_stats(shop).await?;
+        let metrics = bus.metrics();
+        // The bus samples its queues' depths while it runs; the report gives
+        // them as they are now, after the drain.
+        #[cfg(feature = "amqp")]
+        let depths_at_end = match &metrics.amqp {
+            Some(amqp) => Broker::read_depths(&crate::shop::broker(args), amqp).await,
+            None => Vec::new(),
+        };
+        let disturbed = figures.disturbed;
+        Ok(Report {
+            backend: B::NAME,
+            modules: args.module_names(),
+            all_modules: args.runs_all(),
+            seen: shop.seen().iter().map(|(name, _)| *name).collect(),
+            broker: args.over_amqp().then(|| Broker {
+                url: tickbox::redact_url(&args.amqp_url),
+                namespace: args.amqp_namespace.clone(),
+                exchange: format!("tickbox.{}", args.amqp_namespace),
+                #[cfg(feature = "amqp")]
+                metrics: metrics.amqp.clone(),
+                #[cfg(feature = "amqp")]
+                depths_at_end,
+            }),
+            run: ThisRun {
+                placed: figures.placed,
+                to_place: figures.to_place,
+                metrics: final_metrics(metrics, &stores),
+                place_seconds: figures.place_seconds,
+                drain_seconds,
+                total_seconds: figures.started.elapsed().as_secs_f64(),
+            },
+            databases: Databases {
+                orders: snapshot.orders.as_ref().map(Vec::len),
+                reservations: snapshot.reservations.as_ref().map(Vec::len),
+                confirmations: snapshot.confirmations(),
+                rejected: snapshot.rejected(),
+                emails: snapshot.emails.as_ref().map(Vec::len),
+                emails_sent: snapshot.mail.as_ref().map(|mail| mail.sent),
+                effects_unknown: snapshot.mail.as_ref().map(|mail| mail.unknown),
+                awaiting_a_person: snapshot
+                    .mail
+                    .as_ref()
+                    .map_or(0, |mail| mail.awaiting_a_person.len()),
+                pending: stores.iter().map(|(_, s)| s.outbox_pending).sum(),
+                dead_letters: stores.iter().map(|(_, s)| s.dead_letters).sum(),
+            },
+            problems: check::verify(&snapshot)
+                .into_iter()
+                .chain(disturbed.as_deref().and_then(disturb::applied))
+                .collect(),
+            ignored: Ignored {
+                saga: snapshot.saga_ignored,
+                warehouse: snapshot.warehouse_ignored,
+            },
+            disturbed,
+            drain,
+        })
+    }
+}
+
+/// Prints the report of a run, or why there is none, and gives the exit
+/// code: the report's own, or 1 (130 when interrupted).
+pub fn finish(result: Result<Report, String>, json: bool, interrupted: bool) -> ExitCode {
+    match result {
+        Ok(report) if json => {
+            println!("{}", report.json());
+            report.exit_code()
+        }
+        Ok(report) => {
+            report.print();
+            report.exit_code()
+        }
+        Err(error) => {
+            print_error(&error, json);
+            if interrupted {
+                ExitCode::from(130)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
 
 /// What a run found.
 #[derive(Debug)]
@@ -734,10 +861,13 @@ pub fn print_error(error: &str, json: bool) {
     }
 }
 
-/// Serves the Prometheus endpoint, before any module starts (modules
-/// register their metrics when they start); on failure the message and the
-/// exit code.
-pub fn serve_metrics(addr: std::net::SocketAddr) -> Result<(), (String, u8)> {
+/// With `--metrics-addr`, serves the Prometheus endpoint, before any
+/// module starts (modules register their metrics when they start); on
+/// failure the message and the exit code.
+pub fn serve_metrics(args: &Args) -> Result<(), (String, u8)> {
+    let Some(addr) = args.metrics_addr else {
+        return Ok(());
+    };
     #[cfg(feature = "prometheus")]
     {
         let exporter = tickbox::install_prometheus(addr)

@@ -20,6 +20,17 @@ pub struct Migrations {
     pub notifications: EmbeddedMigrations,
 }
 
+impl Migrations {
+    /// The migrations of `module`'s own tables.
+    pub fn of(&'static self, module: crate::cli::ModuleName) -> &'static EmbeddedMigrations {
+        match module {
+            crate::cli::ModuleName::Orders => &self.orders,
+            crate::cli::ModuleName::Warehouse => &self.warehouse,
+            crate::cli::ModuleName::Notifications => &self.notifications,
+        }
+    }
+}
+
 /// `migrations/MODULE/`: SQL that runs unchanged on SQLite and PostgreSQL.
 pub const PORTABLE_MIGRATIONS: Migrations = Migrations {
     orders: embed_migrations!("examples/minishop/migrations/orders"),
@@ -180,6 +191,18 @@ pub struct NewReservation {
     pub reserved_at_us: i64,
 }
 
+impl NewReservation {
+    /// A reservation of `quantity` of `sku` for order `order_id`, now.
+    pub fn of(order_id: &str, sku: &str, quantity: i32) -> Self {
+        NewReservation {
+            order_id: order_id.to_owned(),
+            sku: sku.to_owned(),
+            quantity,
+            reserved_at_us: now_us(),
+        }
+    }
+}
+
 #[derive(Debug, diesel::Insertable)]
 #[diesel(table_name = shortages)]
 pub struct NewShortage {
@@ -187,6 +210,18 @@ pub struct NewShortage {
     pub sku: String,
     pub quantity: i32,
     pub short_at_us: i64,
+}
+
+impl NewShortage {
+    /// Too little of `sku` for order `order_id`, found now.
+    pub fn of(order_id: &str, sku: &str, quantity: i32) -> Self {
+        NewShortage {
+            order_id: order_id.to_owned(),
+            sku: sku.to_owned(),
+            quantity,
+            short_at_us: now_us(),
+        }
+    }
 }
 
 /// A message a handler did not apply because it did not fit what its
@@ -225,6 +260,26 @@ pub struct NewEmail {
     pub subject: String,
     pub idempotency_key: String,
     pub sent_at_us: i64,
+}
+
+impl NewEmail {
+    /// The confirmation e-mail of order `order_id` to `recipient`, sent now
+    /// under `idempotency_key`.
+    pub fn new(
+        subject: String,
+        order_id: String,
+        recipient: String,
+        idempotency_key: String,
+    ) -> Self {
+        NewEmail {
+            id: uuid::Uuid::now_v7().to_string(),
+            order_id,
+            recipient,
+            subject,
+            idempotency_key,
+            sent_at_us: now_us(),
+        }
+    }
 }
 
 pub fn now_us() -> i64 {

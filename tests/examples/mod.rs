@@ -1,7 +1,8 @@
 //! The examples: the README's quick start is `examples/quick_start.rs` word
-//! for word, its test of minishop is `examples/minishop/flow_test.rs`, every example opens with what it shows and the command that
-//! runs it, and the short examples run and do what they say. (minishop has
-//! tests of its own, in `processes`.)
+//! for word, its test of minishop is `examples/minishop/flow_test.rs`,
+//! every example opens with what it shows and the command that runs it,
+//! the README lists each with that command, and the short examples run and
+//! do what they say. (minishop has tests of its own, in `processes`.)
 //!
 //! `cargo test` builds the examples, so their binaries are beside the
 //! test's.
@@ -152,27 +153,92 @@ fn examples() -> Vec<(String, PathBuf)> {
     found
 }
 
+/// The `//!` comment an example's source opens with, its lines joined by
+/// spaces (a command may be wrapped between two).
+fn opening_comment(path: &Path) -> String {
+    let source = read(path);
+    let doc: Vec<&str> = source
+        .lines()
+        .map_while(|line| line.strip_prefix("//!"))
+        .map(str::trim)
+        .collect();
+    assert!(
+        doc.len() >= 2,
+        "{} does not open with a `//!` comment saying what it shows",
+        path.display()
+    );
+    doc.join(" ")
+}
+
 #[test]
 fn every_example_opens_with_what_it_shows_and_the_command_that_runs_it() {
     let examples = examples();
     assert!(examples.len() >= 4, "examples found: {examples:?}");
     for (name, path) in examples {
-        let source = read(&path);
-        let doc: Vec<&str> = source
-            .lines()
-            .take_while(|line| line.starts_with("//!"))
-            .collect();
-        assert!(
-            doc.len() >= 2,
-            "{} does not open with a `//!` comment saying what it shows",
-            path.display()
-        );
-        let doc = doc.join("\n");
+        let doc = opening_comment(&path);
         assert!(
             doc.contains("cargo run") && doc.contains(&format!("--example {name}")),
             "{}'s opening comment does not give the command that runs it \
              (`cargo run --example {name}`)",
             path.display()
+        );
+    }
+}
+
+#[test]
+fn each_short_example_fits_in_150_lines_and_each_large_ones_main_in_300() {
+    for (name, path) in examples() {
+        let lines = read(&path).lines().count();
+        let (limit, what) = match path.ends_with("main.rs") {
+            true => (
+                300,
+                "its main.rs, the tutorial part (fixtures go in files beside it)",
+            ),
+            false => (150, "a short example"),
+        };
+        assert!(
+            lines <= limit,
+            "{name}: {} has {lines} lines, more than {limit} for {what}",
+            path.display()
+        );
+    }
+}
+
+/// The README's `## Examples` table, row by row: the example, and the
+/// command in its last column.
+fn readme_examples() -> Vec<(String, String)> {
+    readme_section("Examples")
+        .lines()
+        .filter(|line| line.starts_with("| `"))
+        .map(|row| {
+            let cells: Vec<&str> = row.trim_matches('|').split(" | ").map(str::trim).collect();
+            let name = cells[0].trim_matches('`').to_string();
+            let command = cells[cells.len() - 1].trim_matches('`').to_string();
+            (name, command)
+        })
+        .collect()
+}
+
+#[test]
+fn the_readme_lists_every_example_with_the_command_its_opening_comment_gives() {
+    let examples = examples();
+    let listed = readme_examples();
+    let mut names: Vec<&str> = listed.iter().map(|(name, _)| name.as_str()).collect();
+    names.sort();
+    let found: Vec<&str> = examples.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(
+        names, found,
+        "README.md's Examples list names each example under examples/, once"
+    );
+    for (name, command) in listed {
+        let (_, path) = examples.iter().find(|(n, _)| *n == name).expect("listed");
+        assert!(
+            command.starts_with("cargo run") && command.contains(&format!("--example {name}")),
+            "README.md runs {name} with `{command}`"
+        );
+        assert!(
+            opening_comment(path).contains(&format!("`{command}`")),
+            "README.md runs {name} with `{command}`, which its opening comment does not give"
         );
     }
 }
@@ -265,4 +331,55 @@ fn in_the_several_processes_example_each_worker_gets_every_order() {
             "{output}"
         );
     }
+}
+
+/// The number just before `words` in `output`: `12` in `… 12 retried …`.
+fn number_before(output: &str, words: &str) -> u64 {
+    let before = output
+        .split_once(words)
+        .unwrap_or_else(|| panic!("no `{words}` in: {output}"))
+        .0;
+    let digits = before.rsplit(' ').next().unwrap_or_default();
+    digits
+        .parse()
+        .unwrap_or_else(|_| panic!("no number before `{words}` in: {output}"))
+}
+
+#[test]
+fn with_ordering_keys_each_products_changes_arrive_in_order_through_retries() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let output = run("ordering_keys", dir.path());
+    assert!(
+        output.contains("keyed: 60 changes arrived") && output.contains("out of order: 0"),
+        "{output}"
+    );
+    // Every third change of each product fails its first attempt.
+    assert!(number_before(&output, " retried") >= 18, "{output}");
+}
+
+#[test]
+fn the_external_effects_example_charges_each_order_once_through_a_crash() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let output = run("external_effects", dir.path());
+    // The call the crash cut short was made again, with its key.
+    assert!(
+        output.contains("provider: 4 calls, 3 charges (one per key)"),
+        "{output}"
+    );
+    assert!(output.contains("payments recorded: 3"), "{output}");
+}
+
+#[cfg(feature = "amqp")]
+#[test]
+fn in_the_two_services_example_every_order_is_confirmed_over_rabbitmq() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let output = run("two_services", dir.path());
+    assert!(
+        output.contains("orders: placed 10 orders; every order confirmed"),
+        "{output}"
+    );
+    // The warehouse answered at least this run's ten orders.
+    let warehouse = output.lines().find(|line| line.starts_with("warehouse: "));
+    let warehouse = warehouse.unwrap_or_else(|| panic!("no warehouse line: {output}"));
+    assert!(number_before(warehouse, " messages") >= 10, "{output}");
 }

@@ -1,0 +1,1 @@
+CREATE TABLE payments (order_id TEXT PRIMARY KEY NOT NULL, receipt TEXT NOT NULL);
