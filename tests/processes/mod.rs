@@ -344,7 +344,8 @@ pub(crate) fn kill_runs_at_random(
     let mut rng = fastrand::Rng::with_seed(seed);
     let (mut killed, mut runs, mut add_orders) = (0, 0, true);
     let mut longest_ms = moments.end;
-    while killed < kills {
+    // Until `kills` runs are killed and some orders exist to resume.
+    while killed < kills || (add_orders && place.count_orders_db("orders") == 0) {
         runs += 1;
         assert!(
             runs <= 5 * kills + 10,
@@ -363,7 +364,14 @@ pub(crate) fn kill_runs_at_random(
                 child.kill().expect("SIGKILL");
                 child.wait().expect("reaped");
                 killed += 1;
-                add_orders = false;
+                // The next run resumes what this one left, unless no order
+                // exists yet (every run so far was killed while starting,
+                // as on a busy machine): then the next one places them
+                // again, and may live longer before its kill.
+                add_orders = place.count_orders_db("orders") == 0;
+                if add_orders {
+                    longest_ms = (longest_ms * 2).min(moments.end * 8);
+                }
             }
             Some(status) => {
                 let output = child.wait_with_output().expect("output");
