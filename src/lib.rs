@@ -517,11 +517,11 @@ pub use bus::actor::Bus;
 pub use bus::builder::BusBuilder;
 pub use bus::handle::BusHandle;
 pub use delivery::handler::{Delivery, Handler, HandlerError, HandlerOptions};
-pub use delivery::outcome::{DeliveryError, FailureKind, Outcome};
 pub use effects::counters::EffectMetrics;
 pub use effects::policy::EffectPolicy;
 pub use effects::record::{EffectRecord, Settlement};
 pub use effects::state::EffectState;
+pub use error::outcome::{DeliveryError, FailureKind, Outcome};
 pub use error::{Error, Result};
 pub use message::{Envelope, Keyed, Message};
 pub use metrics::{BusMetrics, HandlerMetrics, LatencyMetrics, ModuleMetrics, OutboxMetrics};
@@ -529,12 +529,12 @@ pub use module::actor::Module;
 pub use module::builder::ModuleBuilder;
 pub use module::dead_letters::{DeadLetter, Replayed};
 pub use module::handle::{ModuleHandle, StoreStats};
-pub use outbox::subscription::Subscription;
 pub use redact::redact_url;
 pub use retention::{Retention, SweepReport};
 pub use retry::RetryPolicy;
 pub use store::backend::{Backend, Schemas};
 pub use store::deadline::CallMetrics;
+pub use store::subscriptions::Subscription;
 pub use tx::Tx;
 
 #[cfg(feature = "amqp")]
@@ -542,10 +542,10 @@ pub use tx::Tx;
 pub use amqp::settings::Amqp;
 #[cfg(feature = "amqp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
-pub use amqp::state::{AmqpMetrics, ConsumerMetrics, RelayMetrics};
+pub use amqp::topology::QueueStatus;
 #[cfg(feature = "amqp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
-pub use amqp::topology::QueueStatus;
+pub use metrics::{AmqpMetrics, ConsumerMetrics, RelayMetrics};
 #[cfg(feature = "prometheus")]
 #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub use prometheus::{install_prometheus, PrometheusExporter};

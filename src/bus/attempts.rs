@@ -4,7 +4,7 @@
 
 use crate::bus::core::BusCore;
 use crate::bus::route::Route;
-use crate::delivery::outcome::FailureKind;
+use crate::error::outcome::FailureKind;
 use crate::message::Envelope;
 use crate::module::handle::ModuleHandle;
 use crate::store::backend::Backend;
@@ -192,7 +192,7 @@ pub(crate) async fn until_done<B: Backend, F, Fut>(
 ) -> bool
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = crate::Result<()>>,
+    Fut: Future<Output = crate::error::Result<()>>,
 {
     let mut tries = 0;
     loop {

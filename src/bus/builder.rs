@@ -177,7 +177,7 @@ impl<B: Backend> BusBuilder<B> {
     /// instead would leave the broker's subscribers without those messages.
     #[cfg(feature = "amqp")]
     #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
-    pub fn amqp(mut self, amqp: crate::Amqp) -> Self {
+    pub fn amqp(mut self, amqp: crate::amqp::settings::Amqp) -> Self {
         self.config.amqp = Some(amqp);
         self
     }

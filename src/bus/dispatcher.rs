@@ -384,7 +384,7 @@ async fn mark<B: Backend>(
                     B::notify(conn, &wakeup.channel).await?;
                 }
             }
-            Ok::<_, crate::Error>(ids.len() - rest.len())
+            Ok::<_, crate::error::Error>(ids.len() - rest.len())
         })
         .await;
     Done::Marked(match result {
@@ -438,7 +438,7 @@ async fn upkeep<B: Backend>(
                 watchdog::look::<B>(conn, now, stalled_after).await
             })
             .await?;
-        Ok::<_, crate::Error>(Upkeep { others, stalled })
+        Ok::<_, crate::error::Error>(Upkeep { others, stalled })
     }
     .await;
     Done::Upkept(result.map_err(|e| e.to_string()))

@@ -114,9 +114,9 @@ impl<B: Backend> Transport<B> {
                 .map(|topic| {
                     let route = Route::Broker {
                         relay: broker.relay.clone(),
-                        retry: crate::RetryPolicy {
+                        retry: crate::retry::RetryPolicy {
                             max_attempts: None,
-                            ..crate::RetryPolicy::default()
+                            ..crate::retry::RetryPolicy::default()
                         },
                     };
                     (topic.to_string(), vec![route])

@@ -5,7 +5,7 @@
 use crate::delivery::batch_queue::Waiting;
 use crate::delivery::guard::{delivery_span, guard, handle_in, observe};
 use crate::delivery::handlers::Handlers;
-use crate::delivery::outcome::{DeliveryError, Outcome};
+use crate::error::outcome::{DeliveryError, Outcome};
 use crate::store::backend::Backend;
 use std::sync::{Arc, Weak};
 use std::time::Instant;

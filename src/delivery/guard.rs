@@ -4,8 +4,8 @@
 use crate::delivery::attempt::Attempt;
 use crate::delivery::handler::{CallError, Delivery};
 use crate::delivery::handlers::Handlers;
-use crate::delivery::outcome::{DeliveryError, FailureKind, Outcome};
 use crate::effects::scope::EffectScope;
+use crate::error::outcome::{DeliveryError, FailureKind, Outcome};
 use crate::error::panic_message;
 use crate::message::now_us;
 use crate::store::backend::Backend;

@@ -1,5 +1,7 @@
 //! The crate's one error type.
 
+pub(crate) mod outcome;
+
 use std::fmt;
 
 /// What went wrong, for every fallible operation in tickbox.
@@ -249,7 +251,7 @@ pub enum Error {
 
     /// A replayed dead letter failed again; it stays a dead letter.
     #[error("replay failed: {0}")]
-    ReplayFailed(crate::DeliveryError),
+    ReplayFailed(crate::error::outcome::DeliveryError),
 
     /// The module is on a running bus.
     #[error(

@@ -3,7 +3,7 @@
 
 use crate::delivery::attempt::Attempt;
 use crate::delivery::guard::guard;
-use crate::delivery::outcome::{DeliveryError, Outcome};
+use crate::error::outcome::{DeliveryError, Outcome};
 use crate::module::core::ModuleCore;
 use crate::store::backend::Backend;
 use actix::{Actor, Context, ResponseFuture};

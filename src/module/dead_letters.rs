@@ -1,7 +1,7 @@
 //! Dead letters: deliveries given up on, kept in the subscriber module's
 //! database with their reason until an operator replays or discards them.
 
-use crate::delivery::outcome::Outcome;
+use crate::error::outcome::Outcome;
 use crate::error::{Error, Result};
 use crate::message::{now_us, Envelope, Keyed};
 use crate::module::handle::ModuleHandle;

@@ -1,7 +1,7 @@
 //! What application code holds of a started module.
 
 use crate::delivery::attempt::Attempt;
-use crate::delivery::outcome::{DeliveryError, FailureKind, Outcome};
+use crate::error::outcome::{DeliveryError, FailureKind, Outcome};
 use crate::error::{Error, Result};
 use crate::message::Envelope;
 use crate::metrics::ModuleMetrics;

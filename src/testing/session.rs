@@ -3,7 +3,7 @@
 //! from a timer.
 
 use crate::bus::handle::BusHandle;
-use crate::delivery::outcome::{DeliveryError, Outcome};
+use crate::error::outcome::{DeliveryError, Outcome};
 use crate::message::Envelope;
 use crate::module::handle::ModuleHandle;
 use crate::store::backend::Backend;
