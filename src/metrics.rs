@@ -668,6 +668,21 @@ pub struct BusMetrics {
 }
 
 impl BusMetrics {
+    /// A snapshot without a broker's figures (a broker adds its own).
+    pub(crate) fn new(
+        delivered: u64,
+        duplicates_injected: u64,
+        modules: Vec<ModuleMetrics>,
+    ) -> Self {
+        BusMetrics {
+            delivered,
+            duplicates_injected,
+            modules,
+            #[cfg(feature = "amqp")]
+            amqp: None,
+        }
+    }
+
     /// Sums a handler counter over every module.
     pub fn total(&self, counter: impl Fn(&HandlerMetrics) -> u64 + Copy) -> u64 {
         self.modules.iter().map(|m| m.total(counter)).sum()

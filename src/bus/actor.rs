@@ -69,15 +69,13 @@ impl<B: Backend> actix::Handler<Stop> for Bus<B> {
         self.core.stop();
         let running = std::mem::take(&mut self.running);
         ctx.stop();
-        #[cfg(feature = "amqp")]
         let core = self.core.clone();
         Box::pin(async move {
             for dispatcher in running {
                 let _ = dispatcher.await;
             }
-            #[cfg(feature = "amqp")]
-            if let Some(broker) = &core.broker {
-                broker.relay.close().await;
+            if let Some(transport) = &core.transport {
+                transport.close().await;
             }
         })
     }

@@ -11,7 +11,6 @@ use crate::store::backend::Backend;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
 use tokio::time::sleep;
 
 /// The longest wait before a keyed message that came before an earlier
@@ -46,7 +45,11 @@ pub(crate) async fn deliver_to_route<B: Backend>(
         None => String::new(),
     };
     let mut turn = match envelope.keyed {
-        Some(_) => match until_stopped(bus, bus.lanes.turn(&lane, envelope)).await {
+        Some(_) => match bus
+            .stop
+            .run_until_cancelled(bus.lanes.turn(&lane, envelope))
+            .await
+        {
             Some(turn) => turn,
             None => return RouteEnd::Stopped,
         },
@@ -64,7 +67,7 @@ pub(crate) async fn deliver_to_route<B: Backend>(
         let slot = if attempt == 1 && route.is_batched() {
             None
         } else {
-            match until_stopped(bus, bus.permits.acquire()).await {
+            match bus.stop.run_until_cancelled(bus.permits.acquire()).await {
                 Some(slot) => Some(slot),
                 None => return RouteEnd::Stopped,
             }
@@ -94,19 +97,25 @@ pub(crate) async fn deliver_to_route<B: Backend>(
                     None => std::future::pending().await,
                 }
             };
-            let Some(came) = until_stopped(bus, async {
-                tokio::select! {
-                    () = sleep(delay) => false,
-                    () = earlier_came => true,
-                }
-            })
-            .await
+            let Some(came) = bus
+                .stop
+                .run_until_cancelled(async {
+                    tokio::select! {
+                        () = sleep(delay) => false,
+                        () = earlier_came => true,
+                    }
+                })
+                .await
             else {
                 return RouteEnd::Stopped;
             };
             if came {
                 drop(turn);
-                let Some(again) = until_stopped(bus, bus.lanes.turn(&lane, envelope)).await else {
+                let Some(again) = bus
+                    .stop
+                    .run_until_cancelled(bus.lanes.turn(&lane, envelope))
+                    .await
+                else {
                     return RouteEnd::Stopped;
                 };
                 turn = again;
@@ -152,7 +161,7 @@ pub(crate) async fn deliver_to_route<B: Backend>(
                 route.module_name()
             ),
         );
-        if until_stopped(bus, sleep(delay)).await.is_none() {
+        if bus.stop.run_until_cancelled(sleep(delay)).await.is_none() {
             return RouteEnd::Stopped;
         }
     }
@@ -204,20 +213,8 @@ where
             }
         }
         let delay = bus.config.retry.delay(tries);
-        if until_stopped(bus, sleep(delay)).await.is_none() {
+        if bus.stop.run_until_cancelled(sleep(delay)).await.is_none() {
             return false;
         }
-    }
-}
-
-/// Runs `work` unless the bus stops first.
-pub(crate) async fn until_stopped<B: Backend, T>(
-    bus: &BusCore<B>,
-    work: impl Future<Output = T>,
-) -> Option<T> {
-    let mut stopped: watch::Receiver<bool> = bus.stopped.clone();
-    tokio::select! {
-        value = work => Some(value),
-        _ = stopped.wait_for(|stop| *stop) => None,
     }
 }

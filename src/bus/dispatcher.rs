@@ -16,7 +16,7 @@
 //! (says they are served, finishes what every subscription is done with,
 //! learns of other processes' subscriptions) and runs the watchdog.
 
-use crate::bus::attempts::{bury, deliver_to_route, until_done, until_stopped, RouteEnd};
+use crate::bus::attempts::{bury, deliver_to_route, until_done, RouteEnd};
 use crate::bus::core::BusCore;
 #[cfg(feature = "testing")]
 use crate::bus::duplicates::maybe_inject_duplicate;
@@ -198,7 +198,7 @@ impl<B: Backend> Dispatcher<B> {
             let woken = outbox.clone();
             B::listen(wakeup, outbox.module.clone(), move || woken.request_scan()).map(actix::spawn)
         });
-        let mut stopped = bus.stopped.clone();
+        let stop = bus.stop.clone();
         let renew_every = bus.config.claim_lease / 3;
         let mut next_scan = Instant::now() + bus.config.scan_interval;
         let mut next_renewal = Instant::now() + renew_every;
@@ -214,7 +214,7 @@ impl<B: Backend> Dispatcher<B> {
             let room = state.in_flight.len() < capacity;
             tokio::select! {
                 biased;
-                _ = stopped.changed() => {}
+                () = stop.cancelled() => {}
                 done = async { statement.as_mut().expect("guarded").await }, if statement.is_some() => {
                     statement = None;
                     match done {
@@ -455,7 +455,7 @@ impl<B: Backend> State<B> {
             // returns, so nothing starts them again meanwhile.
             let ids: Vec<Uuid> = self.to_mark.iter().take(MARK_BATCH).copied().collect();
             self.mark_due = None;
-            return Some(tokio::spawn(mark(
+            return Some(actix::spawn(mark(
                 source,
                 ids,
                 self.bus.id,
@@ -465,7 +465,7 @@ impl<B: Backend> State<B> {
         }
         if std::mem::take(&mut self.upkeep_due) {
             let config = &self.bus.config;
-            return Some(tokio::spawn(upkeep(
+            return Some(actix::spawn(upkeep(
                 source,
                 self.served.clone(),
                 config.scan_interval.saturating_mul(3),
@@ -492,7 +492,7 @@ impl<B: Backend> State<B> {
                 served: self.served_ids.clone(),
             };
             let limit = claim.limit;
-            return Some(tokio::spawn(async move {
+            return Some(actix::spawn(async move {
                 let rows = source
                     .core
                     .db
@@ -507,7 +507,7 @@ impl<B: Backend> State<B> {
         if std::mem::take(&mut self.renew_due) && !self.in_flight.is_empty() {
             let ids: Vec<Uuid> = self.in_flight.iter().copied().collect();
             let (bus, lease) = (self.bus.id, self.bus.config.claim_lease);
-            return Some(tokio::spawn(async move {
+            return Some(actix::spawn(async move {
                 let renewed = source
                     .core
                     .db
@@ -833,7 +833,9 @@ async fn sweep_retention_periodically<B: Backend>(bus: Arc<BusCore<B>>, module: 
         return;
     }
     loop {
-        if until_stopped(&bus, sleep(retention.interval))
+        if bus
+            .stop
+            .run_until_cancelled(sleep(retention.interval))
             .await
             .is_none()
         {
