@@ -99,6 +99,22 @@
 //! - **Watchdog** — counts and reports messages pending longer than
 //!   [`BusBuilder::stalled_after`].
 //!
+//! Words of the code, one line each where no usual word fits:
+//!
+//! - **Tick the inbox** (`tick_inbox`) — insert the inbox row, or find it
+//!   there already: the inbox guard's first statement.
+//! - **Served** (`Served`) — a subscription a running bus delivers to
+//!   (one of its handlers, or its broker).
+//! - **Upkeep** — what a dispatcher does every scan interval besides
+//!   scanning: says its subscriptions are served, finishes what every
+//!   subscription is done with, runs the watchdog.
+//! - **Partly done** (`Owed::PartlyDone`) — a message some subscriptions
+//!   are done with and others still owe.
+//! - **Lane**, **turn** — a key's messages along one route (a handler, or
+//!   the broker), and a message's place in it: one at a time, in order.
+//! - **Dead-letter** (`record_dead_letter`) — record a message a handler
+//!   gave up on as a dead letter of its module.
+//!
 //! # How the bus learns of committed messages
 //!
 //! - A module on a bus writes its messages already claimed by that bus and
@@ -440,8 +456,8 @@
 //!   outbox at COMMIT. Uses: error, message, outbox, store.
 //! - `delivery/` — a message meets a handler: `handler` ([`Handler`],
 //!   [`Delivery`], [`HandlerOptions`]), `effect` ([`Delivery::effect`]),
-//!   `guard` (the inbox guard), `batch`, `batch_queue`, `handlers` (a
-//!   module's handlers), `attempt`. Uses: effects, error, message,
+//!   `guard` (the inbox guard), `batch`, `batch_queue`, `registry` (a
+//!   module's registered handlers), `attempt`. Uses: effects, error, message,
 //!   metrics, outbox, retry, store, transient, tx.
 //! - `module/` — [`Module`]: `builder` ([`ModuleBuilder`]), `core` (its
 //!   parts), `actor` (runs deliveries), `handle` ([`ModuleHandle`]),
@@ -488,7 +504,11 @@ mod module;
 mod outbox;
 #[cfg(feature = "prometheus")]
 mod prometheus;
-mod redact;
+/// Secrets kept out of what tickbox shows. Not part of the API: the
+/// operator's tool and the examples show URLs the way tickbox does through
+/// `tickbox::redact::redact_url`.
+#[doc(hidden)]
+pub mod redact;
 mod retention;
 mod retry;
 mod send_async_fn;
@@ -530,7 +550,6 @@ pub use module::actor::Module;
 pub use module::builder::ModuleBuilder;
 pub use module::dead_letters::{DeadLetter, Replayed};
 pub use module::handle::{ModuleHandle, StoreStats};
-pub use redact::redact_url;
 pub use retention::{Retention, SweepReport};
 pub use retry::RetryPolicy;
 pub use store::backend::{Backend, Schemas};

@@ -23,7 +23,7 @@ pub(crate) enum RouteEnd {
     /// Handled, or found a duplicate.
     Handled,
     /// Given up on and recorded as a dead letter.
-    Buried,
+    DeadLettered,
     /// The bus stopped first.
     Stopped,
 }
@@ -129,7 +129,7 @@ pub(crate) async fn deliver_to_route<B: Backend>(
         if !error.is_retryable() || exhausted {
             let reason = format!("after {attempt} attempt(s): {error}");
             let module = route.dead_letters(source);
-            let buried = bury(
+            let recorded = record_dead_letter(
                 bus,
                 module,
                 envelope,
@@ -139,8 +139,8 @@ pub(crate) async fn deliver_to_route<B: Backend>(
                 error.parked_behind,
             )
             .await;
-            return if buried {
-                RouteEnd::Buried
+            return if recorded {
+                RouteEnd::DeadLettered
             } else {
                 RouteEnd::Stopped
             };
@@ -176,7 +176,7 @@ const OUTAGE_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Records a dead letter, retrying while the database fails. False if the
 /// bus stopped first.
-pub(crate) async fn bury<B: Backend>(
+pub(crate) async fn record_dead_letter<B: Backend>(
     bus: &BusCore<B>,
     module: &ModuleHandle<B>,
     envelope: &Envelope,
@@ -186,7 +186,7 @@ pub(crate) async fn bury<B: Backend>(
     parked_behind: Option<uuid::Uuid>,
 ) -> bool {
     until_done(bus, module, "recording a dead letter", || {
-        module.bury(envelope, handler, attempts, reason, parked_behind)
+        module.record_dead_letter(envelope, handler, attempts, reason, parked_behind)
     })
     .await
 }

@@ -16,7 +16,7 @@
 //! (says they are served, finishes what every subscription is done with,
 //! learns of other processes' subscriptions) and runs the watchdog.
 
-use crate::bus::attempts::{bury, deliver_to_route, until_done, RouteEnd};
+use crate::bus::attempts::{deliver_to_route, record_dead_letter, until_done, RouteEnd};
 use crate::bus::core::BusCore;
 #[cfg(feature = "testing")]
 use crate::bus::duplicates::maybe_inject_duplicate;
@@ -777,7 +777,7 @@ async fn deliver_message<B: Backend>(
                 "unknown topic `{}`: no module on the bus declares it, so no handler can decode it",
                 envelope.topic
             );
-            bury(&bus, &source, &envelope, "", 0, &reason, None).await
+            record_dead_letter(&bus, &source, &envelope, "", 0, &reason, None).await
         }
     };
     bus.forget_retry(id);
@@ -797,7 +797,7 @@ async fn reject_row<B: Backend>(
     finished: mpsc::UnboundedSender<Finished>,
 ) {
     let id = malformed.envelope.id;
-    let done = bury(
+    let done = record_dead_letter(
         &bus,
         &source,
         &malformed.envelope,

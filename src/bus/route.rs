@@ -4,7 +4,7 @@
 
 use crate::bus::config::BusConfig;
 use crate::bus::transport::Transport;
-use crate::delivery::handlers::HandlerEntry;
+use crate::delivery::registry::HandlerEntry;
 use crate::error::outcome::{DeliveryError, Outcome};
 use crate::message::Envelope;
 use crate::module::handle::ModuleHandle;

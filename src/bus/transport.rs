@@ -12,7 +12,7 @@
 //! in one process. A broker knows the bus only through this file, and the
 //! bus knows a broker only through [`Transport`].
 
-use crate::bus::attempts::{bury, deliver_to_route, RouteEnd};
+use crate::bus::attempts::{deliver_to_route, record_dead_letter, RouteEnd};
 use crate::bus::core::BusCore;
 #[cfg(feature = "testing")]
 use crate::bus::duplicates::maybe_inject_duplicate;
@@ -194,7 +194,7 @@ impl<B: Backend> Inbound for HandlerInbound<B> {
                         .await;
                     true
                 }
-                RouteEnd::Buried => true,
+                RouteEnd::DeadLettered => true,
                 RouteEnd::Stopped => false,
             }
         })
@@ -202,7 +202,7 @@ impl<B: Backend> Inbound for HandlerInbound<B> {
 
     fn refuse(&self, envelope: Envelope, reason: String) -> LocalBoxFuture<'_, bool> {
         Box::pin(async move {
-            bury(
+            record_dead_letter(
                 &self.bus,
                 &self.module,
                 &envelope,

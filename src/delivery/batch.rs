@@ -4,7 +4,7 @@
 
 use crate::delivery::batch_queue::Waiting;
 use crate::delivery::guard::{delivery_span, guard, handle_in, observe};
-use crate::delivery::handlers::Handlers;
+use crate::delivery::registry::Handlers;
 use crate::error::outcome::{DeliveryError, Outcome};
 use crate::store::backend::Backend;
 use std::sync::{Arc, Weak};

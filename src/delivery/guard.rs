@@ -3,7 +3,7 @@
 
 use crate::delivery::attempt::Attempt;
 use crate::delivery::handler::{CallError, Delivery};
-use crate::delivery::handlers::Handlers;
+use crate::delivery::registry::Handlers;
 use crate::effects::scope::EffectScope;
 use crate::error::outcome::{DeliveryError, FailureKind, Outcome};
 use crate::error::panic_message;

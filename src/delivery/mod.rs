@@ -9,4 +9,4 @@ pub(crate) mod batch_queue;
 pub(crate) mod effect;
 pub(crate) mod guard;
 pub(crate) mod handler;
-pub(crate) mod handlers;
+pub(crate) mod registry;

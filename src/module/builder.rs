@@ -3,7 +3,7 @@
 use crate::delivery::batch;
 use crate::delivery::batch_queue::BatchQueue;
 use crate::delivery::handler::{Handler, HandlerOptions, Typed};
-use crate::delivery::handlers::{HandlerEntry, Handlers};
+use crate::delivery::registry::{HandlerEntry, Handlers};
 use crate::effects::journal::Journal;
 use crate::error::{Error, Result};
 use crate::message::{now_us, Message};

@@ -98,7 +98,7 @@ pub enum Replayed {
 
 impl<B: Backend> ModuleHandle<B> {
     /// Records that delivering `envelope` to `handler` was given up on.
-    pub(crate) async fn bury(
+    pub(crate) async fn record_dead_letter(
         &self,
         envelope: &Envelope,
         handler: &str,
@@ -227,7 +227,7 @@ impl<B: Backend> ModuleHandle<B> {
                 Ok(outcome)
             }
             Err(error) => {
-                self.bury(
+                self.record_dead_letter(
                     &envelope,
                     &dead.handler,
                     dead.attempts + 1,

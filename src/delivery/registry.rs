@@ -1,5 +1,5 @@
-//! A module's handlers, with what their deliveries need: the module's
-//! database and outbox (a handler's transaction may publish).
+//! A module's registered handlers (the registry), with what their
+//! deliveries need: the module's database and outbox (a handler's transaction may publish).
 
 use crate::delivery::batch_queue::BatchQueue;
 use crate::delivery::handler::ErasedHandler;
