@@ -7,6 +7,7 @@ use crate::bus::dispatcher::Dispatcher;
 use crate::bus::handle::BusHandle;
 use crate::bus::route::{self, Route};
 use crate::bus::transport::{Broker, HandlerId, HandlerInbound, Inbound, Pacing};
+use crate::delivery::registry::HandlerIndex;
 use crate::error::{Error, Result};
 use crate::module::handle::ModuleHandle;
 use crate::outbox::subscription;
@@ -257,19 +258,18 @@ impl<B: Backend> BusBuilder<B> {
         let published: HashSet<&'static str> = self
             .modules
             .iter()
-            .flat_map(|m| m.core.outbox.publishes.iter().copied())
+            .flat_map(|m| m.outbox().publishes.iter().copied())
             .collect();
         // A redelivery can come as late as the last retry, plus a lease to
         // expire and a scan to find the message.
         let slack = config.claim_lease + config.scan_interval;
         let over_broker = config.over_broker();
-        let mut handlers: Vec<(ModuleHandle<B>, usize)> = Vec::new();
+        let mut handlers: Vec<(ModuleHandle<B>, HandlerIndex)> = Vec::new();
         for module in &self.modules {
-            for (index, entry) in module.core.handlers.entries.iter().enumerate() {
+            for (index, entry) in module.handlers().indexed() {
                 let policy = entry.retry.as_ref().unwrap_or(&config.retry);
                 module
-                    .core
-                    .retention
+                    .retention()
                     .check(module.name(), &entry.name, policy, slack)?;
                 let topic = entry.handler.topic();
                 // Over a broker the topic may come from another service.
@@ -286,9 +286,9 @@ impl<B: Backend> BusBuilder<B> {
         let ids: Vec<HandlerId> = handlers
             .iter()
             .map(|(module, index)| {
-                let entry = &module.core.handlers.entries[*index];
+                let entry = module.handlers().get(*index);
                 HandlerId {
-                    module: module.core.name.clone(),
+                    module: module.shared_name(),
                     handler: entry.name.clone(),
                     topic: entry.handler.topic(),
                 }
@@ -297,7 +297,7 @@ impl<B: Backend> BusBuilder<B> {
         let transport = match &config.broker {
             Some(broker) => {
                 let outboxes: Vec<Arc<str>> =
-                    self.modules.iter().map(|m| m.core.name.clone()).collect();
+                    self.modules.iter().map(|m| m.shared_name()).collect();
                 Some(broker.connect(&outboxes, &ids).await?)
             }
             None => None,
@@ -312,21 +312,21 @@ impl<B: Backend> BusBuilder<B> {
         for module in &self.modules {
             let served = route::served(transport.as_ref(), module, &handlers);
             let others =
-                subscription::record(&module.core.db, &served, now, alive_until, true).await?;
+                subscription::record(&module.db(), &served, now, alive_until, true).await?;
             served_by_module.push((served, others));
         }
         let id = bus_id(config.instance.as_deref());
         for module in &self.modules {
-            subscription::report_claimed_elsewhere(&module.core.db, id, now).await?;
+            subscription::report_claimed_elsewhere(&module.db(), id, now).await?;
         }
         let mut announcements = Vec::new();
         for module in &self.modules {
-            match module.core.outbox.take_announcements() {
+            match module.outbox().take_announcements() {
                 Ok(taken) => announcements.push(taken),
                 Err(error) => {
                     // Not started: the modules taken so far stay free.
                     for (module, taken) in self.modules.iter().zip(announcements) {
-                        module.core.outbox.give_back_announcements(taken);
+                        module.outbox().give_back_announcements(taken);
                     }
                     return Err(error);
                 }
@@ -344,8 +344,7 @@ impl<B: Backend> BusBuilder<B> {
             // A module is on one bus at a time (take_announcements made
             // sure).
             module
-                .core
-                .outbox
+                .outbox()
                 .set_claimant(core.id, Some(core.config.claim_lease));
         }
         let dispatchers = self

@@ -193,7 +193,7 @@ impl<B: Backend> Dispatcher<B> {
         // PostgreSQL: other processes' commits request a scan through a
         // listener on a connection of its own; its own task, so a
         // notification never waits for this loop.
-        let outbox = source.core.outbox.clone();
+        let outbox = source.outbox().clone();
         let listener = outbox.wakeup.clone().and_then(|wakeup| {
             let woken = outbox.clone();
             B::listen(wakeup, outbox.module.clone(), move || woken.request_scan()).map(actix::spawn)
@@ -353,12 +353,11 @@ async fn mark<B: Backend>(
     served: Arc<[Uuid]>,
     others: bool,
 ) -> Done {
-    let delete = source.core.retention.outbox == Some(Duration::ZERO);
-    let wakeup = source.core.outbox.wakeup.clone();
+    let delete = source.retention().outbox == Some(Duration::ZERO);
+    let wakeup = source.outbox().wakeup.clone();
     let marked = ids.clone();
     let result = source
-        .core
-        .db
+        .db()
         .write_call("marking messages delivered", async move |conn| {
             let ids = marked;
             let changed = B::finish_delivered(conn, &ids, &served, now_us(), delete).await?;
@@ -405,17 +404,16 @@ async fn upkeep<B: Backend>(
     let result = async {
         let now = now_us();
         let others = subscription::record(
-            &source.core.db,
+            &source.db(),
             &served,
             now,
             now.saturating_add(alive_for.as_micros() as i64),
             false,
         )
         .await?;
-        let delete = source.core.retention.outbox == Some(Duration::ZERO);
+        let delete = source.retention().outbox == Some(Duration::ZERO);
         let completed = source
-            .core
-            .db
+            .db()
             .write_call(
                 "finishing what every subscription is done with",
                 async |conn| {
@@ -429,11 +427,10 @@ async fn upkeep<B: Backend>(
             )
             .await?;
         if completed > 0 {
-            source.core.outbox.gauges.delivered(completed as u64);
+            source.outbox().gauges.delivered(completed as u64);
         }
         let stalled = source
-            .core
-            .db
+            .db()
             .call("looking for stalled messages", async |conn| {
                 watchdog::look::<B>(conn, now, stalled_after).await
             })
@@ -494,8 +491,7 @@ impl<B: Backend> State<B> {
             let limit = claim.limit;
             return Some(actix::spawn(async move {
                 let rows = source
-                    .core
-                    .db
+                    .db()
                     .write_call("claiming outbox rows", async move |conn| {
                         Ok(B::claim_owed(conn, &claim).await?)
                     })
@@ -509,8 +505,7 @@ impl<B: Backend> State<B> {
             let (bus, lease) = (self.bus.id, self.bus.config.claim_lease);
             return Some(actix::spawn(async move {
                 let renewed = source
-                    .core
-                    .db
+                    .db()
                     .write_call("renewing claims", async move |conn| {
                         let now = now_us();
                         let until = now + lease.as_micros() as i64;
@@ -530,11 +525,11 @@ impl<B: Backend> State<B> {
             Done::Marked(Ok(Marked { ids, finished })) => {
                 let count = ids.len();
                 self.bus.delivered.fetch_add(finished as u64, Relaxed);
-                self.source.core.outbox.gauges.delivered(finished as u64);
+                self.source.outbox().gauges.delivered(finished as u64);
                 self.to_mark.drain(..count);
                 for id in ids {
                     self.in_flight.remove(&id);
-                    self.source.core.outbox.busy.fetch_sub(1, Relaxed);
+                    self.source.outbox().busy.fetch_sub(1, Relaxed);
                     self.recent.insert(id);
                 }
                 if !self.to_mark.is_empty() {
@@ -582,7 +577,7 @@ impl<B: Backend> State<B> {
             }
             Done::Upkept(Ok(Upkeep { others, stalled })) => {
                 self.others = others;
-                self.source.core.outbox.gauges.stalled(stalled.count);
+                self.source.outbox().gauges.stalled(stalled.count);
                 if let Some(message) = stalled.oldest {
                     let repeat = self.bus.config.stalled_after;
                     let warned_lately = self
@@ -640,7 +635,7 @@ impl<B: Backend> State<B> {
         if !self.in_flight.insert(id) {
             return;
         }
-        self.source.core.outbox.busy.fetch_add(1, Relaxed);
+        self.source.outbox().busy.fetch_add(1, Relaxed);
         actix::spawn(reject_row(
             self.bus.clone(),
             self.source.clone(),
@@ -670,8 +665,7 @@ impl<B: Backend> State<B> {
         let served = self.served_ids.clone();
         let stopped = self
             .source
-            .core
-            .db
+            .db()
             .write_call(
                 "recording that the subscriptions stopped",
                 async move |conn| Ok(B::stop_serving(conn, &served, now_us()).await?),
@@ -695,7 +689,7 @@ impl<B: Backend> State<B> {
         if !self.in_flight.insert(envelope.id) {
             return;
         }
-        self.source.core.outbox.busy.fetch_add(1, Relaxed);
+        self.source.outbox().busy.fetch_add(1, Relaxed);
         actix::spawn(deliver_message(
             self.bus.clone(),
             self.source.clone(),
@@ -713,7 +707,7 @@ impl<B: Backend> State<B> {
             }
             Finished::Rejected(id) => {
                 self.in_flight.remove(&id);
-                self.source.core.outbox.busy.fetch_sub(1, Relaxed);
+                self.source.outbox().busy.fetch_sub(1, Relaxed);
                 self.recent.insert(id);
             }
             Finished::Abandoned(id) => self.abandoned.push(id),
@@ -727,8 +721,7 @@ impl<B: Backend> State<B> {
         let bus = self.bus.id;
         let released = self
             .source
-            .core
-            .db
+            .db()
             .write_call("releasing claims", async move |conn| {
                 Ok(B::release_claims(conn, bus).await?)
             })
@@ -809,8 +802,7 @@ async fn reject_row<B: Backend>(
     .await
         && until_done(&bus, &source, "marking a malformed row delivered", || {
             source
-                .core
-                .db
+                .db()
                 .write_call("marking a malformed row delivered", async move |conn| {
                     B::mark_delivered(conn, id, now_us()).await?;
                     Ok(())
@@ -828,7 +820,7 @@ async fn reject_row<B: Backend>(
 /// bus runs, starting one interval after the bus (after its first scan has
 /// redelivered what a crash left behind).
 async fn sweep_retention_periodically<B: Backend>(bus: Arc<BusCore<B>>, module: ModuleHandle<B>) {
-    let retention = &module.core.retention;
+    let retention = &module.retention();
     if retention.inbox.is_none() && retention.outbox.is_none() {
         return;
     }

@@ -125,7 +125,7 @@ impl<B: Backend> BusHandle<B> {
         let busy = self
             .modules
             .iter()
-            .map(|m| m.core.outbox.in_memory())
+            .map(|m| m.outbox().in_memory())
             .sum::<usize>()
             + self.broker_in_flight();
         (busy, self.core.delivered.load(Relaxed))

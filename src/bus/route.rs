@@ -4,7 +4,7 @@
 
 use crate::bus::config::BusConfig;
 use crate::bus::transport::Transport;
-use crate::delivery::registry::HandlerEntry;
+use crate::delivery::registry::{HandlerEntry, HandlerIndex};
 use crate::error::outcome::{DeliveryError, Outcome};
 use crate::message::Envelope;
 use crate::module::handle::ModuleHandle;
@@ -21,7 +21,7 @@ pub(crate) enum Route<B: Backend> {
         /// The module.
         module: ModuleHandle<B>,
         /// Index of the handler in its module.
-        handler: usize,
+        handler: HandlerIndex,
     },
     /// The message broker: a message is delivered once the broker has
     /// taken it (confirmed it); the handlers' consumers take it from there.
@@ -60,7 +60,7 @@ impl<B: Backend> Route<B> {
     /// The handler as its module registered it.
     fn entry(&self) -> &HandlerEntry<B> {
         match self {
-            Route::Handler { module, handler } => &module.core.handlers.entries[*handler],
+            Route::Handler { module, handler } => module.handlers().get(*handler),
             Route::Broker { .. } => unreachable!("the broker is no handler"),
         }
     }
@@ -139,7 +139,7 @@ impl<B: Backend> Route<B> {
 pub(crate) fn routes<B: Backend>(
     transport: Option<&Arc<dyn Transport>>,
     published: &HashSet<&'static str>,
-    handlers: &[(ModuleHandle<B>, usize)],
+    handlers: &[(ModuleHandle<B>, HandlerIndex)],
 ) -> HashMap<String, Vec<Route<B>>> {
     if let Some(transport) = transport {
         // Publishing never gives up: the bus's backoff, no last attempt.
@@ -160,7 +160,7 @@ pub(crate) fn routes<B: Backend>(
     }
     let mut routes: HashMap<String, Vec<Route<B>>> = HashMap::new();
     for (module, index) in handlers {
-        let topic = module.core.handlers.entries[*index].handler.topic();
+        let topic = module.handlers().get(*index).handler.topic();
         routes
             .entry(topic.to_string())
             .or_default()
@@ -178,9 +178,9 @@ pub(crate) fn routes<B: Backend>(
 pub(crate) fn served<B: Backend>(
     transport: Option<&Arc<dyn Transport>>,
     module: &ModuleHandle<B>,
-    handlers: &[(ModuleHandle<B>, usize)],
+    handlers: &[(ModuleHandle<B>, HandlerIndex)],
 ) -> Vec<Served> {
-    let publishes = &module.core.outbox.publishes;
+    let publishes = &module.outbox().publishes;
     if let Some(transport) = transport {
         let subscriber = transport.subscriber();
         return publishes
@@ -197,11 +197,11 @@ pub(crate) fn served<B: Backend>(
     handlers
         .iter()
         .filter_map(|(subscriber, index)| {
-            let entry = &subscriber.core.handlers.entries[*index];
+            let entry = subscriber.handlers().get(*index);
             let topic = entry.handler.topic();
             publishes
                 .contains(topic)
-                .then(|| Served::new(subscriber.core.name.clone(), entry.name.clone(), topic))
+                .then(|| Served::new(subscriber.shared_name(), entry.name.clone(), topic))
         })
         .collect()
 }

@@ -38,7 +38,7 @@ impl<B: Backend> actix::Handler<Deliver> for Module<B> {
         core.mailbox.started();
         Box::pin(async move {
             let Deliver(attempt) = deliver;
-            let batches = core.handlers.entries[attempt.handler].batches.as_ref();
+            let batches = core.handlers.get(attempt.handler).batches.as_ref();
             let result = match batches {
                 // A retry runs alone: a message that failed once fails a
                 // whole batch too often.

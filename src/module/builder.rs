@@ -3,7 +3,7 @@
 use crate::delivery::batch;
 use crate::delivery::batch_queue::BatchQueue;
 use crate::delivery::handler::{Handler, HandlerOptions, Typed};
-use crate::delivery::registry::{HandlerEntry, Handlers};
+use crate::delivery::registry::{HandlerEntry, HandlerIndex, Handlers};
 use crate::effects::journal::Journal;
 use crate::error::{Error, Result};
 use crate::message::{now_us, Message};
@@ -352,7 +352,7 @@ impl<B: Backend> ModuleBuilder<B> {
             .map(|(index, entry)| {
                 let (queue, waiting) = BatchQueue::new();
                 entry.batches = Some(queue);
-                (index, waiting)
+                (HandlerIndex::nth(index), waiting)
             })
             .collect();
         if self.settings.migrate {
