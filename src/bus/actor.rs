@@ -1,4 +1,11 @@
 //! The bus actor: runs one dispatcher per module outbox until stopped.
+//!
+//! What it owns: its dispatchers and, over a broker, the broker's
+//! consumers — the tasks themselves, started when the actor starts and
+//! awaited when it is asked to stop — and, through the bus's state, the
+//! one cancellation token every one of them stops on (consumers on child
+//! tokens of it). Stopping cancels the token, waits for the tasks, then
+//! closes the broker's connections.
 
 use crate::bus::core::BusCore;
 use crate::bus::dispatcher::Dispatcher;

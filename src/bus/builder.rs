@@ -312,12 +312,12 @@ impl<B: Backend> BusBuilder<B> {
         for module in &self.modules {
             let served = route::served(transport.as_ref(), module, &handlers);
             let others =
-                subscription::record(&module.db(), &served, now, alive_until, true).await?;
+                subscription::record(module.db(), &served, now, alive_until, true).await?;
             served_by_module.push((served, others));
         }
         let id = bus_id(config.instance.as_deref());
         for module in &self.modules {
-            subscription::report_claimed_elsewhere(&module.db(), id, now).await?;
+            subscription::report_claimed_elsewhere(module.db(), id, now).await?;
         }
         let mut announcements = Vec::new();
         for module in &self.modules {

@@ -404,7 +404,7 @@ async fn upkeep<B: Backend>(
     let result = async {
         let now = now_us();
         let others = subscription::record(
-            &source.db(),
+            source.db(),
             &served,
             now,
             now.saturating_add(alive_for.as_micros() as i64),
@@ -820,7 +820,7 @@ async fn reject_row<B: Backend>(
 /// bus runs, starting one interval after the bus (after its first scan has
 /// redelivered what a crash left behind).
 async fn sweep_retention_periodically<B: Backend>(bus: Arc<BusCore<B>>, module: ModuleHandle<B>) {
-    let retention = &module.retention();
+    let retention = module.retention();
     if retention.inbox.is_none() && retention.outbox.is_none() {
         return;
     }

@@ -45,7 +45,7 @@ pub(crate) async fn run_batches<B: Backend>(
             }
         }
         // Its own task: a transaction is never dropped half way.
-        tokio::spawn(async move {
+        actix::spawn(async move {
             handle_batch(handlers, batch).await;
             drop(slot);
         });
