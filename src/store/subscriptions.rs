@@ -1,6 +1,7 @@
 //! The subscriptions' statements: which handlers, in any process, subscribe
 //! to an outbox's topics, recorded in the outbox's own database where every
-//! process sees them (see [`crate::outbox::subscription`]).
+//! process sees them (see [`crate::outbox::subscription`]); and
+//! [`Subscription`], one such record as it is read.
 //!
 //! What reads the same in standard SQL on every backend is stated once, as
 //! the default of a [`SubscriptionStatements`] method; a statement taking a
