@@ -202,7 +202,7 @@ impl Consumer {
                 next = deliveries.next() => match next {
                     Some(Ok(delivery)) => {
                         acks.taken(delivery.delivery_tag);
-                        running.spawn_local(handle(self.inbound.clone(), delivery));
+                        running.spawn(handle(self.inbound.clone(), delivery));
                         self.count_in_flight(&running, &in_flight);
                     }
                     Some(Err(error)) => break Err(Fault::of("receiving", &error)),

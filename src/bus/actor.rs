@@ -53,8 +53,8 @@ impl<B: Backend> Actor for Bus<B> {
         self.running = self
             .dispatchers
             .drain(..)
-            .map(|d| actix::spawn(d.run()))
-            .chain(self.tasks.drain(..).map(actix::spawn))
+            .map(|d| tokio::spawn(d.run()))
+            .chain(self.tasks.drain(..).map(tokio::spawn))
             .collect();
     }
 }

@@ -311,8 +311,7 @@ impl<B: Backend> BusBuilder<B> {
         let mut served_by_module = Vec::new();
         for module in &self.modules {
             let served = route::served(transport.as_ref(), module, &handlers);
-            let others =
-                subscription::record(module.db(), &served, now, alive_until, true).await?;
+            let others = subscription::record(module.db(), &served, now, alive_until, true).await?;
             served_by_module.push((served, others));
         }
         let id = bus_id(config.instance.as_deref());

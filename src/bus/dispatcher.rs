@@ -16,7 +16,9 @@
 //! (says they are served, finishes what every subscription is done with,
 //! learns of other processes' subscriptions) and runs the watchdog.
 
-use crate::bus::attempts::{deliver_to_route, record_dead_letter, until_done, RouteEnd};
+use crate::bus::attempts::{
+    deliver_to_route, record_dead_letter, until_done, until_stopped, RouteEnd,
+};
 use crate::bus::core::BusCore;
 #[cfg(feature = "testing")]
 use crate::bus::duplicates::maybe_inject_duplicate;
@@ -189,14 +191,14 @@ impl<B: Backend> Dispatcher<B> {
             warned: None,
             finished,
         };
-        let retention = actix::spawn(sweep_retention_periodically(bus.clone(), source.clone()));
+        let retention = tokio::spawn(sweep_retention_periodically(bus.clone(), source.clone()));
         // PostgreSQL: other processes' commits request a scan through a
         // listener on a connection of its own; its own task, so a
         // notification never waits for this loop.
         let outbox = source.outbox().clone();
         let listener = outbox.wakeup.clone().and_then(|wakeup| {
             let woken = outbox.clone();
-            B::listen(wakeup, outbox.module.clone(), move || woken.request_scan()).map(actix::spawn)
+            B::listen(wakeup, outbox.module.clone(), move || woken.request_scan()).map(tokio::spawn)
         });
         let stop = bus.stop.clone();
         let renew_every = bus.config.claim_lease / 3;
@@ -452,7 +454,7 @@ impl<B: Backend> State<B> {
             // returns, so nothing starts them again meanwhile.
             let ids: Vec<Uuid> = self.to_mark.iter().take(MARK_BATCH).copied().collect();
             self.mark_due = None;
-            return Some(actix::spawn(mark(
+            return Some(tokio::spawn(mark(
                 source,
                 ids,
                 self.bus.id,
@@ -462,7 +464,7 @@ impl<B: Backend> State<B> {
         }
         if std::mem::take(&mut self.upkeep_due) {
             let config = &self.bus.config;
-            return Some(actix::spawn(upkeep(
+            return Some(tokio::spawn(upkeep(
                 source,
                 self.served.clone(),
                 config.scan_interval.saturating_mul(3),
@@ -489,7 +491,7 @@ impl<B: Backend> State<B> {
                 served: self.served_ids.clone(),
             };
             let limit = claim.limit;
-            return Some(actix::spawn(async move {
+            return Some(tokio::spawn(async move {
                 let rows = source
                     .db()
                     .write_call("claiming outbox rows", async move |conn| {
@@ -503,7 +505,7 @@ impl<B: Backend> State<B> {
         if std::mem::take(&mut self.renew_due) && !self.in_flight.is_empty() {
             let ids: Vec<Uuid> = self.in_flight.iter().copied().collect();
             let (bus, lease) = (self.bus.id, self.bus.config.claim_lease);
-            return Some(actix::spawn(async move {
+            return Some(tokio::spawn(async move {
                 let renewed = source
                     .db()
                     .write_call("renewing claims", async move |conn| {
@@ -636,7 +638,7 @@ impl<B: Backend> State<B> {
             return;
         }
         self.source.outbox().busy.fetch_add(1, Relaxed);
-        actix::spawn(reject_row(
+        tokio::spawn(reject_row(
             self.bus.clone(),
             self.source.clone(),
             malformed,
@@ -690,7 +692,7 @@ impl<B: Backend> State<B> {
             return;
         }
         self.source.outbox().busy.fetch_add(1, Relaxed);
-        actix::spawn(deliver_message(
+        tokio::spawn(deliver_message(
             self.bus.clone(),
             self.source.clone(),
             envelope,
@@ -825,9 +827,7 @@ async fn sweep_retention_periodically<B: Backend>(bus: Arc<BusCore<B>>, module: 
         return;
     }
     loop {
-        if bus
-            .stop
-            .run_until_cancelled(sleep(retention.interval))
+        if until_stopped(&bus.stop, sleep(retention.interval))
             .await
             .is_none()
         {

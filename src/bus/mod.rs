@@ -2,14 +2,17 @@
 //! subscribed handler — one dispatcher per outbox, fanning each message out
 //! to its routes.
 //!
-//! One story for tasks and stopping: every task of the bus — dispatchers,
-//! their statements, deliveries, a broker's consumers — runs on the actor
-//! system's thread and is spawned with `actix::spawn` (the bus starts only
-//! inside an actor system, and its futures then need not be `Send`); each
-//! stops on the bus's one [`CancellationToken`](tokio_util::sync::CancellationToken)
-//! (`BusCore::stop`), which is passed down, never the bus itself. Code that
-//! may run outside an actor system (application transactions, the
-//! operator's tool, connection drivers) spawns with `tokio::spawn`.
+//! One story for tasks and stopping: every task tickbox starts —
+//! dispatchers, their statements, deliveries, batches, a broker's
+//! consumers, application transactions, connection drivers — is spawned
+//! with `tokio::spawn` (all their futures are `Send`). On the actor
+//! system's current-thread runtime that puts the task straight on the
+//! runtime's scheduler rather than in `actix::spawn`'s local set, and it
+//! works the same outside an actor system (the operator's tool). Each task
+//! of the bus stops on the bus's one
+//! [`CancellationToken`](tokio_util::sync::CancellationToken)
+//! (`BusCore::stop`), passed down (a child token per consumer), never on
+//! the bus itself.
 
 pub(crate) mod actor;
 pub(crate) mod attempts;

@@ -23,7 +23,7 @@ use crate::message::Envelope;
 use crate::metrics::BusMetrics;
 use crate::module::handle::ModuleHandle;
 use crate::store::backend::Backend;
-use futures_util::future::{BoxFuture, LocalBoxFuture};
+use futures_util::future::BoxFuture;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -32,7 +32,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// A task the bus runs beside its dispatchers until it stops.
-pub(crate) type Task = Pin<Box<dyn Future<Output = ()> + 'static>>;
+pub(crate) type Task = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
 /// A message broker a bus can run over, made from the broker's settings
 /// (with the `amqp` feature, [`Amqp`](crate::Amqp) converts into it) and
@@ -147,16 +147,16 @@ pub(crate) struct Pacing {
     dead_code,
     reason = "only a broker calls it; each is behind a feature of its own"
 )]
-pub(crate) trait Inbound: 'static {
+pub(crate) trait Inbound: Send + Sync + 'static {
     /// Runs `envelope` through the handler until it is handled, found a
     /// duplicate or recorded as a dead letter (true: acknowledge it), or
     /// the bus stops (false: the broker gives it again).
-    fn deliver(&self, envelope: Envelope) -> LocalBoxFuture<'_, bool>;
+    fn deliver(&self, envelope: Envelope) -> BoxFuture<'_, bool>;
 
     /// Records `envelope`, which the handler cannot take, as a dead letter
     /// of the handler's module, with `reason`; false if the bus stopped
     /// first.
-    fn refuse(&self, envelope: Envelope, reason: String) -> LocalBoxFuture<'_, bool>;
+    fn refuse(&self, envelope: Envelope, reason: String) -> BoxFuture<'_, bool>;
 }
 
 /// The bus's [`Inbound`] for one of its handlers.
@@ -176,7 +176,7 @@ pub(crate) struct HandlerInbound<B: Backend> {
 }
 
 impl<B: Backend> Inbound for HandlerInbound<B> {
-    fn deliver(&self, envelope: Envelope) -> LocalBoxFuture<'_, bool> {
+    fn deliver(&self, envelope: Envelope) -> BoxFuture<'_, bool> {
         Box::pin(async move {
             if envelope.topic != self.id.topic {
                 let reason = format!(
@@ -200,7 +200,7 @@ impl<B: Backend> Inbound for HandlerInbound<B> {
         })
     }
 
-    fn refuse(&self, envelope: Envelope, reason: String) -> LocalBoxFuture<'_, bool> {
+    fn refuse(&self, envelope: Envelope, reason: String) -> BoxFuture<'_, bool> {
         Box::pin(async move {
             record_dead_letter(
                 &self.bus,

@@ -45,7 +45,7 @@ pub(crate) async fn run_batches<B: Backend>(
             }
         }
         // Its own task: a transaction is never dropped half way.
-        actix::spawn(async move {
+        tokio::spawn(async move {
             handle_batch(handlers, batch).await;
             drop(slot);
         });

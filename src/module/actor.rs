@@ -6,8 +6,8 @@
 //! the module's handles, which run application transactions without the
 //! actor, and the mailbox counters live there so that the handles can
 //! read them; the actor owns its mailbox and the deliveries it has
-//! started, each a task of its own (spawned with `actix::spawn`, on the
-//! actor system's thread, like every task of the bus), so that a
+//! started, each a task of its own (spawned with `tokio::spawn`, like
+//! every task of the bus: see `bus`), so that a
 //! transaction is never dropped half way when its caller stops waiting.
 //! Nothing durable is ever only in the mailbox: a delivery lost with it
 //! is still pending in its outbox, and is delivered again.
@@ -56,7 +56,7 @@ impl<B: Backend> actix::Handler<Deliver> for Module<B> {
                 Some(batches) if attempt.attempt == 1 => batches.submit(attempt).await,
                 // Its own task: a transaction is never dropped half way, even
                 // if the caller stops waiting.
-                _ => actix::spawn(guard(core.handlers.clone(), attempt))
+                _ => tokio::spawn(guard(core.handlers.clone(), attempt))
                     .await
                     .unwrap_or_else(|e| Err(DeliveryError::stopped(e.to_string()))),
             };

@@ -406,7 +406,7 @@ impl<B: Backend> ModuleBuilder<B> {
             retention: self.retention,
         });
         tracing::info!(module = %core.name, backend = B::NAME, handlers = core.handlers.entries.len(), "module started");
-        actix::spawn(sample_outbox_periodically(
+        tokio::spawn(sample_outbox_periodically(
             Arc::downgrade(&core),
             self.metrics_interval,
         ));
@@ -418,7 +418,7 @@ impl<B: Backend> ModuleBuilder<B> {
             self.settings.pool_size.div_ceil(2)
         };
         for (handler, waiting) in batch_queues {
-            actix::spawn(batch::run_batches(
+            tokio::spawn(batch::run_batches(
                 Arc::downgrade(&core.handlers),
                 handler,
                 waiting,
