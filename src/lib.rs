@@ -495,6 +495,7 @@ mod store;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
+mod tls;
 mod tracking;
 mod transient;
 mod tx;

@@ -224,9 +224,47 @@ async fn listen_forever(wakeup: WakeupChannel, module: Arc<str>, wake: impl Fn()
 /// database, authentication). The socket gets tickbox's defaults unless the
 /// URL sets its own ([`client_config`]).
 pub(crate) async fn connect(url: &str) -> diesel::ConnectionResult<AsyncPgConnection> {
-    let config = client_config(url)?;
-    let (client, connection) = open_session(&config).await?;
-    AsyncPgConnection::try_from_client_and_connection(client, connection).await
+    let (config, tls) = client_config(url)?;
+    let session = open_session(&config, &tls).await?;
+    tracing::trace!(
+        address = %server_address(&config),
+        sslmode = tls.mode.name(),
+        encrypted = session.encrypted,
+        "PostgreSQL session opened"
+    );
+    AsyncPgConnection::try_from_client_and_connection(session.client, session.connection).await
+}
+
+/// A plain tokio-postgres client, for the statements the test kit runs
+/// outside any module (dropping a test's schemas): connected as
+/// [`connect`] connects, TLS included, its connection driven by a task of
+/// its own.
+pub(crate) async fn connect_client(url: &str) -> Result<tokio_postgres::Client, String> {
+    let (config, tls) = client_config(url).map_err(|e| e.to_string())?;
+    let session = open_session(&config, &tls)
+        .await
+        .map_err(|failure| diesel::ConnectionError::from(failure).to_string())?;
+    tokio::spawn(session.connection);
+    Ok(session.client)
+}
+
+/// What tokio-postgres carries a session over: rustls's stream with the
+/// `tls` feature, nothing without it.
+#[cfg(feature = "tls")]
+type TlsStream = crate::tls::postgres::PgTlsStream;
+#[cfg(not(feature = "tls"))]
+type TlsStream = tokio_postgres::tls::NoTlsStream;
+
+/// An open session: the client, the connection to drive, and whether it is
+/// encrypted.
+struct Session {
+    /// Sends the statements.
+    client: tokio_postgres::Client,
+    /// Must be polled for the client to get answers.
+    connection: tokio_postgres::Connection<tokio_postgres::Socket, TlsStream>,
+    /// Whether TLS was negotiated (under `sslmode=prefer`, the server
+    /// decides).
+    encrypted: bool,
 }
 
 /// Why no session could be opened.
@@ -266,13 +304,8 @@ impl From<diesel::ConnectionError> for SessionFailure {
 /// client library bounds only the socket's connection by it).
 async fn open_session(
     config: &tokio_postgres::Config,
-) -> Result<
-    (
-        tokio_postgres::Client,
-        tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>,
-    ),
-    SessionFailure,
-> {
+    tls: &crate::tls::postgres::PgTls,
+) -> Result<Session, SessionFailure> {
     let limit = config
         .get_connect_timeout()
         .copied()
@@ -281,8 +314,33 @@ async fn open_session(
         address: server_address(config),
         reason,
     };
-    match tokio::time::timeout(limit, config.connect(tokio_postgres::NoTls)).await {
-        Ok(Ok(opened)) => Ok(opened),
+    #[cfg(feature = "tls")]
+    let connector = crate::tls::postgres::PgConnector::new(
+        crate::tls::client_config(&tls.settings)
+            .map_err(|e| SessionFailure::Refused(diesel::ConnectionError::BadConnection(e)))?,
+    );
+    #[cfg(not(feature = "tls"))]
+    let (connector, _) = (tokio_postgres::NoTls, tls);
+    match tokio::time::timeout(limit, config.connect(connector.clone())).await {
+        Ok(Ok((client, connection))) => Ok(Session {
+            client,
+            connection,
+            #[cfg(feature = "tls")]
+            encrypted: connector.encrypted(),
+            #[cfg(not(feature = "tls"))]
+            encrypted: false,
+        }),
+        #[cfg(feature = "tls")]
+        Ok(Err(e)) if crate::tls::explain_handshake_failure(&e, &tls.settings).is_some() => {
+            let reason = crate::tls::explain_handshake_failure(&e, &tls.settings);
+            Err(SessionFailure::Refused(
+                diesel::ConnectionError::BadConnection(format!(
+                    "{}: {}",
+                    server_address(config),
+                    reason.unwrap_or_default()
+                )),
+            ))
+        }
         Ok(Err(e)) => Err(match io_cause(&e) {
             Some(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => unreachable(format!(
                 "the server refused the connection ({io}); is it running, and listening there?"
@@ -367,8 +425,12 @@ const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
 /// open but silent (a proxy or a NAT that keeps answering for a vanished
 /// server) is found by the calls' own deadlines
 /// ([`crate::store::deadline`]).
-fn client_config(url: &str) -> diesel::ConnectionResult<tokio_postgres::Config> {
-    let mut config: tokio_postgres::Config = url
+fn client_config(
+    url: &str,
+) -> diesel::ConnectionResult<(tokio_postgres::Config, crate::tls::postgres::PgTls)> {
+    let (client_url, tls) = crate::tls::postgres::split_url(url)
+        .map_err(diesel::ConnectionError::InvalidConnectionUrl)?;
+    let mut config: tokio_postgres::Config = client_url
         .parse()
         .map_err(|e| diesel::ConnectionError::InvalidConnectionUrl(with_causes(&e)))?;
     let given: Vec<String> = url::Url::parse(url)
@@ -390,7 +452,7 @@ fn client_config(url: &str) -> diesel::ConnectionResult<tokio_postgres::Config> 
     if unset("tcp_user_timeout") {
         config.tcp_user_timeout(TCP_USER_TIMEOUT);
     }
-    Ok(config)
+    Ok((config, tls))
 }
 
 /// The server's limits on a session of a module's pool, so that a client
@@ -436,8 +498,10 @@ fn migration_session_limits(
 async fn connect_killable(
     url: &str,
 ) -> Result<(AsyncPgConnection, tokio::sync::oneshot::Sender<()>), SessionFailure> {
-    let config = client_config(url)?;
-    let (client, connection) = open_session(&config).await?;
+    let (config, tls) = client_config(url)?;
+    let Session {
+        client, connection, ..
+    } = open_session(&config, &tls).await?;
     let (kill, killed) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
         tokio::select! {

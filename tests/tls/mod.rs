@@ -1,0 +1,18 @@
+//! Encrypted, verified connections to real servers, with the CA and
+//! certificates `.ci/tls` makes (in `TICKBOX_TLS_DIR`, default
+//! `/tmp/tickbox-tls`): the server's certificate names `localhost` only, so
+//! connecting to 127.0.0.1 with full verification meets "another name";
+//! `other-ca.pem` signed nothing the servers present.
+
+mod postgres;
+
+/// A file `.ci/tls` made.
+pub(crate) fn tls_file(name: &str) -> String {
+    let dir = std::env::var("TICKBOX_TLS_DIR").unwrap_or_else(|_| "/tmp/tickbox-tls".into());
+    let path = format!("{dir}/{name}");
+    assert!(
+        std::path::Path::new(&path).exists(),
+        "{path} is missing: run .ci/tls first (it makes the tests' CA and certificates)"
+    );
+    path
+}
