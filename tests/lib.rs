@@ -28,8 +28,8 @@
 //! `effects_mail` (real e-mails), `quiet_network` (a network that goes
 //! quiet, through the fault proxy in `support::fault_proxy`).
 //!
-//! `tls` (features `tls` and `postgres`) runs delivery cases over encrypted,
-//! verified connections; `.ci/tls` makes the CA and certificates it needs
+//! `tls` (feature `tls`) runs delivery cases over encrypted, verified
+//! connections to PostgreSQL and RabbitMQ; `.ci/tls` makes the CA and certificates it needs
 //! and has the servers present them.
 
 #[cfg(feature = "amqp")]
@@ -48,7 +48,7 @@ mod quiet_network;
 mod safeguards;
 mod suite;
 mod support;
-#[cfg(all(feature = "tls", feature = "postgres"))]
+#[cfg(feature = "tls")]
 mod tls;
 
 /// Instantiates the suite's delivery tests for one backend over the

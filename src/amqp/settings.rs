@@ -184,14 +184,10 @@ impl Amqp {
         let raw = self.url.expose();
         if !(raw.starts_with("amqp://") || raw.starts_with("amqps://")) {
             return Err(Error::Config(format!(
-                "amqp: the broker URL must start with amqp:// (got {url})"
+                "amqp: the broker URL must start with amqp:// or amqps:// (got {url})"
             )));
         }
-        if raw.starts_with("amqps://") {
-            return Err(Error::Config(format!(
-                "amqp: {url}: TLS (amqps://) is not built into this tickbox; use amqp://"
-            )));
-        }
+        self.tls()?;
         let uri = self.parse()?;
         let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
         if !self.namespace.chars().all(allowed) {
@@ -251,6 +247,12 @@ impl Amqp {
             )));
         }
         Ok(interval.as_secs() as u16)
+    }
+
+    /// What the URL asks of TLS: `None` for `amqp://`.
+    pub(crate) fn tls(&self) -> Result<Option<crate::tls::TlsSettings>> {
+        crate::tls::amqp::settings(self.url.expose())
+            .map_err(|reason| Error::Config(format!("amqp: {}: {reason}", self.redacted_url())))
     }
 
     /// The broker's URL as the client takes it, asking for the heartbeat.

@@ -2,7 +2,8 @@
 //! `tls` feature) the rustls client configuration that gives it.
 //!
 //! Each server keeps its own ecosystem's knobs: `postgres` reads libpq's
-//! `sslmode`, `sslrootcert`, `sslcert` and `sslkey`. This file owns what
+//! `sslmode`, `sslrootcert`, `sslcert` and `sslkey`; `amqp` reads
+//! `amqps://` and RabbitMQ's `cacertfile`, `certfile` and `keyfile`. This file owns what
 //! they share: how certificates are verified, where trusted roots come
 //! from, and how a failed handshake is told in plain words.
 //!
@@ -10,6 +11,8 @@
 //! naming the feature ([`refuse_without_tls`]); a URL that only allows it
 //! (libpq's default, `sslmode=prefer`) connects in clear, as before.
 
+#[cfg(feature = "amqp")]
+pub(crate) mod amqp;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 

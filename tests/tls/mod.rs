@@ -4,6 +4,9 @@
 //! connecting to 127.0.0.1 with full verification meets "another name";
 //! `other-ca.pem` signed nothing the servers present.
 
+#[cfg(feature = "amqp")]
+mod amqp;
+#[cfg(feature = "postgres")]
 mod postgres;
 
 /// A file `.ci/tls` made.
