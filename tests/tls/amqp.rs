@@ -68,7 +68,10 @@ async fn messages_flow_over_amqps_and_the_broker_sees_every_connection_encrypted
     assert!(ours.len() >= 2, "relay and consumer connections:\n{listed}");
     for line in &ours {
         assert!(line.contains("\ttrue\ttlsv1."), "in clear: {line}");
-        assert!(line.contains("CN=postgres"), "no client certificate: {line}");
+        assert!(
+            line.contains("CN=postgres"),
+            "no client certificate: {line}"
+        );
     }
     bus.stop().await;
 }

@@ -52,6 +52,18 @@ mod subscriptions;
 #[derive(Debug, Clone, Copy)]
 pub struct Postgres;
 
+impl Postgres {
+    /// Opens one connection the way a module's pool does: the URL's TLS
+    /// settings (`sslmode`, `sslrootcert`, `sslcert`, `sslkey`, as libpq
+    /// reads them; see the crate's TLS section), TCP keepalive and a
+    /// bounded connection attempt unless the URL sets its own, and a
+    /// failure that says why (unreachable, refused, a certificate's fault).
+    /// For an application's own connections beside its modules'.
+    pub async fn connect(url: &str) -> diesel::ConnectionResult<AsyncPgConnection> {
+        connect(url.trim()).await
+    }
+}
+
 const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres");
 
 /// Taken while migrating, so processes starting together do not race.
