@@ -141,6 +141,14 @@ impl Handshake {
         })
     }
 
+    /// Whether the connection is to be encrypted.
+    fn encrypts(&self) -> bool {
+        #[cfg(feature = "tls")]
+        return self.connector.is_some();
+        #[cfg(not(feature = "tls"))]
+        false
+    }
+
     /// `stream`, encrypted if the URL asks, within `limit`.
     async fn over<S>(
         &self,
@@ -194,6 +202,7 @@ impl Link {
         let limit = amqp.call_deadline;
         let tls = Handshake::new(amqp)?;
         let failed_handshake = tls.failure.clone();
+        let encrypted = if tls.encrypts() { 1.0 } else { 0.0 };
         let connecting = Connection::connector(
             uri,
             runtime,
@@ -225,6 +234,8 @@ impl Link {
                 _ => return Err(fault),
             },
         };
+        metrics::gauge!("tickbox_connection_encrypted", "connection" => name.to_owned(), "server" => "amqp")
+            .set(encrypted);
         let (watching, dropped) = oneshot::channel();
         tokio::spawn(shut_when_failed(
             connection.events_listener(),

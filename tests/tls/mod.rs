@@ -19,3 +19,20 @@ pub(crate) fn tls_file(name: &str) -> String {
     );
     path
 }
+
+/// The shared MariaDB server is reached in clear, and a module says so
+/// (`SHOW STATUS LIKE 'Ssl_cipher'` through the module's own connection).
+#[cfg(feature = "mysql")]
+#[actix::test]
+async fn a_mysql_module_in_clear_says_so() {
+    use crate::support::{TestBackend, TestDb};
+    crate::support::trace_init();
+    let db = TestDb::mysql();
+    let orders = <tickbox::Mysql as TestBackend>::module(&db, "orders")
+        .start()
+        .await
+        .expect("orders starts");
+    let stats = orders.store_stats().await.expect("figures");
+    assert_eq!(stats.encrypted, Some(false));
+    orders.close();
+}

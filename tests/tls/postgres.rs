@@ -120,6 +120,8 @@ async fn the_server_sees_every_connection_of_modules_and_their_bus_encrypted() {
     };
     assert!(total >= 4, "only {total} sessions of {application} seen");
     assert_eq!(clear, 0, "{clear} of {total} sessions in clear");
+    let stats = orders.store_stats().await.expect("figures");
+    assert_eq!(stats.encrypted, Some(true), "what `tickbox status` shows");
     bus.stop().await;
 }
 
@@ -188,4 +190,17 @@ async fn verify_ca_checks_the_chain_but_not_the_name() {
     ))
     .await;
     assert!(reason.contains("not signed by a CA"), "{reason}");
+}
+
+#[actix::test]
+async fn a_module_in_clear_says_so() {
+    trace_init();
+    let db = TestDb::postgres_at(pg_url("127.0.0.1", "sslmode=disable"));
+    let orders = <Postgres as TestBackend>::module(&db, "orders")
+        .start()
+        .await
+        .expect("orders starts in clear");
+    let stats = orders.store_stats().await.expect("figures");
+    assert_eq!(stats.encrypted, Some(false));
+    orders.close();
 }

@@ -114,6 +114,7 @@ fn schema_pool(
     schema: Option<String>,
 ) -> crate::Result<Pool<AsyncPgConnection>> {
     let limits = session_limits(settings);
+    let module = settings.module.clone();
     build_pool(
         settings,
         url,
@@ -122,8 +123,10 @@ fn schema_pool(
                 Some(schema) => format!("{limits}; SET search_path TO {schema}"),
                 None => limits.clone(),
             };
+            let module = module.clone();
             Box::pin(async move {
-                let mut conn = connect(url).await?;
+                let (mut conn, encrypted) = connect_reporting(url).await?;
+                report_encryption(&module, encrypted);
                 conn.batch_execute(&setup)
                     .await
                     .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
@@ -236,6 +239,12 @@ async fn listen_forever(wakeup: WakeupChannel, module: Arc<str>, wake: impl Fn()
 /// database, authentication). The socket gets tickbox's defaults unless the
 /// URL sets its own ([`client_config`]).
 pub(crate) async fn connect(url: &str) -> diesel::ConnectionResult<AsyncPgConnection> {
+    connect_reporting(url).await.map(|(conn, _)| conn)
+}
+
+/// Connects as [`connect`] does, and says whether the session is
+/// encrypted.
+async fn connect_reporting(url: &str) -> diesel::ConnectionResult<(AsyncPgConnection, bool)> {
     let (config, tls) = client_config(url)?;
     let session = open_session(&config, &tls).await?;
     tracing::trace!(
@@ -244,7 +253,18 @@ pub(crate) async fn connect(url: &str) -> diesel::ConnectionResult<AsyncPgConnec
         encrypted = session.encrypted,
         "PostgreSQL session opened"
     );
-    AsyncPgConnection::try_from_client_and_connection(session.client, session.connection).await
+    let encrypted = session.encrypted;
+    let conn =
+        AsyncPgConnection::try_from_client_and_connection(session.client, session.connection)
+            .await?;
+    Ok((conn, encrypted))
+}
+
+/// Shows whether module `module`'s newest connection is encrypted:
+/// `tickbox_connection_encrypted{module, server="postgres"}`, 1 or 0.
+fn report_encryption(module: &str, encrypted: bool) {
+    metrics::gauge!("tickbox_connection_encrypted", "module" => module.to_owned(), "server" => "postgres")
+        .set(if encrypted { 1.0 } else { 0.0 });
 }
 
 /// A plain tokio-postgres client, for the statements the test kit runs
