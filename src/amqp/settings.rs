@@ -73,7 +73,11 @@ impl std::fmt::Debug for Amqp {
 
 impl Amqp {
     /// The broker at `url` (`amqp://user:password@host:port/vhost`, the
-    /// virtual host URL-encoded: `%2f` is `/`).
+    /// virtual host URL-encoded: `%2f` is `/`). `amqps://` (feature `tls`)
+    /// encrypts, checking the broker's certificate and name; the query
+    /// parameters `cacertfile` (the CA to trust; the system's roots
+    /// without it), `certfile` and `keyfile` (a client certificate) are
+    /// RabbitMQ's own.
     pub fn new(url: impl Into<String>) -> Self {
         Amqp {
             url: SecretUrl::new(url),
