@@ -3,29 +3,11 @@
 //! every connection seen encrypted by the broker, and a wrong CA or host
 //! name refused with its reason.
 
-use super::tls_file;
+use super::{amqps_url, tls_file, tls_node};
 use crate::suite::{fast_retries, pair, publish};
 use crate::support::*;
 use std::time::Duration;
 use tickbox::{Amqp, Bus, Error, Sqlite};
-
-/// The TLS node's URL at `host`, trusting `ca`, with the tests' client
-/// certificate.
-fn amqps_url(host: &str, ca: &str) -> String {
-    format!(
-        "amqps://guest:guest@{host}:5671/%2f?cacertfile={}&certfile={}&keyfile={}",
-        tls_file(ca),
-        tls_file("client.pem"),
-        tls_file("client.key")
-    )
-}
-
-/// `rabbitmqctl` on the TLS node.
-fn tls_node(args: &[&str]) -> String {
-    let mut all = vec!["-n", "tls@localhost"];
-    all.extend_from_slice(args);
-    rabbitmqctl(&all)
-}
 
 #[actix::test]
 async fn messages_flow_over_amqps_and_the_broker_sees_every_connection_encrypted() {

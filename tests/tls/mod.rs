@@ -9,6 +9,26 @@ mod amqp;
 #[cfg(feature = "postgres")]
 mod postgres;
 
+/// The TLS node's URL at `host`, trusting `ca` (a file `.ci/tls` made),
+/// with the tests' client certificate.
+#[cfg(feature = "amqp")]
+pub(crate) fn amqps_url(host: &str, ca: &str) -> String {
+    format!(
+        "amqps://guest:guest@{host}:5671/%2f?cacertfile={}&certfile={}&keyfile={}",
+        tls_file(ca),
+        tls_file("client.pem"),
+        tls_file("client.key")
+    )
+}
+
+/// `rabbitmqctl` on the TLS node.
+#[cfg(feature = "amqp")]
+pub(crate) fn tls_node(args: &[&str]) -> String {
+    let mut all = vec!["-n", "tls@localhost"];
+    all.extend_from_slice(args);
+    crate::support::rabbitmqctl(&all)
+}
+
 /// A file `.ci/tls` made.
 pub(crate) fn tls_file(name: &str) -> String {
     let dir = std::env::var("TICKBOX_TLS_DIR").unwrap_or_else(|_| "/tmp/tickbox-tls".into());
