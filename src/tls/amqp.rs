@@ -46,6 +46,7 @@ pub(crate) fn settings(url: &str) -> Result<Option<TlsSettings>, String> {
 mod tests {
     use super::*;
 
+    #[cfg(feature = "tls")]
     #[test]
     fn amqp_is_in_clear_and_amqps_verifies_chain_and_name() {
         assert_eq!(settings("amqp://guest:guest@h:5672/%2f").unwrap(), None);
@@ -66,5 +67,12 @@ mod tests {
     fn a_tls_parameter_on_a_clear_url_is_refused() {
         let error = settings("amqp://h?cacertfile=/ca.pem").unwrap_err();
         assert!(error.contains("use amqps://"), "{error}");
+    }
+
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn without_the_feature_amqps_is_refused_naming_it() {
+        let error = settings("amqps://h/%2f").unwrap_err();
+        assert!(error.contains("`tls` feature"), "{error}");
     }
 }

@@ -290,6 +290,7 @@ mod tests {
         assert_eq!(tls.settings.verify, Verify::Nothing);
     }
 
+    #[cfg(feature = "tls")]
     #[test]
     fn the_tls_parameters_are_taken_out_and_the_others_kept() {
         let (url, tls) = split(
@@ -306,6 +307,7 @@ mod tests {
         assert_eq!(tls.settings.client_key.as_deref(), Some("/k.pem"));
     }
 
+    #[cfg(feature = "tls")]
     #[test]
     fn the_modes_verify_as_libpq_does() {
         let verify = |query: &str| split(&format!("postgres://h/db?{query}")).1.settings.verify;
@@ -326,5 +328,17 @@ mod tests {
     fn an_unknown_mode_is_refused_with_the_known_ones() {
         let error = split_url("postgres://h/db?sslmode=strict").unwrap_err();
         assert!(error.contains("verify-full"), "{error}");
+    }
+
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn without_the_feature_a_url_requiring_tls_is_refused_and_prefer_is_in_clear() {
+        for mode in ["require", "verify-ca", "verify-full"] {
+            let error = split_url(&format!("postgres://h/db?sslmode={mode}")).unwrap_err();
+            assert!(error.contains("`tls` feature"), "{error}");
+            assert!(error.contains(mode), "{error}");
+        }
+        assert!(split_url("postgres://h/db?sslmode=prefer").is_ok());
+        assert!(split_url("postgres://h/db").is_ok());
     }
 }

@@ -964,6 +964,11 @@ mod amqp_split {
     /// The split's exchange and queues go with it.
     impl Drop for Split {
         fn drop(&mut self) {
+            #[cfg(feature = "tls")]
+            if self.amqp_url.starts_with("amqps://") {
+                crate::tls::delete_tls_queues(&format!("tickbox.{}.", self.namespace));
+                return;
+            }
             crate::support::delete_from_broker(&format!("tickbox.{}", self.namespace));
         }
     }

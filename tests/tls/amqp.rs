@@ -16,6 +16,14 @@ async fn messages_flow_over_amqps_and_the_broker_sees_every_connection_encrypted
     let handler = Record::new(Then::Succeed);
     let (orders, warehouse) = pair::<Sqlite>(&db, &handler).await;
     let namespace = format!("test.tls.{:08x}", fastrand::u32(..));
+    /// The test's queues go, however it ends.
+    struct Queues(String);
+    impl Drop for Queues {
+        fn drop(&mut self) {
+            super::delete_tls_queues(&format!("tickbox.{}.", self.0));
+        }
+    }
+    let _queues = Queues(namespace.clone());
     let bus = Bus::builder()
         .module(&orders)
         .module(&warehouse)

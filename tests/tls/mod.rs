@@ -29,6 +29,18 @@ pub(crate) fn tls_node(args: &[&str]) -> String {
     crate::support::rabbitmqctl(&all)
 }
 
+/// Deletes the TLS node's queues whose names start with `prefix`, so that
+/// runs do not pile them up (their exchanges are left: rabbitmqctl cannot
+/// delete one, and an exchange holds nothing).
+#[cfg(feature = "amqp")]
+pub(crate) fn delete_tls_queues(prefix: &str) {
+    for name in tls_node(&["-q", "list_queues", "name"]).lines() {
+        if name.starts_with(prefix) {
+            tls_node(&["-q", "delete_queue", name]);
+        }
+    }
+}
+
 /// A file `.ci/tls` made.
 pub(crate) fn tls_file(name: &str) -> String {
     let dir = std::env::var("TICKBOX_TLS_DIR").unwrap_or_else(|_| "/tmp/tickbox-tls".into());
