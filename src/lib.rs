@@ -340,7 +340,14 @@
 //! - `mysql`: MariaDB (≥ 10.6) and MySQL (≥ 8.0), one build for both:
 //!   `Mysql`, through diesel-async's mysql_async connection (pure Rust, no
 //!   libmysqlclient); `mysql://` URLs. See "MariaDB and MySQL" below.
-//! - `amqp`: the RabbitMQ transport, `Amqp`, through lapin (tokio, no TLS).
+//! - `amqp`: the RabbitMQ transport, `Amqp`, through lapin (tokio).
+//! - `tls`: encrypted, verified connections on rustls (the *ring*
+//!   provider; no OpenSSL): PostgreSQL's `sslmode`, `sslrootcert`, `sslcert`
+//!   and `sslkey` as libpq reads them (`verify-full` checks the chain and
+//!   the host's name; without `sslrootcert`, the system's trusted roots),
+//!   and `amqps://` with RabbitMQ's `cacertfile`, `certfile` and `keyfile`
+//!   (the broker's chain and name are always checked). Without it, a URL
+//!   that requires TLS is refused at start, naming the feature.
 //! - `testing`: the test kit for applications ([`testing`]): tracked
 //!   sessions that end when a whole flow is done, and throw-away databases.
 //! - `prometheus`: `install_prometheus`, an HTTP endpoint serving the
@@ -404,6 +411,10 @@
 //! (its database, its outbox, its handlers), never the
 //! whole module. No two files import each other.
 //!
+//! - `tls/` — what a URL asks of TLS (`postgres`: libpq's knobs and the
+//!   connector tokio-postgres negotiates through; `amqp`: `amqps://`), the
+//!   rustls configuration that gives it, and failed handshakes in plain
+//!   words (`config`).
 //! - `error`, `message`, `retry`, `retention` — the vocabulary: [`Error`],
 //!   [`Message`] and [`Envelope`], [`RetryPolicy`], [`Retention`];
 //!   `send_async_fn`: the async closures transactions and calls take;
@@ -495,6 +506,7 @@ mod store;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
+mod tls;
 mod tracking;
 mod transient;
 mod tx;

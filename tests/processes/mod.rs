@@ -801,6 +801,8 @@ mod amqp_split {
         places: [Place; 3],
         namespace: String,
         orders: u64,
+        /// The broker: the shared one, or the TLS node (`over_tls`).
+        amqp_url: String,
     }
 
     impl Split {
@@ -841,7 +843,26 @@ mod amqp_split {
                 places,
                 namespace,
                 orders,
+                amqp_url: crate::support::amqp_url(),
             }
+        }
+
+        /// The same, over TLS everywhere: amqps to the TLS node `.ci/tls`
+        /// starts, and each PostgreSQL database at `verify-full` (the
+        /// server's certificate names `localhost`).
+        #[cfg(all(feature = "tls", feature = "postgres"))]
+        fn over_tls(mut self) -> Self {
+            self.amqp_url = crate::tls::amqps_url("localhost", "ca.pem");
+            let ca = crate::tls::tls_file("ca.pem");
+            for place in &mut self.places {
+                if let Place::Postgres { url, .. } = place {
+                    *url = format!(
+                        "{}?sslmode=verify-full&sslrootcert={ca}",
+                        url.replacen("@127.0.0.1:", "@localhost:", 1)
+                    );
+                }
+            }
+            self
         }
 
         /// Starts the process running `PARTS[i]`, faults injected, with the
@@ -868,7 +889,7 @@ mod amqp_split {
                 "--transport",
                 "amqp",
                 "--amqp-url",
-                &crate::support::amqp_url(),
+                &self.amqp_url,
                 "--amqp-namespace",
                 &self.namespace,
                 "--modules",
@@ -975,6 +996,11 @@ mod amqp_split {
     /// The split's exchange and queues go with it.
     impl Drop for Split {
         fn drop(&mut self) {
+            #[cfg(feature = "tls")]
+            if self.amqp_url.starts_with("amqps://") {
+                crate::tls::delete_tls_queues(&format!("tickbox.{}.", self.namespace));
+                return;
+            }
             crate::support::delete_from_broker(&format!("tickbox.{}", self.namespace));
         }
     }
@@ -1075,6 +1101,26 @@ mod amqp_split {
     #[test]
     fn sqlite_three_processes_over_amqp_survive_their_connections_being_closed() {
         survive_broker_fault(Split::sqlite("close", 1000), close_connections);
+    }
+
+    /// Over TLS everywhere: amqps with a client certificate, PostgreSQL at
+    /// `verify-full`.
+    #[cfg(all(feature = "tls", feature = "postgres"))]
+    #[test]
+    fn postgres_three_processes_share_the_work_over_amqps_and_verified_postgres() {
+        share_the_work(Split::postgres("tls", 300).over_tls());
+    }
+
+    /// The TLS node restarts under three processes connected over amqps:
+    /// each connects again (a new handshake) by itself.
+    #[cfg(all(feature = "tls", feature = "postgres"))]
+    #[test]
+    fn postgres_three_processes_over_amqps_survive_a_restart_of_the_tls_node() {
+        survive_broker_fault(Split::postgres("tlsrestart", 1000).over_tls(), || {
+            crate::tls::tls_node(&["stop_app"]);
+            crate::tls::tls_node(&["start_app"]);
+            crate::tls::tls_node(&["await_startup"]);
+        });
     }
 
     #[cfg(feature = "postgres")]
