@@ -113,15 +113,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .handler("payments.charge_card", ChargeCard { crash })
         .start()
         .await?;
-    // One delivery at a time, so that the crash cuts exactly one call
-    // short; a stable instance name, so that the second run takes back at
-    // once the messages the crashed one had claimed.
+    // One delivery at a time, so that the crash cuts exactly one call short;
+    // a stable instance name: the second run takes back at once its claims.
     let bus = Bus::builder().module(&orders).module(&payments);
     let bus = bus.max_concurrent_deliveries(1);
     let bus = bus.instance("external_effects").start().await?;
-    for order_id in ORDERS.iter().filter(|_| crash).map(|id| id.to_string()) {
-        let due = PaymentDue { order_id };
-        let publish = async move |tx: &mut Tx<Sqlite>| tx.publish(&due).map(drop);
+    // One transaction: none is charged (and the run aborted) before all exist.
+    let due = ORDERS.map(|o| PaymentDue { order_id: o.into() });
+    let publish = async move |tx: &mut Tx<_>| due.iter().try_for_each(|d| tx.publish(d).map(drop));
+    if crash {
         orders.transaction(publish).await?;
     }
     let idle = bus.wait_idle(Duration::from_secs(30)).await?;

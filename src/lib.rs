@@ -356,7 +356,14 @@
 //! - `mysql`: MariaDB (≥ 10.6) and MySQL (≥ 8.0), one build for both:
 //!   `Mysql`, through diesel-async's mysql_async connection (pure Rust, no
 //!   libmysqlclient); `mysql://` URLs. See "MariaDB and MySQL" below.
-//! - `amqp`: the RabbitMQ transport, `Amqp`, through lapin (tokio, no TLS).
+//! - `amqp`: the RabbitMQ transport, `Amqp`, through lapin (tokio).
+//! - `tls`: encrypted, verified connections on rustls (the *ring*
+//!   provider; no OpenSSL): PostgreSQL's `sslmode`, `sslrootcert`, `sslcert`
+//!   and `sslkey` as libpq reads them (`verify-full` checks the chain and
+//!   the host's name; without `sslrootcert`, the system's trusted roots),
+//!   and `amqps://` with RabbitMQ's `cacertfile`, `certfile` and `keyfile`
+//!   (the broker's chain and name are always checked). Without it, a URL
+//!   that requires TLS is refused at start, naming the feature.
 //! - `testing`: the test kit for applications ([`testing`]): tracked
 //!   sessions that end when a whole flow is done, and throw-away databases.
 //! - `prometheus`: `install_prometheus`, an HTTP endpoint serving the
@@ -430,6 +437,10 @@
 //! - `redact` — hiding passwords in the URLs tickbox shows, and the URLs it
 //!   keeps, which show themselves redacted.
 //! - `send_async_fn` — the async closures transactions and calls take.
+//! - `tls/` — what a URL asks of TLS (`postgres`: libpq's knobs and the
+//!   connector tokio-postgres negotiates through; `amqp`: `amqps://`), the
+//!   rustls configuration that gives it, and failed handshakes in plain
+//!   words (`config`).
 //! - `store/` — storage, and the only place that writes SQL: `contract`
 //!   (what a backend is), one file per concept declaring its statements
 //!   (`outbox`, `subscriptions` with the recorded [`Subscription`],
@@ -437,7 +448,7 @@
 //!   `catalog`, `scratch`), one folder per backend (`sqlite/`, `postgres/`,
 //!   `mysql/`), `backend` ([`Backend`]), `schema`, `database` (a module's
 //!   pool, its calls and write turn), `deadline`, `settings`, `pool`,
-//!   `migrations`. Uses: error, message, redact, send_async_fn.
+//!   `migrations`. Uses: error, message, redact, send_async_fn, tls.
 //! - `transient` — which failures are worth trying again
 //!   ([`Error::is_transient`]). Uses: error, store.
 //! - `effects/` — external effects' policy, state, journal, scope, records
@@ -475,7 +486,8 @@
 //! - `amqp/` — RabbitMQ as the bus's broker (feature `amqp`): `settings`
 //!   (`Amqp`), `transport` (the bus's interface, implemented), `link`,
 //!   `topology`, `wire`, `relay`, `consumer`, `acks`, `state`, `fault`.
-//!   Uses: bus (its `transport` only), error, message, metrics, redact.
+//!   Uses: bus (its `transport` only), error, message, metrics, redact,
+//!   tls.
 //! - `testing/` — the test kit (feature `testing`): `session`
 //!   ([`testing::Session`]), `report`, `databases`
 //!   ([`testing::TestDatabases`]). Uses: bus, error, message, module,
@@ -516,6 +528,7 @@ mod store;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
+mod tls;
 mod tracking;
 mod transient;
 mod tx;

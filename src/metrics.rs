@@ -32,6 +32,7 @@
 //! | `tickbox_subscription_lag_seconds` | gauge | module, subscriber, handler |
 //! | `tickbox_database_calls_stuck` | gauge | module |
 //! | `tickbox_database_deadlines_missed_total` | counter | module |
+//! | `tickbox_connection_encrypted` | gauge | module, server (`postgres`); connection, server (`amqp`) |
 //!
 //! The outbox gauges, the dead-letter count, the parked keys and the
 //! unknown effects are read from the database at an interval (indexed
@@ -103,6 +104,10 @@ pub(crate) fn describe_to_recorder() {
             "tickbox_end_to_end_seconds",
             Unit::Seconds,
             "Time from the publishing transaction's commit to the handler's commit."
+        );
+        describe_gauge!(
+            "tickbox_connection_encrypted",
+            "1 when the newest connection (a module's to its database, or one to the broker) is encrypted (TLS), 0 in clear."
         );
         describe_gauge!(
             "tickbox_mailbox_queued",

@@ -179,8 +179,10 @@ fn is_secret_name(name: &str) -> bool {
         "credential",
         "auth",
     ];
-    /// Names holding one of those words that never hold a secret.
-    const NOT_SECRET: [&str; 1] = ["auth_mechanism"];
+    /// Names holding one of those words that never hold a secret: the
+    /// path of a client key file (RabbitMQ's `keyfile`, libpq's `sslkey`)
+    /// names where the key is, not the key.
+    const NOT_SECRET: [&str; 3] = ["auth_mechanism", "keyfile", "sslkey"];
     let name = name.to_lowercase();
     SECRET_WORDS.iter().any(|word| name.contains(word)) && !NOT_SECRET.contains(&name.as_str())
 }
@@ -519,7 +521,7 @@ mod tests {
             redact_url(
                 "amqps://mq.internal/%2f?heartbeat=10&password=S3cret&keyfile=/etc/mq/client.key"
             ),
-            "amqps://mq.internal/%2f?heartbeat=10&password=***&keyfile=***"
+            "amqps://mq.internal/%2f?heartbeat=10&password=***&keyfile=/etc/mq/client.key"
         );
         assert_eq!(
             redact_url("amqp://guest:gu/est@127.0.0.1:5672/%2f"),

@@ -27,6 +27,10 @@
 //! `processes` (crashes, several processes, a broker's faults),
 //! `effects_mail` (real e-mails), `quiet_network` (a network that goes
 //! quiet, through the fault proxy in `support::fault_proxy`).
+//!
+//! `tls` (feature `tls`) runs delivery cases over encrypted, verified
+//! connections to PostgreSQL and RabbitMQ; `.ci/tls` makes the CA and certificates it needs
+//! and has the servers present them.
 
 #[cfg(feature = "amqp")]
 mod amqp;
@@ -44,6 +48,8 @@ mod quiet_network;
 mod safeguards;
 mod suite;
 mod support;
+#[cfg(feature = "tls")]
+mod tls;
 
 /// Instantiates the suite's delivery tests for one backend over the
 /// RabbitMQ transport: the same tests, with every bus running over the

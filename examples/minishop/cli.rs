@@ -459,10 +459,13 @@ fn schema_prefix(value: &str) -> Result<String, String> {
 }
 
 fn amqp_url(value: &str) -> Result<String, String> {
-    if value.starts_with("amqp://") {
+    if value.starts_with("amqp://") || value.starts_with("amqps://") {
         Ok(value.to_string())
     } else {
-        Err("takes a RabbitMQ URL (amqp://user:password@host:port/vhost)".into())
+        Err(
+            "takes a RabbitMQ URL (amqp://user:password@host:port/vhost, or amqps:// over TLS)"
+                .into(),
+        )
     }
 }
 

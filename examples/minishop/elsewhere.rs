@@ -83,10 +83,13 @@ pub trait NamedSchemas: tickbox::Schemas {
     ) -> impl std::future::Future<Output = tickbox::diesel::QueryResult<bool>>;
 }
 
-/// Counts the rows of `count`, a `SELECT count(*)` naming one schema, on a
-/// connection of type `C` to `url`.
+/// Counts the rows of `count`, a `SELECT count(*)` naming one schema, on
+/// `conn`, once it has connected.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-async fn count_on<C>(url: &str, count: String) -> tickbox::diesel::QueryResult<bool>
+async fn count_on<C>(
+    conn: impl std::future::Future<Output = tickbox::diesel::ConnectionResult<C>>,
+    count: String,
+) -> tickbox::diesel::QueryResult<bool>
 where
     C: tickbox::diesel_async::AsyncConnection + 'static,
     tickbox::diesel::dsl::select<
@@ -94,7 +97,7 @@ where
     >: tickbox::diesel_async::methods::LoadQuery<'static, C, i64>,
 {
     use tickbox::diesel_async::RunQueryDsl;
-    let mut conn = C::establish(url).await.map_err(|error| {
+    let mut conn = conn.await.map_err(|error| {
         tickbox::diesel::result::Error::QueryBuilderError(error.to_string().into())
     })?;
     let query = tickbox::diesel::select(tickbox::diesel::dsl::sql::<
@@ -109,7 +112,8 @@ impl NamedSchemas for tickbox::Postgres {
     async fn holds_schema(url: &str, schema: &str) -> tickbox::diesel::QueryResult<bool> {
         // Our own module names: nothing to quote.
         let count = format!("(SELECT count(*) FROM pg_namespace WHERE nspname = '{schema}')");
-        count_on::<tickbox::diesel_async::AsyncPgConnection>(url, count).await
+        // Connected as the modules connect: the URL's TLS settings too.
+        count_on(tickbox::Postgres::connect(url), count).await
     }
 }
 
@@ -121,7 +125,12 @@ impl NamedSchemas for tickbox::Mysql {
         let count = format!(
             "(SELECT count(*) FROM information_schema.schemata WHERE schema_name = '{schema}')"
         );
-        count_on::<tickbox::diesel_async::AsyncMysqlConnection>(url, count).await
+        use tickbox::diesel_async::AsyncConnection;
+        count_on(
+            tickbox::diesel_async::AsyncMysqlConnection::establish(url),
+            count,
+        )
+        .await
     }
 }
 

@@ -107,6 +107,84 @@ pub(crate) struct Link {
     _watching: oneshot::Sender<()>,
 }
 
+/// The TLS handshake an `amqps://` URL asks for, over the TCP connection
+/// tickbox opened; nothing for `amqp://`.
+struct Handshake {
+    /// rustls, configured as the URL asks; `None` in clear.
+    #[cfg(feature = "tls")]
+    connector: Option<(lapin::tcp::RustlsConnector, crate::tls::TlsSettings)>,
+    /// Why the handshake failed, in plain words, if it did.
+    failure: Arc<Mutex<Option<String>>>,
+}
+
+impl Handshake {
+    /// The handshake `amqp`'s URL asks for.
+    fn new(amqp: &Amqp) -> Result<Handshake, Fault> {
+        let settings = amqp
+            .tls()
+            .map_err(|error| Fault::Refused(format!("connecting: {error}")))?;
+        #[cfg(feature = "tls")]
+        let connector = match settings {
+            Some(settings) => {
+                let config = crate::tls::client_config(&settings)
+                    .map_err(|error| Fault::Refused(format!("connecting: {error}")))?;
+                Some((lapin::tcp::RustlsConnector::from(config), settings))
+            }
+            None => None,
+        };
+        #[cfg(not(feature = "tls"))]
+        drop(settings);
+        Ok(Handshake {
+            #[cfg(feature = "tls")]
+            connector,
+            failure: Arc::default(),
+        })
+    }
+
+    /// Whether the connection is to be encrypted.
+    fn encrypts(&self) -> bool {
+        #[cfg(feature = "tls")]
+        return self.connector.is_some();
+        #[cfg(not(feature = "tls"))]
+        false
+    }
+
+    /// `stream`, encrypted if the URL asks, within `limit`.
+    async fn over<S>(
+        &self,
+        stream: AsyncTcpStream<S>,
+        host: &str,
+        limit: Duration,
+    ) -> io::Result<AsyncTcpStream<S>>
+    where
+        S: futures_util::AsyncRead + futures_util::AsyncWrite + Send + Unpin + 'static,
+    {
+        #[cfg(feature = "tls")]
+        if let Some((connector, settings)) = &self.connector {
+            let handshake = stream.into_rustls(connector, host);
+            let encrypted = tokio::time::timeout(limit, handshake).await.map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no TLS handshake within {limit:?}"),
+                )
+            })?;
+            return encrypted.map_err(|error| {
+                match crate::tls::explain_handshake_failure(&error, settings) {
+                    Some(reason) => {
+                        if let Ok(mut failure) = self.failure.lock() {
+                            *failure = Some(reason.clone());
+                        }
+                        io::Error::new(io::ErrorKind::InvalidData, reason)
+                    }
+                    None => error,
+                }
+            });
+        }
+        let _ = (host, limit);
+        Ok(stream)
+    }
+}
+
 impl Link {
     /// Connects to the broker as `name` (shown by the broker), within the
     /// call timeout, asking for the heartbeat of `amqp`.
@@ -122,11 +200,18 @@ impl Link {
         let socket = ShutOnDrop(Socket::default());
         let keep = socket.0.clone();
         let limit = amqp.call_deadline;
+        let tls = Handshake::new(amqp)?;
+        let failed_handshake = tls.failure.clone();
+        let encrypted = if tls.encrypts() { 1.0 } else { 0.0 };
         let connecting = Connection::connector(
             uri,
             runtime,
             async move |uri, runtime| {
-                let stream = tokio::time::timeout(limit, uri.connect_async(&runtime))
+                // TCP first, in clear, so that its socket can be kept;
+                // then TLS over it when the URL is amqps://.
+                let mut plain = uri.clone();
+                plain.scheme = lapin::uri::AMQPScheme::AMQP;
+                let stream = tokio::time::timeout(limit, plain.connect_async(&runtime))
                     .await
                     .map_err(|_| {
                         io::Error::new(
@@ -137,11 +222,20 @@ impl Link {
                 if let AsyncTcpStream::Plain(tcp) = &stream {
                     keep.keep(duplicate(tcp.get_ref())?)?;
                 }
-                Ok(stream)
+                Ok(tls.over(stream, &uri.authority.host, limit).await?)
             },
             properties,
         );
-        let connection = caller.within(limit, "connecting", connecting).await?;
+        let connection = match caller.within(limit, "connecting", connecting).await {
+            Ok(connection) => connection,
+            // A refused certificate is not fixed by trying again.
+            Err(fault) => match failed_handshake.lock().map(|mut f| f.take()) {
+                Ok(Some(reason)) => return Err(Fault::Refused(format!("connecting: {reason}"))),
+                _ => return Err(fault),
+            },
+        };
+        metrics::gauge!("tickbox_connection_encrypted", "connection" => name.to_owned(), "server" => "amqp")
+            .set(encrypted);
         let (watching, dropped) = oneshot::channel();
         tokio::spawn(shut_when_failed(
             connection.events_listener(),

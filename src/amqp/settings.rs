@@ -73,7 +73,11 @@ impl std::fmt::Debug for Amqp {
 
 impl Amqp {
     /// The broker at `url` (`amqp://user:password@host:port/vhost`, the
-    /// virtual host URL-encoded: `%2f` is `/`).
+    /// virtual host URL-encoded: `%2f` is `/`). `amqps://` (feature `tls`)
+    /// encrypts, checking the broker's certificate and name; the query
+    /// parameters `cacertfile` (the CA to trust; the system's roots
+    /// without it), `certfile` and `keyfile` (a client certificate) are
+    /// RabbitMQ's own.
     pub fn new(url: impl Into<String>) -> Self {
         Amqp {
             url: SecretUrl::new(url),
@@ -184,14 +188,10 @@ impl Amqp {
         let raw = self.url.expose();
         if !(raw.starts_with("amqp://") || raw.starts_with("amqps://")) {
             return Err(Error::Config(format!(
-                "amqp: the broker URL must start with amqp:// (got {url})"
+                "amqp: the broker URL must start with amqp:// or amqps:// (got {url})"
             )));
         }
-        if raw.starts_with("amqps://") {
-            return Err(Error::Config(format!(
-                "amqp: {url}: TLS (amqps://) is not built into this tickbox; use amqp://"
-            )));
-        }
+        self.tls()?;
         let uri = self.parse()?;
         let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
         if !self.namespace.chars().all(allowed) {
@@ -251,6 +251,12 @@ impl Amqp {
             )));
         }
         Ok(interval.as_secs() as u16)
+    }
+
+    /// What the URL asks of TLS: `None` for `amqp://`.
+    pub(crate) fn tls(&self) -> Result<Option<crate::tls::TlsSettings>> {
+        crate::tls::amqp::settings(self.url.expose())
+            .map_err(|reason| Error::Config(format!("amqp: {}: {reason}", self.redacted_url())))
     }
 
     /// The broker's URL as the client takes it, asking for the heartbeat.

@@ -534,8 +534,12 @@ impl<B: Backend> State<B> {
                     self.source.outbox().busy.fetch_sub(1, Relaxed);
                     self.recent.insert(id);
                 }
+                // Those that finished while this mark ran are due a linger
+                // after the first of them (`finish` set it): marks go out
+                // at most one linger apart however busy the outbox is.
+                // Those left over from a full batch go at once.
                 if !self.to_mark.is_empty() {
-                    self.mark_due = Some(Instant::now());
+                    self.mark_due.get_or_insert_with(Instant::now);
                 }
             }
             Done::Marked(Err((_, error))) => {

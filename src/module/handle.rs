@@ -38,6 +38,10 @@ pub struct StoreStats {
     /// per handler: (handler, effects), handlers without any left out
     /// (see [`ModuleHandle::settle_effect`]).
     pub unknown_effects: Vec<(String, i64)>,
+    /// Whether the module's connections to its database server are
+    /// encrypted (TLS), as the server sees the connection that read these
+    /// figures; `None` on SQLite, which has no server.
+    pub encrypted: Option<bool>,
 }
 
 /// What application code holds of a started module: run transactions, read
@@ -219,14 +223,20 @@ impl<B: Backend> ModuleHandle<B> {
     /// (every [`ModuleBuilder::metrics_interval`](crate::ModuleBuilder::metrics_interval)),
     /// for monitoring.
     pub async fn store_stats(&self) -> Result<StoreStats> {
-        let ((outbox_pending, oldest_pending_us), (inbox_rows, dead_letters), parked_keys) = self
+        let (
+            (outbox_pending, oldest_pending_us),
+            (inbox_rows, dead_letters),
+            parked_keys,
+            encrypted,
+        ) = self
             .core
             .db
             .call("reading the store's figures", async |conn| {
                 let backlog = B::outbox_backlog(conn).await?;
                 let sizes = B::table_sizes(conn).await?;
                 let parked = B::parked_keys(conn).await?;
-                Ok((backlog, sizes, parked))
+                let encrypted = B::connection_encrypted(conn).await?;
+                Ok((backlog, sizes, parked, encrypted))
             })
             .await?;
         let unknown_effects = self.core.handlers.journal.unknown_per_handler().await?;
@@ -240,6 +250,7 @@ impl<B: Backend> ModuleHandle<B> {
                 .map(|p| (p.handler, p.keys))
                 .collect(),
             unknown_effects,
+            encrypted,
         })
     }
 

@@ -72,6 +72,14 @@ pub trait CatalogStatements: Store + DeadLetterStatements {
     /// is not a module's database. Read from the backend's catalog.
     fn count_tables(conn: &mut Self::Conn) -> impl Future<Output = QueryResult<i64>> + Send;
 
+    /// Whether this connection to the database server is encrypted (TLS),
+    /// as the server sees it; `None` where there is no server (SQLite).
+    fn connection_encrypted(
+        _conn: &mut Self::Conn,
+    ) -> impl Future<Output = QueryResult<Option<bool>>> + Send {
+        async { Ok(None) }
+    }
+
     /// Counts the rows of the inbox and of the dead letters.
     fn table_sizes(conn: &mut Self::Conn) -> impl Future<Output = QueryResult<(i64, i64)>> + Send {
         async move {

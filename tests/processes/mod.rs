@@ -801,6 +801,8 @@ mod amqp_split {
         places: [Place; 3],
         namespace: String,
         orders: u64,
+        /// The broker: the shared one, or the TLS node (`over_tls`).
+        amqp_url: String,
     }
 
     impl Split {
@@ -841,18 +843,53 @@ mod amqp_split {
                 places,
                 namespace,
                 orders,
+                amqp_url: crate::support::amqp_url(),
             }
+        }
+
+        /// The same, over TLS everywhere: amqps to the TLS node `.ci/tls`
+        /// starts, and each PostgreSQL database at `verify-full` (the
+        /// server's certificate names `localhost`).
+        #[cfg(all(feature = "tls", feature = "postgres"))]
+        fn over_tls(mut self) -> Self {
+            self.amqp_url = crate::tls::amqps_url("localhost", "ca.pem");
+            let ca = crate::tls::tls_file("ca.pem");
+            for place in &mut self.places {
+                if let Place::Postgres { url, .. } = place {
+                    *url = format!(
+                        "{}?sslmode=verify-full&sslrootcert={ca}",
+                        url.replacen("@127.0.0.1:", "@localhost:", 1)
+                    );
+                }
+            }
+            self
         }
 
         /// Starts the process running `PARTS[i]`, faults injected, with the
         /// other two processes' databases for its check.
         fn spawn(&self, i: usize) -> Child {
+            self.spawn_placing(i, true)
+        }
+
+        /// Starts again the process running `PARTS[i]`, killed. The orders
+        /// process places new orders only while no placing run has ended:
+        /// once one has, the other two may see the flow finished and end,
+        /// and new orders would find no process left to serve them; it
+        /// then finishes the work with `--resume`.
+        fn respawn(&self, i: usize) -> Child {
+            let ended = "placing_runs WHERE ended_at_us IS NOT NULL";
+            self.spawn_placing(i, self.places[0].count_orders_db(ended) == 0)
+        }
+
+        /// [`Split::spawn`], with new orders (`--orders`) if `placing`, else
+        /// `--resume`.
+        fn spawn_placing(&self, i: usize, placing: bool) -> Child {
             let orders = self.orders.to_string();
             let mut args: Vec<String> = [
                 "--transport",
                 "amqp",
                 "--amqp-url",
-                &crate::support::amqp_url(),
+                &self.amqp_url,
                 "--amqp-namespace",
                 &self.namespace,
                 "--modules",
@@ -867,8 +904,10 @@ mod amqp_split {
             ]
             .map(String::from)
             .to_vec();
-            if PARTS[i] == "orders" {
+            if PARTS[i] == "orders" && placing {
                 args.extend(["--orders".to_string(), orders]);
+            } else if PARTS[i] == "orders" {
+                args.push("--resume".to_string());
             }
             for (j, other) in self.places.iter().enumerate() {
                 if j == i {
@@ -920,12 +959,26 @@ mod amqp_split {
         /// the three databases; each counted the same orders (`exact`:
         /// those placed by one undisturbed run). The results.
         fn finish(&self, children: Vec<Child>, exact: bool, what: &str) -> Vec<serde_json::Value> {
+            let outputs: Vec<Output> = (children.into_iter().zip(PARTS))
+                .map(|(child, part)| {
+                    let what = format!("{what}: the process running {part}");
+                    super::finish(child, Duration::from_secs(300), &what)
+                })
+                .collect();
+            // What each of the three said, for a failure of any one.
+            let all: String = (outputs.iter().zip(PARTS))
+                .map(|(output, part)| {
+                    let stdout = String::from_utf8_lossy(&output.stdout);
+                    let last = stdout.lines().last().unwrap_or_default();
+                    let stderr = String::from_utf8_lossy(&output.stderr);
+                    format!("\n{part} ({}): {last}\n{stderr}", output.status)
+                })
+                .collect();
             let mut orders = None;
             let mut results = Vec::new();
-            for (child, part) in children.into_iter().zip(PARTS) {
-                let what = format!("{what}: the process running {part}");
-                let output = super::finish(child, Duration::from_secs(300), &what);
-                let result = check_result(&output, &what);
+            for (output, part) in outputs.iter().zip(PARTS) {
+                let what = format!("{what}: the process running {part}\n(the three:{all})");
+                let result = check_result(output, &what);
                 assert_eq!(result["transport"], "amqp", "{what}: {result}");
                 assert_eq!(result["whole_flow"], true, "{what}: {result}");
                 assert_drained_queues_are_empty(&result, &what);
@@ -943,6 +996,11 @@ mod amqp_split {
     /// The split's exchange and queues go with it.
     impl Drop for Split {
         fn drop(&mut self) {
+            #[cfg(feature = "tls")]
+            if self.amqp_url.starts_with("amqps://") {
+                crate::tls::delete_tls_queues(&format!("tickbox.{}.", self.namespace));
+                return;
+            }
             crate::support::delete_from_broker(&format!("tickbox.{}", self.namespace));
         }
     }
@@ -982,13 +1040,14 @@ mod amqp_split {
     }
 
     /// Kills the processes with SIGKILL at seeded random moments and
-    /// restarts each at once as it was started (the orders process places
-    /// new orders again); then each ends by itself with the flow checked.
+    /// restarts each at once (the orders process places new orders again
+    /// until a placing run has ended: [`Split::respawn`]); then each ends
+    /// by itself with the flow checked.
     fn survive_sigkills(split: Split) {
         let _broker = broker_shared();
         let mut children = split.spawn_all();
         let (seed, kills) = sigkill_at_random(&mut children, 6, (100, 600, 2000), |victim| {
-            split.spawn(victim)
+            split.respawn(victim)
         });
         split.finish(
             children,
@@ -1042,6 +1101,26 @@ mod amqp_split {
     #[test]
     fn sqlite_three_processes_over_amqp_survive_their_connections_being_closed() {
         survive_broker_fault(Split::sqlite("close", 1000), close_connections);
+    }
+
+    /// Over TLS everywhere: amqps with a client certificate, PostgreSQL at
+    /// `verify-full`.
+    #[cfg(all(feature = "tls", feature = "postgres"))]
+    #[test]
+    fn postgres_three_processes_share_the_work_over_amqps_and_verified_postgres() {
+        share_the_work(Split::postgres("tls", 300).over_tls());
+    }
+
+    /// The TLS node restarts under three processes connected over amqps:
+    /// each connects again (a new handshake) by itself.
+    #[cfg(all(feature = "tls", feature = "postgres"))]
+    #[test]
+    fn postgres_three_processes_over_amqps_survive_a_restart_of_the_tls_node() {
+        survive_broker_fault(Split::postgres("tlsrestart", 1000).over_tls(), || {
+            crate::tls::tls_node(&["stop_app"]);
+            crate::tls::tls_node(&["start_app"]);
+            crate::tls::tls_node(&["await_startup"]);
+        });
     }
 
     #[cfg(feature = "postgres")]

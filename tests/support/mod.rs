@@ -168,6 +168,13 @@ impl TestDb {
         Self::at(tickbox::testing::TestDatabases::postgres(url))
     }
 
+    /// The PostgreSQL server at `url` (a URL with TLS parameters, say).
+    #[cfg(feature = "postgres")]
+    #[allow(dead_code)]
+    pub fn postgres_at(url: String) -> Self {
+        Self::at(tickbox::testing::TestDatabases::postgres(url))
+    }
+
     /// The MariaDB/MySQL suite needs `TICKBOX_MYSQL_URL` (the server, with
     /// no database: each module gets one of its own); without it, it fails
     /// rather than passing silently.

@@ -45,4 +45,20 @@ impl CatalogStatements for Mysql {
         ));
         Ok(Count::of(Self::load(conn, statement).await?))
     }
+
+    async fn connection_encrypted(conn: &mut Self::Conn) -> QueryResult<Option<bool>> {
+        // The session's cipher: empty in clear. `SHOW STATUS` reads the
+        // same on MariaDB and MySQL (their status tables differ).
+        let statement = Sql::plain("SHOW SESSION STATUS LIKE 'Ssl_cipher'");
+        let rows: Vec<StatusValue> = Self::load(conn, statement).await?;
+        Ok(Some(rows.iter().any(|row| !row.value.is_empty())))
+    }
+}
+
+/// A row of `SHOW STATUS`: only its value is read.
+#[derive(diesel::QueryableByName)]
+struct StatusValue {
+    /// The status variable's value.
+    #[diesel(sql_type = diesel::sql_types::Text, column_name = Value)]
+    value: String,
 }

@@ -29,4 +29,11 @@ impl CatalogStatements for Postgres {
         ));
         Ok(Count::of(Self::load(conn, statement).await?))
     }
+
+    async fn connection_encrypted(conn: &mut Self::Conn) -> QueryResult<Option<bool>> {
+        let statement = Sql::plain(
+            "SELECT count(*) AS n FROM pg_stat_ssl WHERE pid = pg_backend_pid() AND ssl",
+        );
+        Ok(Some(Count::of(Self::load(conn, statement).await?) > 0))
+    }
 }

@@ -52,6 +52,18 @@ mod subscriptions;
 #[derive(Debug, Clone, Copy)]
 pub struct Postgres;
 
+impl Postgres {
+    /// Opens one connection the way a module's pool does: the URL's TLS
+    /// settings (`sslmode`, `sslrootcert`, `sslcert`, `sslkey`, as libpq
+    /// reads them; see the crate's TLS section), TCP keepalive and a
+    /// bounded connection attempt unless the URL sets its own, and a
+    /// failure that says why (unreachable, refused, a certificate's fault).
+    /// For an application's own connections beside its modules'.
+    pub async fn connect(url: &str) -> diesel::ConnectionResult<AsyncPgConnection> {
+        connect(url.trim()).await
+    }
+}
+
 const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres");
 
 /// Taken while migrating, so processes starting together do not race.
@@ -102,6 +114,7 @@ fn schema_pool(
     schema: Option<String>,
 ) -> crate::error::Result<Pool<AsyncPgConnection>> {
     let limits = session_limits(settings);
+    let module = settings.module.clone();
     build_pool(
         settings,
         url,
@@ -110,8 +123,10 @@ fn schema_pool(
                 Some(schema) => format!("{limits}; SET search_path TO {schema}"),
                 None => limits.clone(),
             };
+            let module = module.clone();
             Box::pin(async move {
-                let mut conn = connect(url).await?;
+                let (mut conn, encrypted) = connect_reporting(url).await?;
+                report_encryption(&module, encrypted);
                 conn.batch_execute(&setup)
                     .await
                     .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
@@ -224,9 +239,64 @@ async fn listen_forever(wakeup: WakeupChannel, module: Arc<str>, wake: impl Fn()
 /// database, authentication). The socket gets tickbox's defaults unless the
 /// URL sets its own ([`client_config`]).
 pub(crate) async fn connect(url: &str) -> diesel::ConnectionResult<AsyncPgConnection> {
-    let config = client_config(url)?;
-    let (client, connection) = open_session(&config).await?;
-    AsyncPgConnection::try_from_client_and_connection(client, connection).await
+    connect_reporting(url).await.map(|(conn, _)| conn)
+}
+
+/// Connects as [`connect`] does, and says whether the session is
+/// encrypted.
+async fn connect_reporting(url: &str) -> diesel::ConnectionResult<(AsyncPgConnection, bool)> {
+    let (config, tls) = client_config(url)?;
+    let session = open_session(&config, &tls).await?;
+    tracing::trace!(
+        address = %server_address(&config),
+        sslmode = tls.mode.name(),
+        encrypted = session.encrypted,
+        "PostgreSQL session opened"
+    );
+    let encrypted = session.encrypted;
+    let conn =
+        AsyncPgConnection::try_from_client_and_connection(session.client, session.connection)
+            .await?;
+    Ok((conn, encrypted))
+}
+
+/// Shows whether module `module`'s newest connection is encrypted:
+/// `tickbox_connection_encrypted{module, server="postgres"}`, 1 or 0.
+fn report_encryption(module: &str, encrypted: bool) {
+    metrics::gauge!("tickbox_connection_encrypted", "module" => module.to_owned(), "server" => "postgres")
+        .set(if encrypted { 1.0 } else { 0.0 });
+}
+
+/// A plain tokio-postgres client, for the statements the test kit runs
+/// outside any module (dropping a test's schemas): connected as
+/// [`connect`] connects, TLS included, its connection driven by a task of
+/// its own.
+pub(crate) async fn connect_client(url: &str) -> Result<tokio_postgres::Client, String> {
+    let (config, tls) = client_config(url).map_err(|e| e.to_string())?;
+    let session = open_session(&config, &tls)
+        .await
+        .map_err(|failure| diesel::ConnectionError::from(failure).to_string())?;
+    tokio::spawn(session.connection);
+    Ok(session.client)
+}
+
+/// What tokio-postgres carries a session over: rustls's stream with the
+/// `tls` feature, nothing without it.
+#[cfg(feature = "tls")]
+type TlsStream = crate::tls::postgres::PgTlsStream;
+#[cfg(not(feature = "tls"))]
+type TlsStream = tokio_postgres::tls::NoTlsStream;
+
+/// An open session: the client, the connection to drive, and whether it is
+/// encrypted.
+struct Session {
+    /// Sends the statements.
+    client: tokio_postgres::Client,
+    /// Must be polled for the client to get answers.
+    connection: tokio_postgres::Connection<tokio_postgres::Socket, TlsStream>,
+    /// Whether TLS was negotiated (under `sslmode=prefer`, the server
+    /// decides).
+    encrypted: bool,
 }
 
 /// Why no session could be opened.
@@ -266,13 +336,8 @@ impl From<diesel::ConnectionError> for SessionFailure {
 /// client library bounds only the socket's connection by it).
 async fn open_session(
     config: &tokio_postgres::Config,
-) -> Result<
-    (
-        tokio_postgres::Client,
-        tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>,
-    ),
-    SessionFailure,
-> {
+    tls: &crate::tls::postgres::PgTls,
+) -> Result<Session, SessionFailure> {
     let limit = config
         .get_connect_timeout()
         .copied()
@@ -281,8 +346,33 @@ async fn open_session(
         address: server_address(config),
         reason,
     };
-    match tokio::time::timeout(limit, config.connect(tokio_postgres::NoTls)).await {
-        Ok(Ok(opened)) => Ok(opened),
+    #[cfg(feature = "tls")]
+    let connector = crate::tls::postgres::PgConnector::new(
+        crate::tls::client_config(&tls.settings)
+            .map_err(|e| SessionFailure::Refused(diesel::ConnectionError::BadConnection(e)))?,
+    );
+    #[cfg(not(feature = "tls"))]
+    let (connector, _) = (tokio_postgres::NoTls, tls);
+    match tokio::time::timeout(limit, config.connect(connector.clone())).await {
+        Ok(Ok((client, connection))) => Ok(Session {
+            client,
+            connection,
+            #[cfg(feature = "tls")]
+            encrypted: connector.encrypted(),
+            #[cfg(not(feature = "tls"))]
+            encrypted: false,
+        }),
+        #[cfg(feature = "tls")]
+        Ok(Err(e)) if crate::tls::explain_handshake_failure(&e, &tls.settings).is_some() => {
+            let reason = crate::tls::explain_handshake_failure(&e, &tls.settings);
+            Err(SessionFailure::Refused(
+                diesel::ConnectionError::BadConnection(format!(
+                    "{}: {}",
+                    server_address(config),
+                    reason.unwrap_or_default()
+                )),
+            ))
+        }
         Ok(Err(e)) => Err(match io_cause(&e) {
             Some(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => unreachable(format!(
                 "the server refused the connection ({io}); is it running, and listening there?"
@@ -367,8 +457,12 @@ const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
 /// open but silent (a proxy or a NAT that keeps answering for a vanished
 /// server) is found by the calls' own deadlines
 /// ([`crate::store::deadline`]).
-fn client_config(url: &str) -> diesel::ConnectionResult<tokio_postgres::Config> {
-    let mut config: tokio_postgres::Config = url
+fn client_config(
+    url: &str,
+) -> diesel::ConnectionResult<(tokio_postgres::Config, crate::tls::postgres::PgTls)> {
+    let (client_url, tls) = crate::tls::postgres::split_url(url)
+        .map_err(diesel::ConnectionError::InvalidConnectionUrl)?;
+    let mut config: tokio_postgres::Config = client_url
         .parse()
         .map_err(|e| diesel::ConnectionError::InvalidConnectionUrl(with_causes(&e)))?;
     let given: Vec<String> = url::Url::parse(url)
@@ -390,7 +484,7 @@ fn client_config(url: &str) -> diesel::ConnectionResult<tokio_postgres::Config> 
     if unset("tcp_user_timeout") {
         config.tcp_user_timeout(TCP_USER_TIMEOUT);
     }
-    Ok(config)
+    Ok((config, tls))
 }
 
 /// The server's limits on a session of a module's pool, so that a client
@@ -436,8 +530,10 @@ fn migration_session_limits(
 async fn connect_killable(
     url: &str,
 ) -> Result<(AsyncPgConnection, tokio::sync::oneshot::Sender<()>), SessionFailure> {
-    let config = client_config(url)?;
-    let (client, connection) = open_session(&config).await?;
+    let (config, tls) = client_config(url)?;
+    let Session {
+        client, connection, ..
+    } = open_session(&config, &tls).await?;
     let (kill, killed) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
         tokio::select! {

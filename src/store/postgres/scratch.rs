@@ -35,10 +35,7 @@ impl ScratchDatabases for Postgres {
                 .build()
                 .map_err(|e| e.to_string())?;
             let dropping = async {
-                let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                tokio::spawn(connection);
+                let client = super::connect_client(&url).await?;
                 client.batch_execute(&sql).await.map_err(|e| e.to_string())
             };
             runtime.block_on(async {

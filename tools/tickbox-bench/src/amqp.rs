@@ -28,11 +28,33 @@ pub(crate) fn settings(place: &Place, args: &Args) -> Amqp {
         .prefetch(args.amqp_prefetch)
 }
 
+/// Connects to the broker as tickbox does: over TLS for an `amqps://`
+/// URL, trusting the CA file its `cacertfile` names (beside the system's
+/// roots) and presenting the client certificate of `certfile` and
+/// `keyfile`, RabbitMQ's own URI parameters.
+async fn connect(url: &str) -> Res<Connection> {
+    let mut tls = lapin::tcp::OwnedTLSConfig::default();
+    let (mut cert, mut key) = (None, None);
+    for (name, value) in url::Url::parse(url)?.query_pairs() {
+        match name.as_ref() {
+            "cacertfile" => tls.cert_chain = Some(std::fs::read_to_string(value.as_ref())?),
+            "certfile" => cert = Some(std::fs::read(value.as_ref())?),
+            "keyfile" => key = Some(std::fs::read(value.as_ref())?),
+            _ => {}
+        }
+    }
+    if let (Some(pem), Some(key)) = (cert, key) {
+        tls.identity = Some(lapin::tcp::OwnedIdentity::PKCS8 { pem, key });
+    }
+    let runtime = lapin::runtime::default_runtime()?;
+    Ok(Connection::connect_with_config(url, ConnectionProperties::default(), tls, runtime).await?)
+}
+
 /// Deletes a run's queues and exchange, so that runs do not accumulate on
 /// the broker; a failure is a warning (the run's figures stand).
 pub(crate) async fn delete(url: &str, exchange: &str, queues: &[String]) {
     let deleted = async {
-        let connection = Connection::connect(url, ConnectionProperties::default()).await?;
+        let connection = connect(url).await?;
         let channel = connection.create_channel().await?;
         for queue in queues {
             channel
@@ -43,7 +65,7 @@ pub(crate) async fn delete(url: &str, exchange: &str, queues: &[String]) {
             .exchange_delete(exchange.into(), ExchangeDeleteOptions::default())
             .await?;
         let _ = connection.close(200, "deleted".into()).await;
-        Ok::<_, lapin::Error>(())
+        Ok::<_, BoxError>(())
     }
     .await;
     if let Err(e) = deleted {
@@ -78,8 +100,8 @@ pub(crate) async fn run_raw(place: &Place, args: &Args, offset: u64) -> Res<RunR
 /// The raw run on `exchange` and `queue`, declared here.
 async fn raw(args: &Args, offset: u64, exchange: &str, queue: &str) -> Res<RunResult> {
     let url = args.amqp_url.as_str();
-    let publisher = Connection::connect(url, ConnectionProperties::default()).await?;
-    let consumer = Connection::connect(url, ConnectionProperties::default()).await?;
+    let publisher = connect(url).await?;
+    let consumer = connect(url).await?;
     let out = publisher.create_channel().await?;
     out.confirm_select(ConfirmSelectOptions::default()).await?;
     out.exchange_declare(

@@ -10,9 +10,7 @@ use tickbox::diesel::sql_types::{BigInt, Nullable, Text};
 use tickbox::diesel::{self, QueryResult};
 use tickbox::diesel_async::pooled_connection::deadpool::{Object, Pool};
 use tickbox::diesel_async::pooled_connection::SetupCallback;
-use tickbox::diesel_async::{
-    AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection,
-};
+use tickbox::diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use tickbox::{Message, ModuleBuilder, Postgres};
 use uuid::Uuid;
 
@@ -35,7 +33,7 @@ impl BenchBackend for Postgres {
         let setup: SetupCallback<AsyncPgConnection> = Box::new(move |url| {
             let schema = schema.clone();
             Box::pin(async move {
-                let mut conn = AsyncPgConnection::establish(url).await?;
+                let mut conn = tickbox::Postgres::connect(url).await?;
                 conn.batch_execute(&format!("SET search_path TO {schema}"))
                     .await
                     .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
@@ -155,7 +153,7 @@ pub(crate) async fn drop_schemas(place: &Place) -> Res<()> {
         return Ok(());
     }
     let url = place.pg_url().to_string();
-    let mut conn = AsyncPgConnection::establish(&url).await?;
+    let mut conn = tickbox::Postgres::connect(&url).await?;
     for schema in schemas {
         conn.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
             .await?;

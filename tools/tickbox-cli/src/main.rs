@@ -217,7 +217,8 @@ enum Command {
     /// (or null when no subscription owes a message), lagging_subscription
     /// (the module and handler of the subscription owed the oldest message,
     /// or null), inbox_rows, dead_letters, parked_keys and unknown_effects
-    /// (arrays of [handler, count]).
+    /// (arrays of [handler, count]), and encrypted (whether the connection
+    /// to the database server is encrypted: true or false, null on SQLite).
     Status {
         /// Count a message pending this long as stalled (the bus's default
         /// is 60s); e.g. 90s, 5m, 1h30m

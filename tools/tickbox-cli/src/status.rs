@@ -163,6 +163,16 @@ impl Status {
         };
         let mut out = format!("module           {module}\n");
         out.push_str(&format!("backend          {backend}\n"));
+        if let Some(encrypted) = stats.encrypted {
+            out.push_str(&format!(
+                "connection       {}\n",
+                if encrypted {
+                    "encrypted (TLS)"
+                } else {
+                    "in clear (no TLS)"
+                }
+            ));
+        }
         out.push_str(&format!(
             "outbox pending   {}\n",
             plural(stats.outbox_pending, "message")

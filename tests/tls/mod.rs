@@ -1,0 +1,70 @@
+//! Encrypted, verified connections to real servers, with the CA and
+//! certificates `.ci/tls` makes (in `TICKBOX_TLS_DIR`, default
+//! `/tmp/tickbox-tls`): the server's certificate names `localhost` only, so
+//! connecting to 127.0.0.1 with full verification meets "another name";
+//! `other-ca.pem` signed nothing the servers present.
+
+#[cfg(feature = "amqp")]
+mod amqp;
+#[cfg(feature = "postgres")]
+mod postgres;
+
+/// The TLS node's URL at `host`, trusting `ca` (a file `.ci/tls` made),
+/// with the tests' client certificate.
+#[cfg(feature = "amqp")]
+pub(crate) fn amqps_url(host: &str, ca: &str) -> String {
+    format!(
+        "amqps://guest:guest@{host}:5671/%2f?cacertfile={}&certfile={}&keyfile={}",
+        tls_file(ca),
+        tls_file("client.pem"),
+        tls_file("client.key")
+    )
+}
+
+/// `rabbitmqctl` on the TLS node.
+#[cfg(feature = "amqp")]
+pub(crate) fn tls_node(args: &[&str]) -> String {
+    let mut all = vec!["-n", "tls@localhost"];
+    all.extend_from_slice(args);
+    crate::support::rabbitmqctl(&all)
+}
+
+/// Deletes the TLS node's queues whose names start with `prefix`, so that
+/// runs do not pile them up (their exchanges are left: rabbitmqctl cannot
+/// delete one, and an exchange holds nothing).
+#[cfg(feature = "amqp")]
+pub(crate) fn delete_tls_queues(prefix: &str) {
+    for name in tls_node(&["-q", "list_queues", "name"]).lines() {
+        if name.starts_with(prefix) {
+            tls_node(&["-q", "delete_queue", name]);
+        }
+    }
+}
+
+/// A file `.ci/tls` made.
+pub(crate) fn tls_file(name: &str) -> String {
+    let dir = std::env::var("TICKBOX_TLS_DIR").unwrap_or_else(|_| "/tmp/tickbox-tls".into());
+    let path = format!("{dir}/{name}");
+    assert!(
+        std::path::Path::new(&path).exists(),
+        "{path} is missing: run .ci/tls first (it makes the tests' CA and certificates)"
+    );
+    path
+}
+
+/// The shared MariaDB server is reached in clear, and a module says so
+/// (`SHOW STATUS LIKE 'Ssl_cipher'` through the module's own connection).
+#[cfg(feature = "mysql")]
+#[actix::test]
+async fn a_mysql_module_in_clear_says_so() {
+    use crate::support::{TestBackend, TestDb};
+    crate::support::trace_init();
+    let db = TestDb::mysql();
+    let orders = <tickbox::Mysql as TestBackend>::module(&db, "orders")
+        .start()
+        .await
+        .expect("orders starts");
+    let stats = orders.store_stats().await.expect("figures");
+    assert_eq!(stats.encrypted, Some(false));
+    orders.close();
+}

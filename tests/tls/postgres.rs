@@ -1,0 +1,206 @@
+//! PostgreSQL over TLS: delivery cases over `sslmode=require` and
+//! `verify-full`, every connection seen encrypted by the server, and a
+//! wrong CA or host name refused with its reason.
+
+use super::tls_file;
+use crate::suite::{bus, drained, pair, publish};
+use crate::support::*;
+use std::time::Duration;
+use tickbox::{Error, Postgres};
+
+/// `TICKBOX_PG_URL` with its host replaced by `host` and `query` added.
+fn pg_url(host: &str, query: &str) -> String {
+    let base = std::env::var("TICKBOX_PG_URL").expect(
+        "the PostgreSQL TLS tests need TICKBOX_PG_URL, e.g. postgres://postgres@127.0.0.1:5432/test",
+    );
+    let (scheme, rest) = base.split_once("://").expect("a URL");
+    let (user, rest) = rest.rsplit_once('@').map_or(("", rest), |(u, r)| (u, r));
+    let at = rest.find([':', '/', '?']).unwrap_or(rest.len());
+    let separator = if rest.contains('?') { '&' } else { '?' };
+    let user = if user.is_empty() {
+        String::new()
+    } else {
+        format!("{user}@")
+    };
+    format!("{scheme}://{user}{host}{}{separator}{query}", &rest[at..])
+}
+
+/// Full verification against the tests' CA, at the name its certificate
+/// gives.
+fn verify_full_url() -> String {
+    pg_url(
+        "localhost",
+        &format!("sslmode=verify-full&sslrootcert={}", tls_file("ca.pem")),
+    )
+}
+
+/// A handful of the suite's delivery cases on the database at `$url`.
+macro_rules! delivery_cases {
+    ($url:expr) => {
+        macro_rules! case {
+            ($name:ident) => {
+                #[actix::test]
+                async fn $name() {
+                    crate::support::trace_init();
+                    crate::suite::$name::<tickbox::Postgres>(crate::support::TestDb::postgres_at(
+                        $url,
+                    ))
+                    .await;
+                }
+            };
+            ($area:ident :: $name:ident) => {
+                #[actix::test]
+                async fn $name() {
+                    crate::support::trace_init();
+                    crate::suite::$area::$name::<tickbox::Postgres>(
+                        crate::support::TestDb::postgres_at($url),
+                    )
+                    .await;
+                }
+            };
+        }
+        case!(rolled_back_publish_is_never_delivered_and_committed_one_is);
+        case!(a_redelivered_message_is_skipped_and_counted);
+        case!(a_handler_error_rolls_back_and_is_retried);
+        case!(batches::waiting_messages_commit_together_in_batches_and_each_once);
+        case!(ordering::order_holds_across_a_restart);
+    };
+}
+
+mod require {
+    delivery_cases!(super::pg_url("127.0.0.1", "sslmode=require"));
+}
+
+mod verify_full {
+    delivery_cases!(super::verify_full_url());
+}
+
+/// Connections of `application` the server sees, and how many of them are
+/// in clear.
+async fn sessions_of(orders: &tickbox::ModuleHandle<Postgres>, application: &str) -> (i64, i64) {
+    let total = count(
+        orders,
+        format!(
+            "SELECT count(*) AS n FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
+             WHERE a.application_name = '{application}'"
+        ),
+    )
+    .await;
+    let clear = count(
+        orders,
+        format!(
+            "SELECT count(*) AS n FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
+             WHERE a.application_name = '{application}' AND NOT s.ssl"
+        ),
+    )
+    .await;
+    (total, clear)
+}
+
+#[actix::test]
+async fn the_server_sees_every_connection_of_modules_and_their_bus_encrypted() {
+    trace_init();
+    let application = format!("tickbox-tls-{:08x}", fastrand::u32(..));
+    let url = format!("{}&application_name={application}", verify_full_url());
+    let db = TestDb::postgres_at(url);
+    let handler = Record::new(Then::Succeed);
+    let (orders, warehouse) = pair::<Postgres>(&db, &handler).await;
+    let bus = bus(&db, &[&orders, &warehouse]).await;
+    publish(&orders, 1).await;
+    drained(&bus).await;
+    // Each module's pool, and the bus's listening connection per module
+    // (it connects in the background): at least four sessions.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let (total, clear) = loop {
+        let (total, clear) = sessions_of(&orders, &application).await;
+        if total >= 4 || tokio::time::Instant::now() > deadline {
+            break (total, clear);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(total >= 4, "only {total} sessions of {application} seen");
+    assert_eq!(clear, 0, "{clear} of {total} sessions in clear");
+    let stats = orders.store_stats().await.expect("figures");
+    assert_eq!(stats.encrypted, Some(true), "what `tickbox status` shows");
+    bus.stop().await;
+}
+
+/// Starts a module at `url` and returns why it could not open its
+/// database.
+async fn refusal(url: String) -> String {
+    let db = TestDb::postgres_at(url);
+    let error = <Postgres as TestBackend>::module(&db, "orders")
+        .start()
+        .await
+        .expect_err("the handshake must fail");
+    let Error::BadDatabaseUrl { reason, .. } = &error else {
+        panic!("a refused certificate, not: {error:?}");
+    };
+    assert!(!error.is_transient(), "{error}");
+    reason.clone()
+}
+
+#[actix::test]
+async fn a_certificate_from_an_unknown_ca_is_refused_naming_the_ca_file() {
+    trace_init();
+    let other = tls_file("other-ca.pem");
+    let reason = refusal(pg_url(
+        "localhost",
+        &format!("sslmode=verify-full&sslrootcert={other}"),
+    ))
+    .await;
+    assert!(
+        reason.contains(&format!("not signed by a CA in {other}")),
+        "{reason}"
+    );
+}
+
+#[actix::test]
+async fn a_certificate_for_another_name_is_refused_naming_both() {
+    trace_init();
+    let ca = tls_file("ca.pem");
+    let reason = refusal(pg_url(
+        "127.0.0.1",
+        &format!("sslmode=verify-full&sslrootcert={ca}"),
+    ))
+    .await;
+    assert!(
+        reason.contains("names localhost, not the host 127.0.0.1"),
+        "{reason}"
+    );
+}
+
+#[actix::test]
+async fn verify_ca_checks_the_chain_but_not_the_name() {
+    trace_init();
+    let ca = tls_file("ca.pem");
+    let db = TestDb::postgres_at(pg_url(
+        "127.0.0.1",
+        &format!("sslmode=verify-ca&sslrootcert={ca}"),
+    ));
+    let orders = <Postgres as TestBackend>::module(&db, "orders")
+        .start()
+        .await
+        .expect("the chain is the tests' CA's; the name is not checked");
+    orders.close();
+    let other = tls_file("other-ca.pem");
+    let reason = refusal(pg_url(
+        "127.0.0.1",
+        &format!("sslmode=verify-ca&sslrootcert={other}"),
+    ))
+    .await;
+    assert!(reason.contains("not signed by a CA"), "{reason}");
+}
+
+#[actix::test]
+async fn a_module_in_clear_says_so() {
+    trace_init();
+    let db = TestDb::postgres_at(pg_url("127.0.0.1", "sslmode=disable"));
+    let orders = <Postgres as TestBackend>::module(&db, "orders")
+        .start()
+        .await
+        .expect("orders starts in clear");
+    let stats = orders.store_stats().await.expect("figures");
+    assert_eq!(stats.encrypted, Some(false));
+    orders.close();
+}
