@@ -99,6 +99,22 @@
 //! - **Watchdog** — counts and reports messages pending longer than
 //!   [`BusBuilder::stalled_after`].
 //!
+//! Words of the code, one line each where no usual word fits:
+//!
+//! - **Tick the inbox** (`tick_inbox`) — insert the inbox row, or find it
+//!   there already: the inbox guard's first statement.
+//! - **Served** (`Served`) — a subscription a running bus delivers to
+//!   (one of its handlers, or its broker).
+//! - **Upkeep** — what a dispatcher does every scan interval besides
+//!   scanning: says its subscriptions are served, finishes what every
+//!   subscription is done with, runs the watchdog.
+//! - **Partly done** (`Owed::PartlyDone`) — a message some subscriptions
+//!   are done with and others still owe.
+//! - **Lane**, **turn** — a key's messages along one route (a handler, or
+//!   the broker), and a message's place in it: one at a time, in order.
+//! - **Dead-letter** (`record_dead_letter`) — record a message a handler
+//!   gave up on as a dead letter of its module.
+//!
 //! # How the bus learns of committed messages
 //!
 //! - A module on a bus writes its messages already claimed by that bus and
@@ -406,76 +422,78 @@
 //!
 //! # Layout
 //!
-//! One concept per file, a folder per layer; each layer uses only the ones
-//! above it in this list, and takes the narrow part of a module it works on
-//! (its database, its outbox, its handlers), never the
-//! whole module. No two files import each other.
+//! One concept per file or folder of `src/`, listed in layer order: each
+//! uses only concepts above it in this list (its arrows), never one below,
+//! and names an item through the module that defines it, not through the
+//! crate root. `lib.rs` only declares, documents and re-exports. CI checks
+//! both with `.ci/layers`, which reads every `crate::` path and this list.
 //!
+//! - `error` — [`Error`] and [`Result`]; `outcome`: how a delivery ends
+//!   ([`Outcome`], [`DeliveryError`], [`FailureKind`]), which
+//!   [`Error::ReplayFailed`] carries.
+//! - `message` — [`Message`], [`Envelope`], [`Keyed`]. Uses: error.
+//! - `retry` — [`RetryPolicy`]. Uses: error.
+//! - `retention` — [`Retention`], [`SweepReport`]. Uses: error, retry.
+//! - `redact` — hiding passwords in the URLs tickbox shows, and the URLs it
+//!   keeps, which show themselves redacted.
+//! - `send_async_fn` — the async closures transactions and calls take.
 //! - `tls/` — what a URL asks of TLS (`postgres`: libpq's knobs and the
 //!   connector tokio-postgres negotiates through; `amqp`: `amqps://`), the
 //!   rustls configuration that gives it, and failed handshakes in plain
 //!   words (`config`).
-//! - `error`, `message`, `retry`, `retention` — the vocabulary: [`Error`],
-//!   [`Message`] and [`Envelope`], [`RetryPolicy`], [`Retention`];
-//!   `send_async_fn`: the async closures transactions and calls take;
-//!   `redact`: [`redact_url`], through which every URL tickbox shows
-//!   passes, and the URLs tickbox keeps, which show themselves redacted.
 //! - `store/` — storage, and the only place that writes SQL: `contract`
-//!   (what a backend is: connections, transactions, notifications, `sql`,
-//!   the one way a statement runs); one file per concept declaring its
-//!   statements as named operations (`outbox`, `subscriptions`, `inbox`,
-//!   `ordering`, `journal`, `dead_letters`, `retention`, `catalog`,
-//!   `scratch`); one folder per backend (`sqlite/`, `postgres/`, `mysql/`) stating
-//!   what its dialect spells differently; `backend`: the public, sealed
-//!   [`Backend`]; `schema`: the tables; `database`: a module's pool, its
-//!   calls and write turn; `deadline`: how long a call may take, and what
-//!   happens when it takes longer; `settings`, `pool`, `migrations`.
-//!   `store/mod.rs` says how to add a backend.
+//!   (what a backend is), one file per concept declaring its statements
+//!   (`outbox`, `subscriptions` with the recorded [`Subscription`],
+//!   `inbox`, `ordering`, `journal`, `dead_letters`, `retention`,
+//!   `catalog`, `scratch`), one folder per backend (`sqlite/`, `postgres/`,
+//!   `mysql/`), `backend` ([`Backend`]), `schema`, `database` (a module's
+//!   pool, its calls and write turn), `deadline`, `settings`, `pool`,
+//!   `migrations`. Uses: error, message, redact, send_async_fn, tls.
 //! - `transient` — which failures are worth trying again
-//!   ([`Error::is_transient`]): by the error's kind and SQLSTATE, and by the
-//!   words a backend lists when it gives no code (SQLite's busy database).
-//! - `metrics` — counters, histograms and gauges, their snapshots, and the
-//!   names they are exported under; `prometheus` serves them.
-//! - `tracking` — what a module did (published, handled, failed,
-//!   dead-lettered), told as it happens to the test kit's sessions; nothing
-//!   without the `testing` feature.
+//!   ([`Error::is_transient`]). Uses: error, store.
+//! - `effects/` — external effects' policy, state, journal, scope, records
+//!   and counters ([`EffectPolicy`], [`EffectRecord`], [`EffectMetrics`]).
+//!   Uses: error, message, store.
+//! - `tracking` — what a module did, told to the test kit's sessions
+//!   (nothing without the `testing` feature). Uses: error, message.
+//! - `metrics` — counters, gauges and histograms, their snapshots
+//!   ([`BusMetrics`], with a broker's figures), and their exported names.
+//!   Uses: effects, store.
 //! - `outbox/` — a module's outbox as this process sees it: what it may
-//!   publish, the hand-over of committed messages to the bus, who claims
-//!   them; `subscription`: which handlers of which processes it owes its
-//!   messages to ([`Subscription`]); `watchdog`: messages pending too long,
-//!   and why.
+//!   publish, the hand-over of committed messages to a bus, who claims
+//!   them; `subscription` (whom it owes its messages to), `watchdog`.
+//!   Uses: error, message, metrics, store, tracking.
 //! - `tx` — [`Tx`], a module transaction: writes what it publishes to the
-//!   outbox at COMMIT.
-//! - `effects/` — external effects: `policy` ([`EffectPolicy`]), `state`
-//!   ([`EffectState`]), `journal` (the decision before a call, the outcome
-//!   after it, what operators read and settle), `scope` (what one
-//!   delivery's effects share, and each effect's key), `record`
-//!   ([`EffectRecord`], [`Settlement`]), `counters` ([`EffectMetrics`]).
+//!   outbox at COMMIT. Uses: error, message, outbox, store.
 //! - `delivery/` — a message meets a handler: `handler` ([`Handler`],
 //!   [`Delivery`], [`HandlerOptions`]), `effect` ([`Delivery::effect`]),
-//!   `guard` (the inbox guard),
-//!   `batch` and `batch_queue` (several deliveries in one transaction),
-//!   `outcome` ([`Outcome`], [`DeliveryError`]), `handlers` (a module's
-//!   handlers and what their transactions run on), `attempt`.
-//! - `module/` — [`Module`]: `builder` ([`ModuleBuilder`]), `core` (the
-//!   parts), `actor` (runs deliveries), `handle` ([`ModuleHandle`]:
-//!   transactions, metrics), `subscriptions`, `sweep`, `dead_letters` —
-//!   [`DeadLetter`]s: list, replay, discard; `effects` — the journal as
-//!   operators list and settle it.
-//! - `amqp/` — the RabbitMQ transport: `settings` (`Amqp`), `topology`,
-//!   `wire` (an envelope as an AMQP message), `relay`, `consumer`, `acks`
-//!   (a consumer's coalesced acknowledgements), `state`
-//!   (the figures), `fault`.
+//!   `guard` (the inbox guard), `batch`, `batch_queue`, `registry` (a
+//!   module's registered handlers), `attempt`. Uses: effects, error, message,
+//!   metrics, outbox, retry, store, transient, tx.
+//! - `module/` — [`Module`]: `builder` ([`ModuleBuilder`]), `core` (its
+//!   parts), `actor` (runs deliveries), `handle` ([`ModuleHandle`]),
+//!   `subscriptions`, `sweep`, `dead_letters` ([`DeadLetter`]), `effects`,
+//!   `name`. Uses: delivery, effects, error, message, metrics, outbox,
+//!   redact, retention, send_async_fn, store, tx.
 //! - `bus/` — [`Bus`]: `builder` ([`BusBuilder`]), `config`, `core`,
-//!   `actor`, `handle` ([`BusHandle`]), `dispatcher` (one per outbox: takes
-//!   committed messages and fans each out), `attempts` (retries and dead
-//!   letters along a route), `lanes` (a key's messages one at a time per
-//!   route), `transport` (in this process, or over a
-//!   broker), `route` (a handler or the broker: the seam where a message
-//!   leaves the bus).
+//!   `actor`, `handle` ([`BusHandle`]), `dispatcher` (one per outbox),
+//!   `attempts` (retries and dead letters along a route), `lanes` (a key's
+//!   messages one at a time per route), `route` (where a message leaves the
+//!   bus: a handler here, or the broker), `transport` (the interface a
+//!   broker implements: the only part of the bus a broker uses),
+//!   `duplicates` (a test hook). Uses: delivery, error, message, metrics,
+//!   module, outbox, retry, store.
+//! - `amqp/` — RabbitMQ as the bus's broker (feature `amqp`): `settings`
+//!   (`Amqp`), `transport` (the bus's interface, implemented), `link`,
+//!   `topology`, `wire`, `relay`, `consumer`, `acks`, `state`, `fault`.
+//!   Uses: bus (its `transport` only), error, message, metrics, redact,
+//!   tls.
 //! - `testing/` — the test kit (feature `testing`): `session`
 //!   ([`testing::Session`]), `report`, `databases`
-//!   ([`testing::TestDatabases`]).
+//!   ([`testing::TestDatabases`]). Uses: bus, error, message, module,
+//!   retry, store, tracking.
+//! - `prometheus` — the exporter (feature `prometheus`). Uses: error,
+//!   metrics.
 //!
 //! The operator's command-line tool, `tickbox` (status, subscriptions, dead
 //! letters, effects, retention sweep), is the workspace crate `tools/tickbox-cli`,
@@ -498,7 +516,11 @@ mod module;
 mod outbox;
 #[cfg(feature = "prometheus")]
 mod prometheus;
-mod redact;
+/// Secrets kept out of what tickbox shows. Not part of the API: the
+/// operator's tool and the examples show URLs the way tickbox does through
+/// `tickbox::redact::redact_url`.
+#[doc(hidden)]
+pub mod redact;
 mod retention;
 mod retry;
 mod send_async_fn;
@@ -529,11 +551,11 @@ pub use bus::actor::Bus;
 pub use bus::builder::BusBuilder;
 pub use bus::handle::BusHandle;
 pub use delivery::handler::{Delivery, Handler, HandlerError, HandlerOptions};
-pub use delivery::outcome::{DeliveryError, FailureKind, Outcome};
 pub use effects::counters::EffectMetrics;
 pub use effects::policy::EffectPolicy;
 pub use effects::record::{EffectRecord, Settlement};
 pub use effects::state::EffectState;
+pub use error::outcome::{DeliveryError, FailureKind, Outcome};
 pub use error::{Error, Result};
 pub use message::{Envelope, Keyed, Message};
 pub use metrics::{BusMetrics, HandlerMetrics, LatencyMetrics, ModuleMetrics, OutboxMetrics};
@@ -541,12 +563,11 @@ pub use module::actor::Module;
 pub use module::builder::ModuleBuilder;
 pub use module::dead_letters::{DeadLetter, Replayed};
 pub use module::handle::{ModuleHandle, StoreStats};
-pub use outbox::subscription::Subscription;
-pub use redact::redact_url;
 pub use retention::{Retention, SweepReport};
 pub use retry::RetryPolicy;
 pub use store::backend::{Backend, Schemas};
 pub use store::deadline::CallMetrics;
+pub use store::subscriptions::Subscription;
 pub use tx::Tx;
 
 #[cfg(feature = "amqp")]
@@ -554,10 +575,10 @@ pub use tx::Tx;
 pub use amqp::settings::Amqp;
 #[cfg(feature = "amqp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
-pub use amqp::state::{AmqpMetrics, ConsumerMetrics, RelayMetrics};
+pub use amqp::topology::QueueStatus;
 #[cfg(feature = "amqp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
-pub use amqp::topology::QueueStatus;
+pub use metrics::{AmqpMetrics, ConsumerMetrics, RelayMetrics};
 #[cfg(feature = "prometheus")]
 #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub use prometheus::{install_prometheus, PrometheusExporter};

@@ -84,11 +84,12 @@ impl Envelope {
     /// Encodes a message in a new envelope that starts a new flow. The bus
     /// creates envelopes itself on publish; this is for delivering a message
     /// directly with [`ModuleHandle::deliver_to`](crate::ModuleHandle::deliver_to).
-    pub fn encode<M: Message>(message: &M) -> crate::Result<Self> {
-        let payload = serde_json::to_string(message).map_err(|source| crate::Error::Encode {
-            topic: M::TOPIC.to_string(),
-            source,
-        })?;
+    pub fn encode<M: Message>(message: &M) -> crate::error::Result<Self> {
+        let payload =
+            serde_json::to_string(message).map_err(|source| crate::error::Error::Encode {
+                topic: M::TOPIC.to_string(),
+                source,
+            })?;
         Ok(Envelope::new(M::TOPIC, payload, None))
     }
 

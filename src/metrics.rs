@@ -43,8 +43,8 @@
 //!
 //! [`BusHandle::metrics`]: crate::BusHandle::metrics
 
-use crate::outbox::subscription::Subscription;
 use crate::store::deadline::CallMetrics;
+use crate::store::subscriptions::Subscription;
 use serde::Serialize;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, Once};
@@ -644,7 +644,7 @@ pub struct ModuleMetrics {
     pub handlers: Vec<HandlerMetrics>,
     /// What the handlers' effects did in this process, per handler and
     /// effect name ([`Delivery::effect`](crate::Delivery::effect)).
-    pub effects: Vec<crate::EffectMetrics>,
+    pub effects: Vec<crate::effects::counters::EffectMetrics>,
     /// Calls to the module's database that are stuck now or missed their
     /// deadline ([`ModuleBuilder::call_deadline`](crate::ModuleBuilder::call_deadline)).
     pub database_calls: CallMetrics,
@@ -669,14 +669,77 @@ pub struct BusMetrics {
     /// The RabbitMQ transport's figures, when the bus runs over a broker.
     #[cfg(feature = "amqp")]
     #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
-    pub amqp: Option<crate::amqp::state::AmqpMetrics>,
+    pub amqp: Option<AmqpMetrics>,
 }
 
 impl BusMetrics {
+    /// A snapshot without a broker's figures (a broker adds its own).
+    pub(crate) fn new(
+        delivered: u64,
+        duplicates_injected: u64,
+        modules: Vec<ModuleMetrics>,
+    ) -> Self {
+        BusMetrics {
+            delivered,
+            duplicates_injected,
+            modules,
+            #[cfg(feature = "amqp")]
+            amqp: None,
+        }
+    }
+
     /// Sums a handler counter over every module.
     pub fn total(&self, counter: impl Fn(&HandlerMetrics) -> u64 + Copy) -> u64 {
         self.modules.iter().map(|m| m.total(counter)).sum()
     }
+}
+
+/// The RabbitMQ transport's figures ([`BusMetrics::amqp`](BusMetrics::amqp)).
+#[cfg(feature = "amqp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AmqpMetrics {
+    /// Connections made again after the broker was lost (relay and
+    /// consumers).
+    pub reconnects: u64,
+    /// Calls to the broker (relay and consumers) that got no answer within
+    /// their deadline (`Amqp::call_deadline`, `Amqp::confirm_timeout`), each
+    /// of which gave up its connection. Also exported as
+    /// `tickbox_amqp_calls_timed_out_total{role}`.
+    pub calls_timed_out: u64,
+    /// Each outbox's publishes waiting for the broker's confirm.
+    pub unconfirmed: Vec<RelayMetrics>,
+    /// Each handler's consumer.
+    pub consumers: Vec<ConsumerMetrics>,
+}
+
+/// One outbox's relay figures.
+#[cfg(feature = "amqp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RelayMetrics {
+    /// The module whose outbox it is.
+    pub module: String,
+    /// Publishes waiting for the broker's confirm.
+    pub unconfirmed: i64,
+}
+
+/// One handler's consumer figures.
+#[cfg(feature = "amqp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ConsumerMetrics {
+    /// The handler's module.
+    pub module: String,
+    /// The handler.
+    pub handler: String,
+    /// Its queue on the broker.
+    pub queue: String,
+    /// Messages taken and not yet acknowledged.
+    pub in_flight: u64,
+    /// Messages waiting in the queue, as last sampled (every scan
+    /// interval).
+    pub queue_depth: u64,
 }
 
 #[cfg(test)]

@@ -35,7 +35,7 @@
 ///   just `***`.
 ///
 /// ```
-/// use tickbox::redact_url;
+/// use tickbox::redact::redact_url;
 ///
 /// assert_eq!(redact_url("postgres://app:secret@db/shop"), "postgres://app:***@db/shop");
 /// assert_eq!(

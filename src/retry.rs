@@ -66,8 +66,8 @@ impl RetryPolicy {
     }
 
     /// Checks the settings; `Err` names the bad one.
-    pub(crate) fn validate(&self) -> crate::Result<()> {
-        let bad = |what: &str| Err(crate::Error::Config(format!("retry policy: {what}")));
+    pub(crate) fn validate(&self) -> crate::error::Result<()> {
+        let bad = |what: &str| Err(crate::error::Error::Config(format!("retry policy: {what}")));
         if self.initial_delay.is_zero() {
             return bad("initial_delay must be above zero");
         }

@@ -7,7 +7,7 @@
 //! session can rely on: a handler's published messages are told at its
 //! transaction's COMMIT, before the delivery's outcome.
 
-use crate::delivery::outcome::{DeliveryError, FailureKind, Outcome};
+use crate::error::outcome::{DeliveryError, FailureKind, Outcome};
 use crate::message::Envelope;
 use std::sync::Arc;
 

@@ -1,6 +1,6 @@
 //! Command-line arguments that may hold a secret — a database or broker
 //! URL — as clap reads them: an argument error never shows one as typed,
-//! only as `tickbox::redact_url` shows it. One file, included (`#[path]`)
+//! only as `tickbox::redact::redact_url` shows it. One file, included (`#[path]`)
 //! by every binary of the workspace that takes such an argument: the
 //! operator's tool, the benchmark and the examples.
 
@@ -25,7 +25,7 @@ impl<P: TypedValueParser> TypedValueParser for Secret<P> {
         value: &OsStr,
     ) -> Result<Self::Value, clap::Error> {
         self.0.parse_ref(cmd, arg, value).map_err(|mut error| {
-            let shown = tickbox::redact_url(&value.to_string_lossy());
+            let shown = tickbox::redact::redact_url(&value.to_string_lossy());
             error.insert(ContextKind::InvalidValue, ContextValue::String(shown));
             error
         })
@@ -33,7 +33,7 @@ impl<P: TypedValueParser> TypedValueParser for Secret<P> {
 }
 
 /// `text` (a usage error, a failure) with every argument of `args` that
-/// `tickbox::redact_url` would change shown redacted: clap quotes an
+/// `tickbox::redact::redact_url` would change shown redacted: clap quotes an
 /// argument it did not expect as typed, and a URL given without its flag
 /// is one. A plain word (letters, digits, `-`, `_`, `.`) is left as typed:
 /// it names a command, a flag or a file far more often than it is a
@@ -47,7 +47,7 @@ pub(crate) fn redact_arguments(text: &str, args: &[OsString]) -> String {
     for arg in args {
         let arg = arg.to_string_lossy();
         let arg = arg.trim();
-        let shown = tickbox::redact_url(arg);
+        let shown = tickbox::redact::redact_url(arg);
         if !arg.is_empty() && !plain(arg) && shown != arg {
             text = text.replace(arg, &shown);
         }

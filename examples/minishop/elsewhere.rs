@@ -66,7 +66,7 @@ pub fn dirs_text(dirs: &[PathBuf]) -> String {
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub fn urls_text(urls: &[String]) -> String {
     urls.iter()
-        .map(|url| tickbox::redact_url(url))
+        .map(|url| tickbox::redact::redact_url(url))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -142,7 +142,7 @@ pub async fn schema_url<'a, B: NamedSchemas>(urls: &'a [String], schema: &str) -
         match B::holds_schema(url, schema).await {
             Ok(true) => return Some(url),
             Ok(false) => {}
-            Err(error) => tracing::debug!(url = %tickbox::redact_url(url), %error,
+            Err(error) => tracing::debug!(url = %tickbox::redact::redact_url(url), %error,
                 "cannot look for the schema {schema} there yet"),
         }
     }

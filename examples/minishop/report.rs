@@ -74,7 +74,7 @@ impl Report {
             all_modules: args.runs_all(),
             seen: shop.seen().iter().map(|(name, _)| *name).collect(),
             broker: args.over_amqp().then(|| Broker {
-                url: tickbox::redact_url(&args.amqp_url),
+                url: tickbox::redact::redact_url(&args.amqp_url),
                 namespace: args.amqp_namespace.clone(),
                 exchange: format!("tickbox.{}", args.amqp_namespace),
                 #[cfg(feature = "amqp")]

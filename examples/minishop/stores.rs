@@ -51,7 +51,7 @@ pub async fn run(args: &Args, stop: &CancellationToken) -> Result<Report, String
         Store::Postgres(url) => Err(format!(
             "--database-url {} needs the `postgres` feature: cargo run --release --features \
              postgres --example minishop -- --database-url postgres://...",
-            tickbox::redact_url(url)
+            tickbox::redact::redact_url(url)
         )),
         #[cfg(feature = "mysql")]
         Store::Mysql(url) => run_in_schemas::<tickbox::Mysql>(args, url, stop).await,
@@ -59,7 +59,7 @@ pub async fn run(args: &Args, stop: &CancellationToken) -> Result<Report, String
         Store::Mysql(url) => Err(format!(
             "--database-url {} needs the `mysql` feature: cargo run --release --features \
              mysql --example minishop -- --database-url mysql://...",
-            tickbox::redact_url(url)
+            tickbox::redact::redact_url(url)
         )),
     }
 }

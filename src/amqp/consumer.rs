@@ -12,13 +12,7 @@ use crate::amqp::settings::Amqp;
 use crate::amqp::state::ConsumerStats;
 use crate::amqp::topology::{self, HandlerQueue};
 use crate::amqp::wire;
-use crate::bus::attempts::{bury, deliver_to_route, until_stopped, RouteEnd};
-use crate::bus::core::BusCore;
-#[cfg(feature = "testing")]
-use crate::bus::duplicates::maybe_inject_duplicate;
-use crate::bus::route::Route;
-use crate::module::handle::ModuleHandle;
-use crate::store::backend::Backend;
+use crate::bus::transport::{Inbound, Pacing};
 use futures_util::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
@@ -28,16 +22,18 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use tokio::task::JoinSet;
 use tokio::time::{sleep, Instant};
+use tokio_util::sync::CancellationToken;
 
-/// Consumes `queue` for handler `handler` of `module` until the bus stops,
-/// connecting again with backoff whenever the broker is lost.
-pub(crate) async fn run<B: Backend>(
-    bus: Arc<BusCore<B>>,
+/// Consumes `queue`, handing each message to `inbound` (one handler of the
+/// bus), until `stop` is cancelled, connecting again with backoff whenever
+/// the broker is lost.
+pub(crate) async fn run(
     amqp: Amqp,
-    module: ModuleHandle<B>,
-    handler: usize,
+    inbound: Arc<dyn Inbound>,
     queue: HandlerQueue,
     stats: Arc<ConsumerStats>,
+    stop: CancellationToken,
+    pacing: Pacing,
 ) {
     let caller = Caller::new(
         format!("the consumer of {}/{}", stats.module, stats.handler),
@@ -47,18 +43,15 @@ pub(crate) async fn run<B: Backend>(
     let consumer = Consumer {
         caller,
         stats,
-        route: Route::Handler {
-            module: module.clone(),
-            handler,
-        },
-        bus,
+        inbound,
+        stop,
+        pacing,
         amqp,
-        module,
         queue,
     };
     let mut backoff = consumer.amqp.reconnect_min;
     let mut connected_before = false;
-    while !consumer.bus.is_stopping() {
+    while !consumer.stop.is_cancelled() {
         match consumer.consume(&mut connected_before, &mut backoff).await {
             Ok(()) => break,
             Err(fault) => {
@@ -72,7 +65,12 @@ pub(crate) async fn run<B: Backend>(
                 }
             }
         }
-        if until_stopped(&consumer.bus, sleep(backoff)).await.is_none() {
+        if consumer
+            .stop
+            .run_until_cancelled(sleep(backoff))
+            .await
+            .is_none()
+        {
             break;
         }
         backoff = (backoff * 2).min(consumer.amqp.reconnect_max);
@@ -81,15 +79,15 @@ pub(crate) async fn run<B: Backend>(
 }
 
 /// One handler's consumer.
-struct Consumer<B: Backend> {
-    /// The bus it runs on: its retry policy, its stop signal.
-    bus: Arc<BusCore<B>>,
+struct Consumer {
     /// Where the broker is.
     amqp: Amqp,
-    /// The handler's module, where dead letters are recorded.
-    module: ModuleHandle<B>,
-    /// The handler, as a route of the bus.
-    route: Route<B>,
+    /// The handler, as the bus takes its messages.
+    inbound: Arc<dyn Inbound>,
+    /// Cancelled when the bus stops.
+    stop: CancellationToken,
+    /// How often the queue's depth is read, and how long stopping waits.
+    pacing: Pacing,
     /// The handler's queue.
     queue: HandlerQueue,
     /// Its figures, for the bus's snapshot.
@@ -99,7 +97,7 @@ struct Consumer<B: Backend> {
     caller: Arc<Caller>,
 }
 
-impl<B: Backend> Consumer<B> {
+impl Consumer {
     /// Connects, declares the queue, and consumes until the bus stops
     /// (`Ok`) or the broker is lost. The connection is closed either way,
     /// and its socket released.
@@ -174,12 +172,11 @@ impl<B: Backend> Consumer<B> {
         let depth = metrics::gauge!("tickbox_amqp_queue_depth", &labels);
         let mut running: JoinSet<(u64, bool)> = JoinSet::new();
         let mut acks = Acks::default();
-        let mut stopped = self.bus.stopped.clone();
         let mut next_depth = Instant::now();
         let ended = loop {
             let ack_due = acks.due();
             tokio::select! {
-                _ = stopped.wait_for(|stop| *stop) => break Ok(()),
+                () = self.stop.cancelled() => break Ok(()),
                 Some(joined) = running.join_next(), if !running.is_empty() => {
                     if let Ok((tag, ack)) = joined {
                         acks.finished(tag, ack, Instant::now());
@@ -193,7 +190,7 @@ impl<B: Backend> Consumer<B> {
                     }
                 }
                 _ = tokio::time::sleep_until(next_depth) => {
-                    next_depth = Instant::now() + self.bus.config.scan_interval;
+                    next_depth = Instant::now() + self.pacing.sample_every;
                     match topology::depth(link, channel, &self.queue.name).await {
                         Ok(n) => {
                             depth.set(f64::from(n));
@@ -205,12 +202,7 @@ impl<B: Backend> Consumer<B> {
                 next = deliveries.next() => match next {
                     Some(Ok(delivery)) => {
                         acks.taken(delivery.delivery_tag);
-                        running.spawn_local(handle(
-                            self.bus.clone(),
-                            self.route.clone(),
-                            self.module.clone(),
-                            delivery,
-                        ));
+                        running.spawn(handle(self.inbound.clone(), delivery));
                         self.count_in_flight(&running, &in_flight);
                     }
                     Some(Err(error)) => break Err(Fault::of("receiving", &error)),
@@ -224,7 +216,7 @@ impl<B: Backend> Consumer<B> {
             // goes back to the queue when the connection closes.
             let cancel = channel.basic_cancel(deliveries.tag(), BasicCancelOptions::default());
             let _ = link.call("cancelling the consumer", cancel).await;
-            let _ = tokio::time::timeout(self.bus.config.stop_timeout, async {
+            let _ = tokio::time::timeout(self.pacing.drain_within, async {
                 while let Some(joined) = running.join_next().await {
                     if let Ok((tag, ack)) = joined {
                         acks.finished(tag, ack, Instant::now());
@@ -263,47 +255,12 @@ async fn send(channel: &Channel, acks: Vec<Ack>) -> lapin::Result<()> {
 /// and whether it is to be acknowledged: handled, skipped as a duplicate,
 /// or recorded as a dead letter. Not if the bus stops first: the broker
 /// gives it again.
-async fn handle<B: Backend>(
-    bus: Arc<BusCore<B>>,
-    route: Route<B>,
-    module: ModuleHandle<B>,
-    delivery: Delivery,
-) -> (u64, bool) {
+async fn handle(inbound: Arc<dyn Inbound>, delivery: Delivery) -> (u64, bool) {
     let done = match wire::envelope(&delivery) {
-        Ok(envelope) if Some(envelope.topic.as_str()) != route.topic() => {
-            let reason = format!(
-                "a message of topic `{}` reached the queue of handler `{}` (subscribed to `{}`); \
-                 it is bound by hand, or the handler's topic changed",
-                envelope.topic,
-                route.name(),
-                route.topic().unwrap_or_default()
-            );
-            bury(&bus, &module, &envelope, route.name(), 0, &reason, None).await
-        }
-        Ok(envelope) => {
-            let envelope = Arc::new(envelope);
-            match deliver_to_route(&bus, &route, &module, &envelope).await {
-                RouteEnd::Handled => {
-                    #[cfg(feature = "testing")]
-                    maybe_inject_duplicate(&bus, vec![&route], &module, &envelope).await;
-                    true
-                }
-                RouteEnd::Buried => true,
-                RouteEnd::Stopped => false,
-            }
-        }
+        Ok(envelope) => inbound.deliver(envelope).await,
         Err(undecodable) => {
             let reason = format!("undecodable AMQP message: {}", undecodable.reason);
-            bury(
-                &bus,
-                &module,
-                &undecodable.envelope,
-                route.name(),
-                0,
-                &reason,
-                None,
-            )
-            .await
+            inbound.refuse(undecodable.envelope, reason).await
         }
     };
     (delivery.delivery_tag, done)

@@ -17,6 +17,8 @@
 //! - `acks` — a consumer's acknowledgements, coalesced into `multiple` acks
 //!   that cover only finished deliveries.
 //! - `state` — the relay and consumers of a running bus, and their figures.
+//! - `transport` — RabbitMQ as the bus's broker: the one place that
+//!   implements the bus's transport interface.
 //! - `fault` — sorts the client's errors into unreachable and refused.
 
 pub(crate) mod acks;
@@ -27,4 +29,5 @@ pub(crate) mod relay;
 pub(crate) mod settings;
 pub(crate) mod state;
 pub(crate) mod topology;
+pub(crate) mod transport;
 pub(crate) mod wire;

@@ -158,7 +158,7 @@ impl Amqp {
         self
     }
 
-    /// The broker's URL as [`redact_url`](crate::redact_url) shows it: no
+    /// The broker's URL with its password replaced by `***`: no
     /// password, nothing that might be one.
     pub fn redacted_url(&self) -> String {
         self.url.redacted()

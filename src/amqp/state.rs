@@ -2,7 +2,8 @@
 //! handler's consumer, and their figures.
 
 use crate::amqp::relay::Relay;
-use serde::Serialize;
+use crate::error::Result;
+use crate::metrics::{AmqpMetrics, ConsumerMetrics, RelayMetrics};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -58,7 +59,7 @@ impl BrokerState {
     }
 
     /// Messages waiting in the handlers' queues, read from the broker now.
-    pub(crate) async fn queued(&self) -> crate::Result<u64> {
+    pub(crate) async fn queued(&self) -> Result<u64> {
         let mut total = 0;
         for consumer in &self.consumers {
             let depth = self
@@ -108,46 +109,4 @@ impl BrokerState {
                 .collect(),
         }
     }
-}
-
-/// The RabbitMQ transport's figures ([`BusMetrics::amqp`](crate::BusMetrics::amqp)).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct AmqpMetrics {
-    /// Connections made again after the broker was lost (relay and
-    /// consumers).
-    pub reconnects: u64,
-    /// Calls to the broker (relay and consumers) that got no answer within
-    /// their deadline (`Amqp::call_deadline`, `Amqp::confirm_timeout`), each
-    /// of which gave up its connection. Also exported as
-    /// `tickbox_amqp_calls_timed_out_total{role}`.
-    pub calls_timed_out: u64,
-    /// Each outbox's publishes waiting for the broker's confirm.
-    pub unconfirmed: Vec<RelayMetrics>,
-    /// Each handler's consumer.
-    pub consumers: Vec<ConsumerMetrics>,
-}
-
-/// One outbox's relay figures.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct RelayMetrics {
-    /// The module whose outbox it is.
-    pub module: String,
-    /// Publishes waiting for the broker's confirm.
-    pub unconfirmed: i64,
-}
-
-/// One handler's consumer figures.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ConsumerMetrics {
-    /// The handler's module.
-    pub module: String,
-    /// The handler.
-    pub handler: String,
-    /// Its queue on the broker.
-    pub queue: String,
-    /// Messages taken and not yet acknowledged.
-    pub in_flight: u64,
-    /// Messages waiting in the queue, as last sampled (every scan
-    /// interval).
-    pub queue_depth: u64,
 }

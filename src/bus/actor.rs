@@ -1,4 +1,11 @@
 //! The bus actor: runs one dispatcher per module outbox until stopped.
+//!
+//! What it owns: its dispatchers and, over a broker, the broker's
+//! consumers — the tasks themselves, started when the actor starts and
+//! awaited when it is asked to stop — and, through the bus's state, the
+//! one cancellation token every one of them stops on (consumers on child
+//! tokens of it). Stopping cancels the token, waits for the tasks, then
+//! closes the broker's connections.
 
 use crate::bus::core::BusCore;
 use crate::bus::dispatcher::Dispatcher;
@@ -46,8 +53,8 @@ impl<B: Backend> Actor for Bus<B> {
         self.running = self
             .dispatchers
             .drain(..)
-            .map(|d| actix::spawn(d.run()))
-            .chain(self.tasks.drain(..).map(actix::spawn))
+            .map(|d| tokio::spawn(d.run()))
+            .chain(self.tasks.drain(..).map(tokio::spawn))
             .collect();
     }
 }
@@ -69,15 +76,13 @@ impl<B: Backend> actix::Handler<Stop> for Bus<B> {
         self.core.stop();
         let running = std::mem::take(&mut self.running);
         ctx.stop();
-        #[cfg(feature = "amqp")]
         let core = self.core.clone();
         Box::pin(async move {
             for dispatcher in running {
                 let _ = dispatcher.await;
             }
-            #[cfg(feature = "amqp")]
-            if let Some(broker) = &core.broker {
-                broker.relay.close().await;
+            if let Some(transport) = &core.transport {
+                transport.close().await;
             }
         })
     }

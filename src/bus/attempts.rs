@@ -4,15 +4,15 @@
 
 use crate::bus::core::BusCore;
 use crate::bus::route::Route;
-use crate::delivery::outcome::FailureKind;
+use crate::error::outcome::FailureKind;
 use crate::message::Envelope;
 use crate::module::handle::ModuleHandle;
 use crate::store::backend::Backend;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
 use tokio::time::sleep;
+use tokio_util::sync::CancellationToken;
 
 /// The longest wait before a keyed message that came before an earlier
 /// message of its key tries again.
@@ -24,7 +24,7 @@ pub(crate) enum RouteEnd {
     /// Handled, or found a duplicate.
     Handled,
     /// Given up on and recorded as a dead letter.
-    Buried,
+    DeadLettered,
     /// The bus stopped first.
     Stopped,
 }
@@ -46,7 +46,7 @@ pub(crate) async fn deliver_to_route<B: Backend>(
         None => String::new(),
     };
     let mut turn = match envelope.keyed {
-        Some(_) => match until_stopped(bus, bus.lanes.turn(&lane, envelope)).await {
+        Some(_) => match until_stopped(&bus.stop, bus.lanes.turn(&lane, envelope)).await {
             Some(turn) => turn,
             None => return RouteEnd::Stopped,
         },
@@ -64,7 +64,7 @@ pub(crate) async fn deliver_to_route<B: Backend>(
         let slot = if attempt == 1 && route.is_batched() {
             None
         } else {
-            match until_stopped(bus, bus.permits.acquire()).await {
+            match until_stopped(&bus.stop, bus.permits.acquire()).await {
                 Some(slot) => Some(slot),
                 None => return RouteEnd::Stopped,
             }
@@ -94,7 +94,7 @@ pub(crate) async fn deliver_to_route<B: Backend>(
                     None => std::future::pending().await,
                 }
             };
-            let Some(came) = until_stopped(bus, async {
+            let Some(came) = until_stopped(&bus.stop, async {
                 tokio::select! {
                     () = sleep(delay) => false,
                     () = earlier_came => true,
@@ -106,7 +106,8 @@ pub(crate) async fn deliver_to_route<B: Backend>(
             };
             if came {
                 drop(turn);
-                let Some(again) = until_stopped(bus, bus.lanes.turn(&lane, envelope)).await else {
+                let Some(again) = until_stopped(&bus.stop, bus.lanes.turn(&lane, envelope)).await
+                else {
                     return RouteEnd::Stopped;
                 };
                 turn = again;
@@ -120,7 +121,7 @@ pub(crate) async fn deliver_to_route<B: Backend>(
         if !error.is_retryable() || exhausted {
             let reason = format!("after {attempt} attempt(s): {error}");
             let module = route.dead_letters(source);
-            let buried = bury(
+            let recorded = record_dead_letter(
                 bus,
                 module,
                 envelope,
@@ -130,8 +131,8 @@ pub(crate) async fn deliver_to_route<B: Backend>(
                 error.parked_behind,
             )
             .await;
-            return if buried {
-                RouteEnd::Buried
+            return if recorded {
+                RouteEnd::DeadLettered
             } else {
                 RouteEnd::Stopped
             };
@@ -152,7 +153,7 @@ pub(crate) async fn deliver_to_route<B: Backend>(
                 route.module_name()
             ),
         );
-        if until_stopped(bus, sleep(delay)).await.is_none() {
+        if until_stopped(&bus.stop, sleep(delay)).await.is_none() {
             return RouteEnd::Stopped;
         }
     }
@@ -167,7 +168,7 @@ const OUTAGE_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Records a dead letter, retrying while the database fails. False if the
 /// bus stopped first.
-pub(crate) async fn bury<B: Backend>(
+pub(crate) async fn record_dead_letter<B: Backend>(
     bus: &BusCore<B>,
     module: &ModuleHandle<B>,
     envelope: &Envelope,
@@ -177,7 +178,7 @@ pub(crate) async fn bury<B: Backend>(
     parked_behind: Option<uuid::Uuid>,
 ) -> bool {
     until_done(bus, module, "recording a dead letter", || {
-        module.bury(envelope, handler, attempts, reason, parked_behind)
+        module.record_dead_letter(envelope, handler, attempts, reason, parked_behind)
     })
     .await
 }
@@ -192,7 +193,7 @@ pub(crate) async fn until_done<B: Backend, F, Fut>(
 ) -> bool
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = crate::Result<()>>,
+    Fut: Future<Output = crate::error::Result<()>>,
 {
     let mut tries = 0;
     loop {
@@ -204,20 +205,25 @@ where
             }
         }
         let delay = bus.config.retry.delay(tries);
-        if until_stopped(bus, sleep(delay)).await.is_none() {
+        if until_stopped(&bus.stop, sleep(delay)).await.is_none() {
             return false;
         }
     }
 }
 
-/// Runs `work` unless the bus stops first.
-pub(crate) async fn until_stopped<B: Backend, T>(
-    bus: &BusCore<B>,
+/// Runs `work` unless `stop` is cancelled first (or already was). `work`
+/// is polled first: on the delivery path it is most often ready at once (a
+/// free slot), and then no waiter is registered on the token.
+pub(crate) async fn until_stopped<T>(
+    stop: &CancellationToken,
     work: impl Future<Output = T>,
 ) -> Option<T> {
-    let mut stopped: watch::Receiver<bool> = bus.stopped.clone();
+    if stop.is_cancelled() {
+        return None;
+    }
     tokio::select! {
+        biased;
         value = work => Some(value),
-        _ = stopped.wait_for(|stop| *stop) => None,
+        () = stop.cancelled() => None,
     }
 }

@@ -5,7 +5,9 @@ use crate::bus::config::BusConfig;
 use crate::bus::core::BusCore;
 use crate::bus::dispatcher::Dispatcher;
 use crate::bus::handle::BusHandle;
-use crate::bus::transport::Transport;
+use crate::bus::route::{self, Route};
+use crate::bus::transport::{Broker, HandlerId, HandlerInbound, Inbound, Pacing};
+use crate::delivery::registry::HandlerIndex;
 use crate::error::{Error, Result};
 use crate::module::handle::ModuleHandle;
 use crate::outbox::subscription;
@@ -164,7 +166,8 @@ impl<B: Backend> BusBuilder<B> {
     /// its own durable quorum queue there, acknowledging a message after its
     /// transaction commits. Services then need to share nothing but the
     /// broker: each keeps its own database. What tickbox declares, and its
-    /// names, are on [`Amqp`](crate::Amqp).
+    /// names, are on [`Amqp`](crate::Amqp). The same as
+    /// [`broker`](Self::broker), named for the broker tickbox ships with.
     ///
     /// [`BusBuilder::start`] connects and declares the topology first; it
     /// fails with [`Error::BrokerUnreachable`] (worth retrying: the broker is
@@ -175,10 +178,17 @@ impl<B: Backend> BusBuilder<B> {
     /// Every process publishing a topic must run over the same broker and
     /// namespace: a process delivering the same outbox in this process
     /// instead would leave the broker's subscribers without those messages.
-    #[cfg(feature = "amqp")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
-    pub fn amqp(mut self, amqp: crate::Amqp) -> Self {
-        self.config.amqp = Some(amqp);
+    pub fn amqp(self, amqp: impl Into<Broker>) -> Self {
+        self.broker(amqp)
+    }
+
+    /// Sends the messages through a message broker instead of handing them
+    /// to handlers in this process; see [`amqp`](Self::amqp) for what that
+    /// means and which errors starting then returns. `broker` is made from
+    /// the broker's settings: with the `amqp` feature,
+    /// [`Amqp`](crate::Amqp).
+    pub fn broker(mut self, broker: impl Into<Broker>) -> Self {
+        self.config.broker = Some(broker.into());
         self
     }
 
@@ -248,19 +258,18 @@ impl<B: Backend> BusBuilder<B> {
         let published: HashSet<&'static str> = self
             .modules
             .iter()
-            .flat_map(|m| m.core.outbox.publishes.iter().copied())
+            .flat_map(|m| m.outbox().publishes.iter().copied())
             .collect();
         // A redelivery can come as late as the last retry, plus a lease to
         // expire and a scan to find the message.
         let slack = config.claim_lease + config.scan_interval;
         let over_broker = config.over_broker();
-        let mut handlers: Vec<(ModuleHandle<B>, usize)> = Vec::new();
+        let mut handlers: Vec<(ModuleHandle<B>, HandlerIndex)> = Vec::new();
         for module in &self.modules {
-            for (index, entry) in module.core.handlers.entries.iter().enumerate() {
+            for (index, entry) in module.handlers().indexed() {
                 let policy = entry.retry.as_ref().unwrap_or(&config.retry);
                 module
-                    .core
-                    .retention
+                    .retention()
                     .check(module.name(), &entry.name, policy, slack)?;
                 let topic = entry.handler.topic();
                 // Over a broker the topic may come from another service.
@@ -274,8 +283,26 @@ impl<B: Backend> BusBuilder<B> {
                 handlers.push((module.clone(), index));
             }
         }
-        let transport = Transport::start(&config, &self.modules, &handlers).await?;
-        let routes = transport.routes(&published, &handlers);
+        let ids: Vec<HandlerId> = handlers
+            .iter()
+            .map(|(module, index)| {
+                let entry = module.handlers().get(*index);
+                HandlerId {
+                    module: module.shared_name(),
+                    handler: entry.name.clone(),
+                    topic: entry.handler.topic(),
+                }
+            })
+            .collect();
+        let transport = match &config.broker {
+            Some(broker) => {
+                let outboxes: Vec<Arc<str>> =
+                    self.modules.iter().map(|m| m.shared_name()).collect();
+                Some(broker.connect(&outboxes, &ids).await?)
+            }
+            None => None,
+        };
+        let routes = route::routes(transport.as_ref(), &published, &handlers);
         // The subscriptions of each outbox that this bus serves, recorded
         // where every process sees them.
         let now = crate::message::now_us();
@@ -283,23 +310,22 @@ impl<B: Backend> BusBuilder<B> {
             now.saturating_add(config.scan_interval.saturating_mul(3).as_micros() as i64);
         let mut served_by_module = Vec::new();
         for module in &self.modules {
-            let served = transport.served(module, &handlers);
-            let others =
-                subscription::record(&module.core.db, &served, now, alive_until, true).await?;
+            let served = route::served(transport.as_ref(), module, &handlers);
+            let others = subscription::record(module.db(), &served, now, alive_until, true).await?;
             served_by_module.push((served, others));
         }
         let id = bus_id(config.instance.as_deref());
         for module in &self.modules {
-            subscription::report_claimed_elsewhere(&module.core.db, id, now).await?;
+            subscription::report_claimed_elsewhere(module.db(), id, now).await?;
         }
         let mut announcements = Vec::new();
         for module in &self.modules {
-            match module.core.outbox.take_announcements() {
+            match module.outbox().take_announcements() {
                 Ok(taken) => announcements.push(taken),
                 Err(error) => {
                     // Not started: the modules taken so far stay free.
                     for (module, taken) in self.modules.iter().zip(announcements) {
-                        module.core.outbox.give_back_announcements(taken);
+                        module.outbox().give_back_announcements(taken);
                     }
                     return Err(error);
                 }
@@ -311,15 +337,13 @@ impl<B: Backend> BusBuilder<B> {
             known_topics,
             routes,
             config,
-            #[cfg(feature = "amqp")]
-            transport.broker_state(),
+            transport.clone(),
         ));
         for module in &self.modules {
             // A module is on one bus at a time (take_announcements made
             // sure).
             module
-                .core
-                .outbox
+                .outbox()
                 .set_claimant(core.id, Some(core.config.claim_lease));
         }
         let dispatchers = self
@@ -332,7 +356,33 @@ impl<B: Backend> BusBuilder<B> {
                 Dispatcher::new(core.clone(), module, announcements, served, others)
             })
             .collect();
-        let addr = Bus::start_with(core.clone(), dispatchers, transport.tasks(&core));
+        // Over a broker, each handler's consumer hands it its messages.
+        let consumers = match &transport {
+            Some(transport) => {
+                let inbound = handlers
+                    .iter()
+                    .zip(ids)
+                    .map(|((module, index), id)| {
+                        Arc::new(HandlerInbound {
+                            bus: core.clone(),
+                            module: module.clone(),
+                            route: Route::Handler {
+                                module: module.clone(),
+                                handler: *index,
+                            },
+                            id,
+                        }) as Arc<dyn Inbound>
+                    })
+                    .collect();
+                let pacing = Pacing {
+                    sample_every: core.config.scan_interval,
+                    drain_within: core.config.stop_timeout,
+                };
+                transport.consume(inbound, core.stop.child_token(), pacing)
+            }
+            None => Vec::new(),
+        };
+        let addr = Bus::start_with(core.clone(), dispatchers, consumers);
         Ok(BusHandle::new(core, self.modules, addr))
     }
 }

@@ -1,5 +1,6 @@
 //! The bus's settings.
 
+use crate::bus::transport::Broker;
 use crate::retry::RetryPolicy;
 use std::time::Duration;
 
@@ -31,9 +32,8 @@ pub(crate) struct BusConfig {
     /// The process's stable name, if it has one: its bus id then stays the
     /// same across restarts.
     pub(crate) instance: Option<String>,
-    /// The RabbitMQ transport, when messages travel through a broker.
-    #[cfg(feature = "amqp")]
-    pub(crate) amqp: Option<crate::amqp::settings::Amqp>,
+    /// The broker, when messages travel through one.
+    pub(crate) broker: Option<Broker>,
 }
 
 impl Default for BusConfig {
@@ -50,8 +50,7 @@ impl Default for BusConfig {
             claim_lease: Duration::from_secs(10),
             stalled_after: Duration::from_secs(60),
             instance: None,
-            #[cfg(feature = "amqp")]
-            amqp: None,
+            broker: None,
         }
     }
 }
@@ -59,10 +58,6 @@ impl Default for BusConfig {
 impl BusConfig {
     /// Whether messages travel through a broker.
     pub(crate) fn over_broker(&self) -> bool {
-        #[cfg(feature = "amqp")]
-        if self.amqp.is_some() {
-            return true;
-        }
-        false
+        self.broker.is_some()
     }
 }

@@ -3,11 +3,13 @@
 use crate::bus::config::BusConfig;
 use crate::bus::lanes::Lanes;
 use crate::bus::route::Route;
+use crate::bus::transport::Transport;
 use crate::store::backend::Backend;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 
 /// The bus's state, shared by its actor, its handle and its dispatchers.
 pub(crate) struct BusCore<B: Backend> {
@@ -21,14 +23,13 @@ pub(crate) struct BusCore<B: Backend> {
     /// One per running handler attempt.
     pub(crate) permits: Semaphore,
     pub(crate) config: BusConfig,
-    /// Set to true to stop.
-    stop: watch::Sender<bool>,
-    pub(crate) stopped: watch::Receiver<bool>,
+    /// Cancelled to stop: every task of the bus stops on it or on a child
+    /// token of it (each dispatcher's, each consumer's).
+    pub(crate) stop: CancellationToken,
     pub(crate) delivered: AtomicU64,
     pub(crate) duplicates_injected: AtomicU64,
-    /// The broker's relay and consumers, when the bus runs over one.
-    #[cfg(feature = "amqp")]
-    pub(crate) broker: Option<crate::amqp::state::BrokerState>,
+    /// The broker, when the bus runs over one.
+    pub(crate) transport: Option<Arc<dyn Transport>>,
     /// Why messages being retried wait, for the watchdog's reports.
     retrying: Mutex<HashMap<uuid::Uuid, String>>,
     /// Keyed messages go along each route one at a time per key.
@@ -42,9 +43,8 @@ impl<B: Backend> BusCore<B> {
         known_topics: HashSet<String>,
         routes: HashMap<String, Vec<Route<B>>>,
         config: BusConfig,
-        #[cfg(feature = "amqp")] broker: Option<crate::amqp::state::BrokerState>,
+        transport: Option<Arc<dyn Transport>>,
     ) -> Self {
-        let (stop, stopped) = watch::channel(false);
         BusCore {
             id,
             known_topics,
@@ -54,12 +54,10 @@ impl<B: Backend> BusCore<B> {
                 .collect(),
             permits: Semaphore::new(config.max_concurrent_deliveries),
             config,
-            stop,
-            stopped,
+            stop: CancellationToken::new(),
             delivered: AtomicU64::new(0),
             duplicates_injected: AtomicU64::new(0),
-            #[cfg(feature = "amqp")]
-            broker,
+            transport,
             retrying: Mutex::new(HashMap::new()),
             lanes: Lanes::default(),
         }
@@ -67,11 +65,12 @@ impl<B: Backend> BusCore<B> {
 
     /// Tells the dispatchers to stop.
     pub(crate) fn stop(&self) {
-        self.stop.send_replace(true);
+        self.stop.cancel();
     }
 
+    /// Whether the bus is stopping.
     pub(crate) fn is_stopping(&self) -> bool {
-        *self.stopped.borrow()
+        self.stop.is_cancelled()
     }
 
     /// Notes why message `id` waits for another attempt.

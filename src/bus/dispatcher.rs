@@ -16,7 +16,9 @@
 //! (says they are served, finishes what every subscription is done with,
 //! learns of other processes' subscriptions) and runs the watchdog.
 
-use crate::bus::attempts::{bury, deliver_to_route, until_done, until_stopped, RouteEnd};
+use crate::bus::attempts::{
+    deliver_to_route, record_dead_letter, until_done, until_stopped, RouteEnd,
+};
 use crate::bus::core::BusCore;
 #[cfg(feature = "testing")]
 use crate::bus::duplicates::maybe_inject_duplicate;
@@ -189,16 +191,16 @@ impl<B: Backend> Dispatcher<B> {
             warned: None,
             finished,
         };
-        let retention = actix::spawn(sweep_retention_periodically(bus.clone(), source.clone()));
+        let retention = tokio::spawn(sweep_retention_periodically(bus.clone(), source.clone()));
         // PostgreSQL: other processes' commits request a scan through a
         // listener on a connection of its own; its own task, so a
         // notification never waits for this loop.
-        let outbox = source.core.outbox.clone();
+        let outbox = source.outbox().clone();
         let listener = outbox.wakeup.clone().and_then(|wakeup| {
             let woken = outbox.clone();
-            B::listen(wakeup, outbox.module.clone(), move || woken.request_scan()).map(actix::spawn)
+            B::listen(wakeup, outbox.module.clone(), move || woken.request_scan()).map(tokio::spawn)
         });
-        let mut stopped = bus.stopped.clone();
+        let stop = bus.stop.clone();
         let renew_every = bus.config.claim_lease / 3;
         let mut next_scan = Instant::now() + bus.config.scan_interval;
         let mut next_renewal = Instant::now() + renew_every;
@@ -214,7 +216,7 @@ impl<B: Backend> Dispatcher<B> {
             let room = state.in_flight.len() < capacity;
             tokio::select! {
                 biased;
-                _ = stopped.changed() => {}
+                () = stop.cancelled() => {}
                 done = async { statement.as_mut().expect("guarded").await }, if statement.is_some() => {
                     statement = None;
                     match done {
@@ -353,12 +355,11 @@ async fn mark<B: Backend>(
     served: Arc<[Uuid]>,
     others: bool,
 ) -> Done {
-    let delete = source.core.retention.outbox == Some(Duration::ZERO);
-    let wakeup = source.core.outbox.wakeup.clone();
+    let delete = source.retention().outbox == Some(Duration::ZERO);
+    let wakeup = source.outbox().wakeup.clone();
     let marked = ids.clone();
     let result = source
-        .core
-        .db
+        .db()
         .write_call("marking messages delivered", async move |conn| {
             let ids = marked;
             let changed = B::finish_delivered(conn, &ids, &served, now_us(), delete).await?;
@@ -384,7 +385,7 @@ async fn mark<B: Backend>(
                     B::notify(conn, &wakeup.channel).await?;
                 }
             }
-            Ok::<_, crate::Error>(ids.len() - rest.len())
+            Ok::<_, crate::error::Error>(ids.len() - rest.len())
         })
         .await;
     Done::Marked(match result {
@@ -405,17 +406,16 @@ async fn upkeep<B: Backend>(
     let result = async {
         let now = now_us();
         let others = subscription::record(
-            &source.core.db,
+            source.db(),
             &served,
             now,
             now.saturating_add(alive_for.as_micros() as i64),
             false,
         )
         .await?;
-        let delete = source.core.retention.outbox == Some(Duration::ZERO);
+        let delete = source.retention().outbox == Some(Duration::ZERO);
         let completed = source
-            .core
-            .db
+            .db()
             .write_call(
                 "finishing what every subscription is done with",
                 async |conn| {
@@ -429,16 +429,15 @@ async fn upkeep<B: Backend>(
             )
             .await?;
         if completed > 0 {
-            source.core.outbox.gauges.delivered(completed as u64);
+            source.outbox().gauges.delivered(completed as u64);
         }
         let stalled = source
-            .core
-            .db
+            .db()
             .call("looking for stalled messages", async |conn| {
                 watchdog::look::<B>(conn, now, stalled_after).await
             })
             .await?;
-        Ok::<_, crate::Error>(Upkeep { others, stalled })
+        Ok::<_, crate::error::Error>(Upkeep { others, stalled })
     }
     .await;
     Done::Upkept(result.map_err(|e| e.to_string()))
@@ -494,8 +493,7 @@ impl<B: Backend> State<B> {
             let limit = claim.limit;
             return Some(tokio::spawn(async move {
                 let rows = source
-                    .core
-                    .db
+                    .db()
                     .write_call("claiming outbox rows", async move |conn| {
                         Ok(B::claim_owed(conn, &claim).await?)
                     })
@@ -509,8 +507,7 @@ impl<B: Backend> State<B> {
             let (bus, lease) = (self.bus.id, self.bus.config.claim_lease);
             return Some(tokio::spawn(async move {
                 let renewed = source
-                    .core
-                    .db
+                    .db()
                     .write_call("renewing claims", async move |conn| {
                         let now = now_us();
                         let until = now + lease.as_micros() as i64;
@@ -530,11 +527,11 @@ impl<B: Backend> State<B> {
             Done::Marked(Ok(Marked { ids, finished })) => {
                 let count = ids.len();
                 self.bus.delivered.fetch_add(finished as u64, Relaxed);
-                self.source.core.outbox.gauges.delivered(finished as u64);
+                self.source.outbox().gauges.delivered(finished as u64);
                 self.to_mark.drain(..count);
                 for id in ids {
                     self.in_flight.remove(&id);
-                    self.source.core.outbox.busy.fetch_sub(1, Relaxed);
+                    self.source.outbox().busy.fetch_sub(1, Relaxed);
                     self.recent.insert(id);
                 }
                 // Those that finished while this mark ran are due a linger
@@ -586,7 +583,7 @@ impl<B: Backend> State<B> {
             }
             Done::Upkept(Ok(Upkeep { others, stalled })) => {
                 self.others = others;
-                self.source.core.outbox.gauges.stalled(stalled.count);
+                self.source.outbox().gauges.stalled(stalled.count);
                 if let Some(message) = stalled.oldest {
                     let repeat = self.bus.config.stalled_after;
                     let warned_lately = self
@@ -644,8 +641,8 @@ impl<B: Backend> State<B> {
         if !self.in_flight.insert(id) {
             return;
         }
-        self.source.core.outbox.busy.fetch_add(1, Relaxed);
-        actix::spawn(reject_row(
+        self.source.outbox().busy.fetch_add(1, Relaxed);
+        tokio::spawn(reject_row(
             self.bus.clone(),
             self.source.clone(),
             malformed,
@@ -674,8 +671,7 @@ impl<B: Backend> State<B> {
         let served = self.served_ids.clone();
         let stopped = self
             .source
-            .core
-            .db
+            .db()
             .write_call(
                 "recording that the subscriptions stopped",
                 async move |conn| Ok(B::stop_serving(conn, &served, now_us()).await?),
@@ -699,8 +695,8 @@ impl<B: Backend> State<B> {
         if !self.in_flight.insert(envelope.id) {
             return;
         }
-        self.source.core.outbox.busy.fetch_add(1, Relaxed);
-        actix::spawn(deliver_message(
+        self.source.outbox().busy.fetch_add(1, Relaxed);
+        tokio::spawn(deliver_message(
             self.bus.clone(),
             self.source.clone(),
             envelope,
@@ -717,7 +713,7 @@ impl<B: Backend> State<B> {
             }
             Finished::Rejected(id) => {
                 self.in_flight.remove(&id);
-                self.source.core.outbox.busy.fetch_sub(1, Relaxed);
+                self.source.outbox().busy.fetch_sub(1, Relaxed);
                 self.recent.insert(id);
             }
             Finished::Abandoned(id) => self.abandoned.push(id),
@@ -731,8 +727,7 @@ impl<B: Backend> State<B> {
         let bus = self.bus.id;
         let released = self
             .source
-            .core
-            .db
+            .db()
             .write_call("releasing claims", async move |conn| {
                 Ok(B::release_claims(conn, bus).await?)
             })
@@ -781,7 +776,7 @@ async fn deliver_message<B: Backend>(
                 "unknown topic `{}`: no module on the bus declares it, so no handler can decode it",
                 envelope.topic
             );
-            bury(&bus, &source, &envelope, "", 0, &reason, None).await
+            record_dead_letter(&bus, &source, &envelope, "", 0, &reason, None).await
         }
     };
     bus.forget_retry(id);
@@ -801,7 +796,7 @@ async fn reject_row<B: Backend>(
     finished: mpsc::UnboundedSender<Finished>,
 ) {
     let id = malformed.envelope.id;
-    let done = bury(
+    let done = record_dead_letter(
         &bus,
         &source,
         &malformed.envelope,
@@ -813,8 +808,7 @@ async fn reject_row<B: Backend>(
     .await
         && until_done(&bus, &source, "marking a malformed row delivered", || {
             source
-                .core
-                .db
+                .db()
                 .write_call("marking a malformed row delivered", async move |conn| {
                     B::mark_delivered(conn, id, now_us()).await?;
                     Ok(())
@@ -832,12 +826,12 @@ async fn reject_row<B: Backend>(
 /// bus runs, starting one interval after the bus (after its first scan has
 /// redelivered what a crash left behind).
 async fn sweep_retention_periodically<B: Backend>(bus: Arc<BusCore<B>>, module: ModuleHandle<B>) {
-    let retention = &module.core.retention;
+    let retention = module.retention();
     if retention.inbox.is_none() && retention.outbox.is_none() {
         return;
     }
     loop {
-        if until_stopped(&bus, sleep(retention.interval))
+        if until_stopped(&bus.stop, sleep(retention.interval))
             .await
             .is_none()
         {

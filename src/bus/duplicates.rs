@@ -26,7 +26,7 @@ pub(crate) async fn maybe_inject_duplicate<B: Backend>(
     let rate = bus
         .config
         .duplicate_rate
-        .max(source.core.outbox.trackers.duplicate_rate());
+        .max(source.outbox().trackers.duplicate_rate());
     if handlers.is_empty() || rate <= 0.0 || fastrand::f64() >= rate {
         return;
     }

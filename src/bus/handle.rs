@@ -59,13 +59,15 @@ impl<B: Backend> BusHandle<B> {
 
     /// A snapshot of the bus's and every module's counters.
     pub fn metrics(&self) -> BusMetrics {
-        BusMetrics {
-            delivered: self.core.delivered.load(Relaxed),
-            duplicates_injected: self.core.duplicates_injected.load(Relaxed),
-            modules: self.modules.iter().map(ModuleHandle::metrics).collect(),
-            #[cfg(feature = "amqp")]
-            amqp: self.core.broker.as_ref().map(|broker| broker.snapshot()),
+        let mut metrics = BusMetrics::new(
+            self.core.delivered.load(Relaxed),
+            self.core.duplicates_injected.load(Relaxed),
+            self.modules.iter().map(ModuleHandle::metrics).collect(),
+        );
+        if let Some(transport) = &self.core.transport {
+            transport.report(&mut metrics);
         }
+        metrics
     }
 
     /// Waits until the bus has nothing left to do — no message in memory,
@@ -114,11 +116,7 @@ impl<B: Backend> BusHandle<B> {
     /// Whether the bus's handlers take their messages from a broker's
     /// queues.
     fn queued_by_broker(&self) -> bool {
-        #[cfg(feature = "amqp")]
-        if self.core.broker.is_some() {
-            return true;
-        }
-        false
+        self.core.transport.is_some()
     }
 
     /// Messages held in memory or waiting to be taken, and the delivered
@@ -127,7 +125,7 @@ impl<B: Backend> BusHandle<B> {
         let busy = self
             .modules
             .iter()
-            .map(|m| m.core.outbox.in_memory())
+            .map(|m| m.outbox().in_memory())
             .sum::<usize>()
             + self.broker_in_flight();
         (busy, self.core.delivered.load(Relaxed))
@@ -135,20 +133,15 @@ impl<B: Backend> BusHandle<B> {
 
     /// Messages the broker's consumers hold unacknowledged.
     fn broker_in_flight(&self) -> usize {
-        #[cfg(feature = "amqp")]
-        if let Some(broker) = &self.core.broker {
-            return broker.in_flight();
-        }
-        0
+        self.core.transport.as_ref().map_or(0, |t| t.in_flight())
     }
 
     /// Messages waiting in the broker's queues of this bus's handlers.
     async fn queued(&self) -> Result<u64> {
-        #[cfg(feature = "amqp")]
-        if let Some(broker) = &self.core.broker {
-            return broker.queued().await;
+        match &self.core.transport {
+            Some(transport) => transport.queued().await,
+            None => Ok(0),
         }
-        Ok(0)
     }
 
     /// Undelivered messages summed over every module's outbox.

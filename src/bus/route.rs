@@ -3,16 +3,16 @@
 //! message broker, whose queues take it to handlers in any process.
 
 use crate::bus::config::BusConfig;
-use crate::delivery::handlers::HandlerEntry;
-use crate::delivery::outcome::{DeliveryError, Outcome};
+use crate::bus::transport::Transport;
+use crate::delivery::registry::{HandlerEntry, HandlerIndex};
+use crate::error::outcome::{DeliveryError, Outcome};
 use crate::message::Envelope;
 use crate::module::handle::ModuleHandle;
+use crate::outbox::subscription::Served;
 use crate::retry::RetryPolicy;
 use crate::store::backend::Backend;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-
-#[cfg(feature = "amqp")]
-use crate::amqp::relay::Relay;
 
 /// One destination of a topic's messages.
 pub(crate) enum Route<B: Backend> {
@@ -21,14 +21,13 @@ pub(crate) enum Route<B: Backend> {
         /// The module.
         module: ModuleHandle<B>,
         /// Index of the handler in its module.
-        handler: usize,
+        handler: HandlerIndex,
     },
     /// The message broker: a message is delivered once the broker has
-    /// confirmed it; the handlers' consumers take it from there.
-    #[cfg(feature = "amqp")]
+    /// taken it (confirmed it); the handlers' consumers take it from there.
     Broker {
-        /// Publishes with confirms.
-        relay: Arc<Relay>,
+        /// The broker.
+        transport: Arc<dyn Transport>,
         /// Publishing never gives up: the bus's backoff, no last attempt.
         retry: RetryPolicy,
     },
@@ -41,9 +40,8 @@ impl<B: Backend> Clone for Route<B> {
                 module: module.clone(),
                 handler: *handler,
             },
-            #[cfg(feature = "amqp")]
-            Route::Broker { relay, retry } => Route::Broker {
-                relay: relay.clone(),
+            Route::Broker { transport, retry } => Route::Broker {
+                transport: transport.clone(),
                 retry: retry.clone(),
             },
         }
@@ -55,27 +53,14 @@ impl<B: Backend> Route<B> {
     pub(crate) fn name(&self) -> &str {
         match self {
             Route::Handler { .. } => &self.entry().name,
-            #[cfg(feature = "amqp")]
             Route::Broker { .. } => "relay",
-        }
-    }
-
-    /// The topic the handler receives; `None` for the broker, which takes
-    /// every topic.
-    #[cfg(feature = "amqp")]
-    pub(crate) fn topic(&self) -> Option<&'static str> {
-        match self {
-            Route::Handler { .. } => Some(self.entry().handler.topic()),
-            #[cfg(feature = "amqp")]
-            Route::Broker { .. } => None,
         }
     }
 
     /// The handler as its module registered it.
     fn entry(&self) -> &HandlerEntry<B> {
         match self {
-            Route::Handler { module, handler } => &module.core.handlers.entries[*handler],
-            #[cfg(feature = "amqp")]
+            Route::Handler { module, handler } => module.handlers().get(*handler),
             Route::Broker { .. } => unreachable!("the broker is no handler"),
         }
     }
@@ -83,11 +68,8 @@ impl<B: Backend> Route<B> {
     /// The module whose dead letters record what this route gave up on: the
     /// handler's, or else the message's own (`source`).
     pub(crate) fn dead_letters<'a>(&'a self, source: &'a ModuleHandle<B>) -> &'a ModuleHandle<B> {
-        #[cfg(not(feature = "amqp"))]
-        let _ = source;
         match self {
             Route::Handler { module, .. } => module,
-            #[cfg(feature = "amqp")]
             Route::Broker { .. } => source,
         }
     }
@@ -97,7 +79,6 @@ impl<B: Backend> Route<B> {
     pub(crate) fn lane(&self) -> String {
         match self {
             Route::Handler { module, .. } => format!("{}/{}", module.name(), self.name()),
-            #[cfg(feature = "amqp")]
             Route::Broker { .. } => "relay".to_string(),
         }
     }
@@ -106,7 +87,6 @@ impl<B: Backend> Route<B> {
     pub(crate) fn module_name(&self) -> &str {
         match self {
             Route::Handler { module, .. } => module.name(),
-            #[cfg(feature = "amqp")]
             Route::Broker { .. } => "the message broker",
         }
     }
@@ -121,7 +101,6 @@ impl<B: Backend> Route<B> {
     pub(crate) fn is_batched(&self) -> bool {
         match self {
             Route::Handler { .. } => self.entry().batches.is_some(),
-            #[cfg(feature = "amqp")]
             Route::Broker { .. } => false,
         }
     }
@@ -130,7 +109,6 @@ impl<B: Backend> Route<B> {
     pub(crate) fn retry<'a>(&'a self, bus: &'a BusConfig) -> &'a RetryPolicy {
         match self {
             Route::Handler { .. } => self.entry().retry.as_ref().unwrap_or(&bus.retry),
-            #[cfg(feature = "amqp")]
             Route::Broker { retry, .. } => retry,
         }
     }
@@ -145,17 +123,85 @@ impl<B: Backend> Route<B> {
         envelope: Arc<Envelope>,
         attempt: u32,
     ) -> Result<Outcome, DeliveryError> {
-        #[cfg(not(feature = "amqp"))]
-        let _ = source;
         match self {
             Route::Handler { module, handler } => module.deliver(envelope, *handler, attempt).await,
-            #[cfg(feature = "amqp")]
-            Route::Broker { relay, .. } => match relay.publish(source, &envelope).await {
-                Ok(()) => Ok(Outcome::Handled),
-                Err(not_sent) => Err(DeliveryError::broker(
-                    not_sent.into_error(relay, &envelope.topic),
-                )),
-            },
+            Route::Broker { transport, .. } => transport
+                .publish(source, &envelope)
+                .await
+                .map(|()| Outcome::Handled),
         }
     }
+}
+
+/// Where each topic's messages go: over a broker, to the broker (every
+/// topic the bus's outboxes publish); else to the handlers of the bus
+/// subscribed to it.
+pub(crate) fn routes<B: Backend>(
+    transport: Option<&Arc<dyn Transport>>,
+    published: &HashSet<&'static str>,
+    handlers: &[(ModuleHandle<B>, HandlerIndex)],
+) -> HashMap<String, Vec<Route<B>>> {
+    if let Some(transport) = transport {
+        // Publishing never gives up: the bus's backoff, no last attempt.
+        let retry = RetryPolicy {
+            max_attempts: None,
+            ..RetryPolicy::default()
+        };
+        return published
+            .iter()
+            .map(|topic| {
+                let route = Route::Broker {
+                    transport: transport.clone(),
+                    retry: retry.clone(),
+                };
+                (topic.to_string(), vec![route])
+            })
+            .collect();
+    }
+    let mut routes: HashMap<String, Vec<Route<B>>> = HashMap::new();
+    for (module, index) in handlers {
+        let topic = module.handlers().get(*index).handler.topic();
+        routes
+            .entry(topic.to_string())
+            .or_default()
+            .push(Route::Handler {
+                module: module.clone(),
+                handler: *index,
+            });
+    }
+    routes
+}
+
+/// The subscriptions to `module`'s outbox this bus serves: its handlers of
+/// the topics the module publishes; over a broker, the broker, once per
+/// topic (`relay <topic>`).
+pub(crate) fn served<B: Backend>(
+    transport: Option<&Arc<dyn Transport>>,
+    module: &ModuleHandle<B>,
+    handlers: &[(ModuleHandle<B>, HandlerIndex)],
+) -> Vec<Served> {
+    let publishes = &module.outbox().publishes;
+    if let Some(transport) = transport {
+        let subscriber = transport.subscriber();
+        return publishes
+            .iter()
+            .map(|topic| {
+                Served::new(
+                    subscriber.clone(),
+                    Arc::from(format!("relay {topic}")),
+                    topic,
+                )
+            })
+            .collect();
+    }
+    handlers
+        .iter()
+        .filter_map(|(subscriber, index)| {
+            let entry = subscriber.handlers().get(*index);
+            let topic = entry.handler.topic();
+            publishes
+                .contains(topic)
+                .then(|| Served::new(subscriber.shared_name(), entry.name.clone(), topic))
+        })
+        .collect()
 }

@@ -1,205 +1,217 @@
-//! How a bus's messages reach handlers: in this process (each topic routed
-//! to the handlers of the bus's modules), or through a message broker (each
-//! topic routed to the broker, each handler fed by a consumer of its queue).
+//! The seam between the bus and a message broker: the one interface a
+//! broker implements (in a folder of its own, `amqp/` for RabbitMQ), and
+//! the bus's side of it.
+//!
+//! Without a broker the bus hands each committed message to the handlers
+//! of its modules in this process ([`Route::Handler`]). Over a broker, every
+//! topic has one route, the broker ([`Route::Broker`]), which
+//! [publishes](Transport::publish) the message; each handler of the bus's
+//! modules then gets its messages from the broker's
+//! [consumers](Transport::consume), which hand each to the bus through an
+//! [`Inbound`]: the same retries, dead letters, ordering and inbox guard as
+//! in one process. A broker knows the bus only through this file, and the
+//! bus knows a broker only through [`Transport`].
 
-use crate::bus::config::BusConfig;
+use crate::bus::attempts::{deliver_to_route, record_dead_letter, RouteEnd};
 use crate::bus::core::BusCore;
+#[cfg(feature = "testing")]
+use crate::bus::duplicates::maybe_inject_duplicate;
 use crate::bus::route::Route;
+use crate::error::outcome::DeliveryError;
 use crate::error::Result;
+use crate::message::Envelope;
+use crate::metrics::BusMetrics;
 use crate::module::handle::ModuleHandle;
-use crate::outbox::subscription::Served;
 use crate::store::backend::Backend;
-use std::collections::{HashMap, HashSet};
+use futures_util::future::BoxFuture;
+use std::fmt;
 use std::future::Future;
-use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
-
-#[cfg(feature = "amqp")]
-use crate::amqp::state::{BrokerState, ConsumerStats};
-#[cfg(feature = "amqp")]
-use crate::amqp::{consumer, relay::Relay, settings::Amqp, topology};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 /// A task the bus runs beside its dispatchers until it stops.
-pub(crate) type Task = Pin<Box<dyn Future<Output = ()> + 'static>>;
+pub(crate) type Task = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
-/// The bus's transport.
-pub(crate) struct Transport<B: Backend> {
-    /// The broker's side, when messages travel through one.
-    #[cfg(feature = "amqp")]
-    broker: Option<Broker<B>>,
-    /// Local routes name the backend's modules.
-    backend: PhantomData<fn() -> B>,
+/// A message broker a bus can run over, made from the broker's settings
+/// (with the `amqp` feature, [`Amqp`](crate::Amqp) converts into it) and
+/// given to [`BusBuilder::broker`](crate::BusBuilder::broker).
+#[derive(Clone)]
+pub struct Broker(Arc<dyn Connect>);
+
+impl Broker {
+    /// The broker whose settings are `settings`.
+    #[allow(
+        dead_code,
+        reason = "only a broker calls it; each is behind a feature of its own"
+    )]
+    pub(crate) fn new(settings: impl Connect) -> Self {
+        Broker(Arc::new(settings))
+    }
+
+    /// Checks the settings, connects, and declares what `handlers` need.
+    pub(crate) async fn connect(
+        &self,
+        outboxes: &[Arc<str>],
+        handlers: &[HandlerId],
+    ) -> Result<Arc<dyn Transport>> {
+        self.0.connect(outboxes, handlers).await
+    }
 }
 
-/// The bus's side of a broker.
-#[cfg(feature = "amqp")]
-struct Broker<B: Backend> {
-    /// Where and how.
-    amqp: Amqp,
-    /// Publishes the outboxes' messages.
-    relay: Arc<Relay>,
-    /// Each handler of the bus's modules, its queue and its consumer's
-    /// figures.
-    queues: Vec<(
-        ModuleHandle<B>,
-        usize,
-        topology::HandlerQueue,
-        Arc<ConsumerStats>,
-    )>,
+impl fmt::Debug for Broker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
 }
 
-impl<B: Backend> Transport<B> {
-    /// Starts the transport: over a broker, checks the settings, connects
-    /// and declares the exchange and every handler's queue (so an
-    /// unreachable or refusing broker stops the bus's start).
-    pub(crate) async fn start(
-        config: &BusConfig,
-        modules: &[ModuleHandle<B>],
-        handlers: &[(ModuleHandle<B>, usize)],
-    ) -> Result<Self> {
-        let _ = (config, modules, handlers);
-        #[cfg(feature = "amqp")]
-        if let Some(amqp) = &config.amqp {
-            amqp.validate()?;
-            let queues: Vec<_> = handlers
-                .iter()
-                .map(|(module, index)| {
-                    let entry = &module.core.handlers.entries[*index];
-                    let queue = topology::HandlerQueue {
-                        name: amqp.queue(module.name(), &entry.name),
-                        topic: entry.handler.topic(),
-                    };
-                    let stats = ConsumerStats::new(module.name(), &entry.name, &queue.name);
-                    (module.clone(), *index, queue, Arc::new(stats))
-                })
-                .collect();
-            let declared: Vec<_> = queues
-                .iter()
-                .map(|(_, _, queue, _)| queue.clone())
-                .collect();
-            topology::declare_all(amqp, &declared)
-                .await
-                .map_err(|fault| fault.into_error(amqp.redacted_url()))?;
-            let names: Vec<String> = modules.iter().map(|m| m.name().to_string()).collect();
-            tracing::info!(broker = %amqp.redacted_url(), exchange = %amqp.exchange(), queues = queues.len(), "connected to the message broker");
-            return Ok(Transport {
-                broker: Some(Broker {
-                    relay: Arc::new(Relay::new(amqp.clone(), &names)),
-                    amqp: amqp.clone(),
-                    queues,
-                }),
-                backend: PhantomData,
-            });
-        }
-        Ok(Transport {
-            #[cfg(feature = "amqp")]
-            broker: None,
-            backend: PhantomData,
+/// A broker's settings: how to reach it. Implemented by each broker.
+pub(crate) trait Connect: fmt::Debug + Send + Sync + 'static {
+    /// Checks the settings, connects, and declares the broker's side of
+    /// the outboxes named `outboxes` (where they publish) and of every
+    /// handler in `handlers` (where each receives), so that an unreachable
+    /// or refusing broker stops the bus's start.
+    fn connect<'a>(
+        &'a self,
+        outboxes: &'a [Arc<str>],
+        handlers: &'a [HandlerId],
+    ) -> BoxFuture<'a, Result<Arc<dyn Transport>>>;
+}
+
+/// A connected broker, as the bus uses it while it runs.
+pub(crate) trait Transport: Send + Sync + 'static {
+    /// The name under which the broker is recorded as the subscriber of
+    /// every topic of the bus's outboxes (`amqp <exchange>`).
+    fn subscriber(&self) -> Arc<str>;
+
+    /// Publishes a message of outbox `source`; `Ok` once the broker has
+    /// taken responsibility for it (over RabbitMQ, confirmed).
+    fn publish<'a>(
+        &'a self,
+        source: &'a str,
+        envelope: &'a Envelope,
+    ) -> BoxFuture<'a, std::result::Result<(), DeliveryError>>;
+
+    /// The consumers, one per handler, in the order of the `handlers` the
+    /// broker was connected with: each runs until `stop` is cancelled,
+    /// handing each message it takes to its [`Inbound`].
+    fn consume(
+        &self,
+        inbound: Vec<Arc<dyn Inbound>>,
+        stop: CancellationToken,
+        pacing: Pacing,
+    ) -> Vec<Task>;
+
+    /// Messages the consumers hold, taken and not yet acknowledged.
+    fn in_flight(&self) -> usize;
+
+    /// Messages waiting in the handlers' queues, read from the broker now.
+    fn queued(&self) -> BoxFuture<'_, Result<u64>>;
+
+    /// Adds the broker's figures to a snapshot of the bus's.
+    fn report(&self, metrics: &mut BusMetrics);
+
+    /// Closes the broker's connections, once the bus has stopped.
+    fn close(&self) -> BoxFuture<'_, ()>;
+}
+
+/// A handler of the bus, as a broker names it: its module, its name and
+/// the topic it receives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HandlerId {
+    /// The handler's module.
+    pub(crate) module: Arc<str>,
+    /// The handler's name, half of the inbox key.
+    pub(crate) handler: Arc<str>,
+    /// The topic it receives.
+    pub(crate) topic: &'static str,
+}
+
+/// How a consumer paces the work beside its messages.
+#[allow(
+    dead_code,
+    reason = "only a broker calls it; each is behind a feature of its own"
+)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Pacing {
+    /// How often it samples its queue's depth (the bus's scan interval).
+    pub(crate) sample_every: Duration,
+    /// How long, once stopped, it lets running deliveries finish.
+    pub(crate) drain_within: Duration,
+}
+
+/// Where a broker's consumer hands the messages it takes: one handler of
+/// the bus, with the bus's retries, ordering and dead letters.
+#[allow(
+    dead_code,
+    reason = "only a broker calls it; each is behind a feature of its own"
+)]
+pub(crate) trait Inbound: Send + Sync + 'static {
+    /// Runs `envelope` through the handler until it is handled, found a
+    /// duplicate or recorded as a dead letter (true: acknowledge it), or
+    /// the bus stops (false: the broker gives it again).
+    fn deliver(&self, envelope: Envelope) -> BoxFuture<'_, bool>;
+
+    /// Records `envelope`, which the handler cannot take, as a dead letter
+    /// of the handler's module, with `reason`; false if the bus stopped
+    /// first.
+    fn refuse(&self, envelope: Envelope, reason: String) -> BoxFuture<'_, bool>;
+}
+
+/// The bus's [`Inbound`] for one of its handlers.
+#[allow(
+    dead_code,
+    reason = "only a broker calls it; each is behind a feature of its own"
+)]
+pub(crate) struct HandlerInbound<B: Backend> {
+    /// The bus, for its retry policy, its slots and its stop.
+    pub(crate) bus: Arc<BusCore<B>>,
+    /// The handler's module.
+    pub(crate) module: ModuleHandle<B>,
+    /// The handler, as a route of the bus.
+    pub(crate) route: Route<B>,
+    /// The handler's names.
+    pub(crate) id: HandlerId,
+}
+
+impl<B: Backend> Inbound for HandlerInbound<B> {
+    fn deliver(&self, envelope: Envelope) -> BoxFuture<'_, bool> {
+        Box::pin(async move {
+            if envelope.topic != self.id.topic {
+                let reason = format!(
+                    "a message of topic `{}` reached the queue of handler `{}` (subscribed to `{}`); \
+                     it is bound by hand, or the handler's topic changed",
+                    envelope.topic, self.id.handler, self.id.topic
+                );
+                return self.refuse(envelope, reason).await;
+            }
+            let envelope = Arc::new(envelope);
+            match deliver_to_route(&self.bus, &self.route, &self.module, &envelope).await {
+                RouteEnd::Handled => {
+                    #[cfg(feature = "testing")]
+                    maybe_inject_duplicate(&self.bus, vec![&self.route], &self.module, &envelope)
+                        .await;
+                    true
+                }
+                RouteEnd::DeadLettered => true,
+                RouteEnd::Stopped => false,
+            }
         })
     }
 
-    /// Where each topic's messages go: to the broker, or to the handlers
-    /// subscribed to it on this bus.
-    pub(crate) fn routes(
-        &self,
-        published: &HashSet<&'static str>,
-        handlers: &[(ModuleHandle<B>, usize)],
-    ) -> HashMap<String, Vec<Route<B>>> {
-        let _ = published;
-        #[cfg(feature = "amqp")]
-        if let Some(broker) = &self.broker {
-            return published
-                .iter()
-                .map(|topic| {
-                    let route = Route::Broker {
-                        relay: broker.relay.clone(),
-                        retry: crate::RetryPolicy {
-                            max_attempts: None,
-                            ..crate::RetryPolicy::default()
-                        },
-                    };
-                    (topic.to_string(), vec![route])
-                })
-                .collect();
-        }
-        let mut routes: HashMap<String, Vec<Route<B>>> = HashMap::new();
-        for (module, index) in handlers {
-            let topic = module.core.handlers.entries[*index].handler.topic();
-            routes
-                .entry(topic.to_string())
-                .or_default()
-                .push(Route::Handler {
-                    module: module.clone(),
-                    handler: *index,
-                });
-        }
-        routes
-    }
-
-    /// The subscriptions to `module`'s outbox this bus serves: its handlers
-    /// of the topics the module publishes; over a broker, the relay, once
-    /// per topic.
-    pub(crate) fn served(
-        &self,
-        module: &ModuleHandle<B>,
-        handlers: &[(ModuleHandle<B>, usize)],
-    ) -> Vec<Served> {
-        let publishes = &module.core.outbox.publishes;
-        #[cfg(feature = "amqp")]
-        if let Some(broker) = &self.broker {
-            let relay: Arc<str> = Arc::from(format!("amqp {}", broker.amqp.exchange()));
-            return publishes
-                .iter()
-                .map(|topic| Served::new(relay.clone(), Arc::from(format!("relay {topic}")), topic))
-                .collect();
-        }
-        handlers
-            .iter()
-            .filter_map(|(subscriber, index)| {
-                let entry = &subscriber.core.handlers.entries[*index];
-                let topic = entry.handler.topic();
-                publishes
-                    .contains(topic)
-                    .then(|| Served::new(subscriber.core.name.clone(), entry.name.clone(), topic))
-            })
-            .collect()
-    }
-
-    /// The tasks the bus runs beside its dispatchers: over a broker, one
-    /// consumer per handler.
-    pub(crate) fn tasks(&self, bus: &Arc<BusCore<B>>) -> Vec<Task> {
-        let _ = bus;
-        #[cfg(feature = "amqp")]
-        if let Some(broker) = &self.broker {
-            return broker
-                .queues
-                .iter()
-                .map(|(module, handler, queue, stats)| {
-                    Box::pin(consumer::run(
-                        bus.clone(),
-                        broker.amqp.clone(),
-                        module.clone(),
-                        *handler,
-                        queue.clone(),
-                        stats.clone(),
-                    )) as Task
-                })
-                .collect();
-        }
-        Vec::new()
-    }
-
-    /// The relay and the consumers' figures, for the bus's state.
-    #[cfg(feature = "amqp")]
-    pub(crate) fn broker_state(&self) -> Option<BrokerState> {
-        self.broker.as_ref().map(|broker| BrokerState {
-            relay: broker.relay.clone(),
-            consumers: broker
-                .queues
-                .iter()
-                .map(|(.., stats)| stats.clone())
-                .collect(),
+    fn refuse(&self, envelope: Envelope, reason: String) -> BoxFuture<'_, bool> {
+        Box::pin(async move {
+            record_dead_letter(
+                &self.bus,
+                &self.module,
+                &envelope,
+                &self.id.handler,
+                0,
+                &reason,
+                None,
+            )
+            .await
         })
     }
 }

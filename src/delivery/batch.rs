@@ -4,8 +4,8 @@
 
 use crate::delivery::batch_queue::Waiting;
 use crate::delivery::guard::{delivery_span, guard, handle_in, observe};
-use crate::delivery::handlers::Handlers;
-use crate::delivery::outcome::{DeliveryError, Outcome};
+use crate::delivery::registry::{HandlerIndex, Handlers};
+use crate::error::outcome::{DeliveryError, Outcome};
 use crate::store::backend::Backend;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
@@ -21,7 +21,7 @@ use tracing::{Instrument, Span};
 /// adds latency of its own.
 pub(crate) async fn run_batches<B: Backend>(
     handlers: Weak<Handlers<B>>,
-    handler: usize,
+    handler: HandlerIndex,
     mut waiting: mpsc::UnboundedReceiver<Waiting>,
     at_once: usize,
 ) {
@@ -36,7 +36,7 @@ pub(crate) async fn run_batches<B: Backend>(
         let Some(handlers) = handlers.upgrade() else {
             return;
         };
-        let max = handlers.entries[handler].max_batch;
+        let max = handlers.get(handler).max_batch;
         let mut batch = vec![first];
         while batch.len() < max {
             match waiting.try_recv() {
@@ -68,7 +68,7 @@ async fn handle_batch<B: Backend>(handlers: Arc<Handlers<B>>, mut batch: Vec<Wai
         .iter()
         .map(|waiting| delivery_span(&handlers, &waiting.attempt))
         .collect();
-    let counters = &handlers.entries[batch[0].attempt.handler].counters;
+    let counters = &handlers.get(batch[0].attempt.handler).counters;
     let deadline = handlers.deadline(batch[0].attempt.handler);
     let in_one = {
         let transaction = std::pin::pin!(in_one_transaction(&handlers, &batch, &spans));

@@ -2,7 +2,7 @@
 //! them.
 
 use crate::delivery::attempt::Attempt;
-use crate::delivery::outcome::{DeliveryError, Outcome};
+use crate::error::outcome::{DeliveryError, Outcome};
 use tokio::sync::{mpsc, oneshot};
 
 /// Where the deliveries to one batched handler wait for their transaction.

@@ -3,9 +3,9 @@
 
 use crate::delivery::attempt::Attempt;
 use crate::delivery::handler::{CallError, Delivery};
-use crate::delivery::handlers::Handlers;
-use crate::delivery::outcome::{DeliveryError, FailureKind, Outcome};
+use crate::delivery::registry::Handlers;
 use crate::effects::scope::EffectScope;
+use crate::error::outcome::{DeliveryError, FailureKind, Outcome};
 use crate::error::panic_message;
 use crate::message::now_us;
 use crate::store::backend::Backend;
@@ -44,7 +44,7 @@ pub(crate) async fn guard<B: Backend>(
 
 /// The span one delivery runs in, with what identifies it; counts a retry.
 pub(crate) fn delivery_span<B: Backend>(handlers: &Handlers<B>, attempt: &Attempt) -> Span {
-    let entry = &handlers.entries[attempt.handler];
+    let entry = &handlers.get(attempt.handler);
     if attempt.attempt > 1 {
         entry.counters.retried();
     }
@@ -71,7 +71,7 @@ pub(crate) fn observe<B: Backend>(
     started: Instant,
     result: &Result<Outcome, DeliveryError>,
 ) {
-    let entry = &handlers.entries[attempt.handler];
+    let entry = &handlers.get(attempt.handler);
     handlers.outbox.trackers.delivered(
         &handlers.module,
         &entry.name,
@@ -143,7 +143,7 @@ pub(crate) async fn handle_in<B: Backend>(
     tx: &mut Tx<B>,
     attempt: &Attempt,
 ) -> Result<Outcome, DeliveryError> {
-    let entry = &handlers.entries[attempt.handler];
+    let entry = &handlers.get(attempt.handler);
     let handler = entry.handler.clone();
     let delivery = Delivery {
         envelope: attempt.envelope.clone(),

@@ -180,8 +180,8 @@ impl HandlerError {
             return crate::transient::is_transient(e);
         }
         self.error
-            .downcast_ref::<crate::Error>()
-            .is_some_and(crate::Error::is_transient)
+            .downcast_ref::<crate::error::Error>()
+            .is_some_and(crate::error::Error::is_transient)
     }
 }
 

@@ -1,7 +1,7 @@
 //! Delivery: a message meets a handler. The inbox guard runs each attempt
 //! in a transaction that records `(message id, handler)` before COMMIT;
 //! batched handlers run several in one; every attempt ends in an
-//! [`outcome`].
+//! outcome ([`crate::error::outcome`]).
 
 pub(crate) mod attempt;
 pub(crate) mod batch;
@@ -9,5 +9,4 @@ pub(crate) mod batch_queue;
 pub(crate) mod effect;
 pub(crate) mod guard;
 pub(crate) mod handler;
-pub(crate) mod handlers;
-pub(crate) mod outcome;
+pub(crate) mod registry;

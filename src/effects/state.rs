@@ -42,7 +42,7 @@ impl EffectState {
     ];
 
     /// The state `row` records.
-    pub(crate) fn of(row: &EffectRow) -> crate::Result<Self> {
+    pub(crate) fn of(row: &EffectRow) -> crate::error::Result<Self> {
         row.state.parse().map_err(|reason: String| {
             EffectId {
                 message_id: row.message_id.0,

@@ -1,9 +1,20 @@
 //! The module actor: runs the deliveries the bus asks for, each in its own
 //! task, so one slow handler never holds up the mailbox.
+//!
+//! What it owns, and why no more: the module's parts ([`ModuleCore`]: the
+//! pool, the outbox, the handlers and their batch queues) are shared with
+//! the module's handles, which run application transactions without the
+//! actor, and the mailbox counters live there so that the handles can
+//! read them; the actor owns its mailbox and the deliveries it has
+//! started, each a task of its own (spawned with `tokio::spawn`, like
+//! every task of the bus: see `bus`), so that a
+//! transaction is never dropped half way when its caller stops waiting.
+//! Nothing durable is ever only in the mailbox: a delivery lost with it
+//! is still pending in its outbox, and is delivered again.
 
 use crate::delivery::attempt::Attempt;
 use crate::delivery::guard::guard;
-use crate::delivery::outcome::{DeliveryError, Outcome};
+use crate::error::outcome::{DeliveryError, Outcome};
 use crate::module::core::ModuleCore;
 use crate::store::backend::Backend;
 use actix::{Actor, Context, ResponseFuture};
@@ -38,7 +49,7 @@ impl<B: Backend> actix::Handler<Deliver> for Module<B> {
         core.mailbox.started();
         Box::pin(async move {
             let Deliver(attempt) = deliver;
-            let batches = core.handlers.entries[attempt.handler].batches.as_ref();
+            let batches = core.handlers.get(attempt.handler).batches.as_ref();
             let result = match batches {
                 // A retry runs alone: a message that failed once fails a
                 // whole batch too often.

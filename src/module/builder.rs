@@ -3,7 +3,7 @@
 use crate::delivery::batch;
 use crate::delivery::batch_queue::BatchQueue;
 use crate::delivery::handler::{Handler, HandlerOptions, Typed};
-use crate::delivery::handlers::{HandlerEntry, Handlers};
+use crate::delivery::registry::{HandlerEntry, HandlerIndex, Handlers};
 use crate::effects::journal::Journal;
 use crate::error::{Error, Result};
 use crate::message::{now_us, Message};
@@ -352,7 +352,7 @@ impl<B: Backend> ModuleBuilder<B> {
             .map(|(index, entry)| {
                 let (queue, waiting) = BatchQueue::new();
                 entry.batches = Some(queue);
-                (index, waiting)
+                (HandlerIndex::nth(index), waiting)
             })
             .collect();
         if self.settings.migrate {
@@ -406,7 +406,7 @@ impl<B: Backend> ModuleBuilder<B> {
             retention: self.retention,
         });
         tracing::info!(module = %core.name, backend = B::NAME, handlers = core.handlers.entries.len(), "module started");
-        actix::spawn(sample_outbox_periodically(
+        tokio::spawn(sample_outbox_periodically(
             Arc::downgrade(&core),
             self.metrics_interval,
         ));
@@ -418,7 +418,7 @@ impl<B: Backend> ModuleBuilder<B> {
             self.settings.pool_size.div_ceil(2)
         };
         for (handler, waiting) in batch_queues {
-            actix::spawn(batch::run_batches(
+            tokio::spawn(batch::run_batches(
                 Arc::downgrade(&core.handlers),
                 handler,
                 waiting,

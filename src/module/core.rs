@@ -1,6 +1,6 @@
 //! A module's parts, shared by its actor, its handle and the bus.
 
-use crate::delivery::handlers::Handlers;
+use crate::delivery::registry::Handlers;
 use crate::error::Error;
 use crate::message::now_us;
 use crate::metrics::Mailbox;

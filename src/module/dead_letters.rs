@@ -1,7 +1,7 @@
 //! Dead letters: deliveries given up on, kept in the subscriber module's
 //! database with their reason until an operator replays or discards them.
 
-use crate::delivery::outcome::Outcome;
+use crate::error::outcome::Outcome;
 use crate::error::{Error, Result};
 use crate::message::{now_us, Envelope, Keyed};
 use crate::module::handle::ModuleHandle;
@@ -98,7 +98,7 @@ pub enum Replayed {
 
 impl<B: Backend> ModuleHandle<B> {
     /// Records that delivering `envelope` to `handler` was given up on.
-    pub(crate) async fn bury(
+    pub(crate) async fn record_dead_letter(
         &self,
         envelope: &Envelope,
         handler: &str,
@@ -227,7 +227,7 @@ impl<B: Backend> ModuleHandle<B> {
                 Ok(outcome)
             }
             Err(error) => {
-                self.bury(
+                self.record_dead_letter(
                     &envelope,
                     &dead.handler,
                     dead.attempts + 1,

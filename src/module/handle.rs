@@ -1,14 +1,18 @@
 //! What application code holds of a started module.
 
 use crate::delivery::attempt::Attempt;
-use crate::delivery::outcome::{DeliveryError, FailureKind, Outcome};
+use crate::delivery::registry::{HandlerIndex, Handlers};
+use crate::error::outcome::{DeliveryError, FailureKind, Outcome};
 use crate::error::{Error, Result};
 use crate::message::Envelope;
 use crate::metrics::ModuleMetrics;
 use crate::module::actor::{Deliver, Module};
 use crate::module::core::ModuleCore;
+use crate::outbox::Outbox;
+use crate::retention::Retention;
 use crate::send_async_fn::SendAsyncFn;
 use crate::store::backend::Backend;
+use crate::store::database::Database;
 use crate::store::schema::Id;
 use crate::tx::{Mode, Tx};
 use actix::{Actor, Addr};
@@ -43,7 +47,10 @@ pub struct StoreStats {
 /// What application code holds of a started module: run transactions, read
 /// metrics, give it to a [`BusBuilder`](crate::BusBuilder).
 pub struct ModuleHandle<B: Backend> {
-    pub(crate) core: Arc<ModuleCore<B>>,
+    /// The module's parts; the layers below reach them through the
+    /// accessors, each for the part it works on.
+    pub(super) core: Arc<ModuleCore<B>>,
+    /// The module actor, which runs deliveries.
     addr: Addr<Module<B>>,
 }
 
@@ -75,6 +82,32 @@ impl<B: Backend> ModuleHandle<B> {
     /// The module's name.
     pub fn name(&self) -> &str {
         &self.core.name
+    }
+
+    /// The module's name, shared.
+    pub(crate) fn shared_name(&self) -> Arc<str> {
+        self.core.name.clone()
+    }
+
+    /// The module's database.
+    pub(crate) fn db(&self) -> &Arc<Database<B>> {
+        &self.core.db
+    }
+
+    /// The module's outbox, as this process sees it.
+    pub(crate) fn outbox(&self) -> &Arc<Outbox> {
+        &self.core.outbox
+    }
+
+    /// The module's handlers.
+    pub(crate) fn handlers(&self) -> &Handlers<B> {
+        &self.core.handlers
+    }
+
+    /// How long the module keeps processed inbox rows and delivered outbox
+    /// rows.
+    pub(crate) fn retention(&self) -> &Retention {
+        &self.core.retention
     }
 
     /// PostgreSQL: the notification channel of this module's outbox (one per
@@ -292,12 +325,12 @@ impl<B: Backend> ModuleHandle<B> {
                 format!("module `{}` has no handler `{handler}`", self.name()),
             )
         })?;
-        if self.core.handlers.entries[index].handler.topic() != envelope.topic {
+        let topic = self.core.handlers.get(index).handler.topic();
+        if topic != envelope.topic {
             return Err(DeliveryError::new(
                 FailureKind::NoSuchHandler,
                 format!(
-                    "handler `{handler}` subscribes to `{}`, not `{}`",
-                    self.core.handlers.entries[index].handler.topic(),
+                    "handler `{handler}` subscribes to `{topic}`, not `{}`",
                     envelope.topic
                 ),
             ));
@@ -309,7 +342,7 @@ impl<B: Backend> ModuleHandle<B> {
     pub(crate) async fn deliver(
         &self,
         envelope: Arc<Envelope>,
-        handler: usize,
+        handler: HandlerIndex,
         attempt: u32,
     ) -> std::result::Result<Outcome, DeliveryError> {
         self.core.mailbox.sent();

@@ -3,9 +3,10 @@
 use crate::error::{Error, Result};
 use crate::message::now_us;
 use crate::module::handle::ModuleHandle;
-use crate::outbox::subscription::{read, subscription_id, Subscription};
+use crate::outbox::subscription::{read, subscription_id};
 use crate::store::backend::Backend;
 use crate::store::outbox::Owed;
+use crate::store::subscriptions::Subscription;
 use std::time::Duration;
 
 impl<B: Backend> ModuleHandle<B> {

@@ -20,7 +20,7 @@ use crate::store::backend::Backend;
 use crate::store::database::Database;
 use crate::store::outbox::ClaimedElsewhere;
 use crate::store::schema::{Id, SubscriptionRow};
-use serde::Serialize;
+use crate::store::subscriptions::Subscription;
 use std::sync::Arc;
 use uuid::Uuid;
 
@@ -34,35 +34,6 @@ pub(crate) fn subscription_id(module: &str, handler: &str) -> Uuid {
     name.push(0);
     name.extend_from_slice(handler.as_bytes());
     Uuid::new_v5(&NAMESPACE, &name)
-}
-
-/// A handler's subscription to an outbox, as recorded in the outbox's
-/// database.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Subscription {
-    /// The module whose handler it is.
-    pub module: String,
-    /// The handler's name.
-    pub handler: String,
-    /// The topic it receives.
-    pub topic: String,
-    /// When it was first recorded (µs since the Unix epoch): it receives
-    /// every message still pending then and every one committed since.
-    pub subscribed_at_us: i64,
-    /// When a running bus serving it last said so.
-    pub seen_at_us: i64,
-    /// Until when that holds; a bus that stops sets it to the moment it
-    /// stopped.
-    pub alive_until_us: i64,
-    /// When the oldest message still owed to it was published, if any.
-    pub oldest_pending_us: Option<i64>,
-}
-
-impl Subscription {
-    /// Whether a running bus serves it (it said so recently enough).
-    pub fn is_alive(&self, now_us: i64) -> bool {
-        self.alive_until_us > now_us
-    }
 }
 
 /// A subscription a bus serves: one of its handlers whose topic an outbox on

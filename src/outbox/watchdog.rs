@@ -33,7 +33,7 @@ pub(crate) async fn look<B: Backend>(
     conn: &mut B::Connection,
     now_us: i64,
     threshold: Duration,
-) -> crate::Result<Stalled> {
+) -> crate::error::Result<Stalled> {
     let before = Id::earliest_at(now_us.saturating_sub(threshold.as_micros() as i64)).0;
     let count = B::count_stalled(conn, before).await?;
     if count == 0 {

@@ -41,7 +41,7 @@ pub trait Store: Sized + Send + Sync + 'static {
     /// module's outbox wake buses, where the backend has one (PostgreSQL).
     fn open(
         settings: &StoreSettings,
-    ) -> impl Future<Output = crate::Result<(Self::Pool, Option<WakeupChannel>)>> + Send;
+    ) -> impl Future<Output = crate::error::Result<(Self::Pool, Option<WakeupChannel>)>> + Send;
 
     /// Opens the pool of the module's effects journal (see
     /// [`crate::effects`]), whose short transactions commit while a
@@ -52,7 +52,7 @@ pub trait Store: Sized + Send + Sync + 'static {
     /// (`settings.migrate` false) and no journal was ever made.
     fn open_journal(
         settings: &StoreSettings,
-    ) -> impl Future<Output = crate::Result<Option<Self::Pool>>> + Send;
+    ) -> impl Future<Output = crate::error::Result<Option<Self::Pool>>> + Send;
 
     /// Closes the pool: idle connections now, the others when returned.
     fn close(pool: &Self::Pool);

@@ -57,8 +57,8 @@ pub struct EffectId {
 
 impl EffectId {
     /// An error about this effect.
-    pub(crate) fn error(&self, reason: impl Into<String>) -> crate::Error {
-        crate::Error::Effect {
+    pub(crate) fn error(&self, reason: impl Into<String>) -> crate::error::Error {
+        crate::error::Error::Effect {
             message_id: self.message_id,
             handler: self.handler.clone(),
             effect: self.effect.clone(),
@@ -265,7 +265,7 @@ pub trait JournalStatements: Store {
 pub(crate) async fn refuse_missing_journal<S: JournalStatements>(
     pool: &S::Pool,
     settings: &StoreSettings,
-) -> crate::Result<()> {
+) -> crate::error::Result<()> {
     let deadline = settings.deadlines.call;
     let checked = tokio::time::timeout(deadline, async {
         let mut conn = S::checkout(pool).await.map_err(|reason| Error::Pool {

@@ -9,7 +9,7 @@ pub(crate) fn refuse_newer_migrations<DB, H, S>(
     conn: &mut H,
     known: &S,
     module: &str,
-) -> crate::Result<()>
+) -> crate::error::Result<()>
 where
     DB: diesel::backend::Backend,
     H: diesel::Connection<Backend = DB>,
@@ -31,7 +31,7 @@ where
     if unknown.is_empty() {
         return Ok(());
     }
-    Err(crate::Error::SchemaVersion {
+    Err(crate::error::Error::SchemaVersion {
         module: module.to_string(),
         reason: format!(
             "was migrated by a newer version of tickbox (migrations {} are unknown to this one); upgrade this process to that version",
@@ -53,7 +53,7 @@ const EVERY_BACKEND: &[(&str, diesel_migrations::EmbeddedMigrations)] =
 pub(crate) fn refuse_clashing_versions<DB: diesel::backend::Backend>(
     app: &dyn diesel::migration::MigrationSource<DB>,
     module: &str,
-) -> crate::Result<()> {
+) -> crate::error::Result<()> {
     // Each reserved version, with the first of tickbox's migrations having it.
     let mut reserved = std::collections::BTreeMap::new();
     for (folder, migrations) in EVERY_BACKEND {
@@ -77,7 +77,7 @@ pub(crate) fn refuse_clashing_versions<DB: diesel::backend::Backend>(
         .values()
         .filter_map(|ours| ours.rsplit('/').next()?.split('_').next())
         .collect();
-    Err(crate::Error::Config(format!(
+    Err(crate::error::Error::Config(format!(
         "module `{module}`: the application's migration {} (diesel records both in one table, \
          so it would take the application's as applied and never run it). Rename the folder as \
          diesel names migrations, YYYY-MM-DD-HHMMSS_name at the date and time it is written \
@@ -92,11 +92,13 @@ pub(crate) fn refuse_clashing_versions<DB: diesel::backend::Backend>(
 fn versions<DB: diesel::backend::Backend>(
     source: &dyn diesel::migration::MigrationSource<DB>,
     module: &str,
-) -> crate::Result<Vec<(String, String)>> {
-    let migrations = source.migrations().map_err(|e| crate::Error::Migration {
-        module: module.to_string(),
-        reason: e.to_string(),
-    })?;
+) -> crate::error::Result<Vec<(String, String)>> {
+    let migrations = source
+        .migrations()
+        .map_err(|e| crate::error::Error::Migration {
+            module: module.to_string(),
+            reason: e.to_string(),
+        })?;
     Ok(migrations
         .iter()
         .map(|m| (m.name().version().to_string(), m.name().to_string()))

@@ -15,7 +15,7 @@ pub(crate) fn build_pool<C>(
     settings: &StoreSettings,
     url: String,
     setup: diesel_async::pooled_connection::SetupCallback<C>,
-) -> crate::Result<diesel_async::pooled_connection::deadpool::Pool<C>>
+) -> crate::error::Result<diesel_async::pooled_connection::deadpool::Pool<C>>
 where
     C: AsyncConnection + 'static,
     diesel_async::pooled_connection::AsyncDieselConnectionManager<C>:
@@ -35,7 +35,7 @@ where
         .runtime(deadpool::Runtime::Tokio1)
         .queue_mode(deadpool::managed::QueueMode::Lifo)
         .build()
-        .map_err(|e| crate::Error::Config(format!("module `{}`: {e}", settings.module)))
+        .map_err(|e| crate::error::Error::Config(format!("module `{}`: {e}", settings.module)))
 }
 
 /// Takes a connection from a deadpool pool, for either backend.

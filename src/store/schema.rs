@@ -344,14 +344,14 @@ pub(crate) struct MalformedRow {
     pub(crate) id: Option<uuid::Uuid>,
     /// What could be read, with the unreadable parts replaced (text lossily,
     /// ids by the nil id, the time by 0).
-    pub(crate) envelope: crate::Envelope,
+    pub(crate) envelope: crate::message::Envelope,
     /// Which columns could not be read, and why.
     pub(crate) reason: String,
 }
 
 impl ClaimedRow {
     /// The envelope, or what is wrong with the row.
-    pub(crate) fn decode(self) -> Result<crate::Envelope, Box<MalformedRow>> {
+    pub(crate) fn decode(self) -> Result<crate::message::Envelope, Box<MalformedRow>> {
         let mut problems = Vec::new();
         let mut text = |column: &str, value: Lenient<Vec<u8>>| match value.0 {
             Ok(bytes) => match String::from_utf8(bytes) {
@@ -422,7 +422,7 @@ impl ClaimedRow {
                 None
             }
         };
-        let envelope = crate::Envelope {
+        let envelope = crate::message::Envelope {
             id: id.unwrap_or_default(),
             topic,
             payload,
@@ -443,9 +443,9 @@ impl ClaimedRow {
     }
 }
 
-impl From<OutboxRow> for crate::Envelope {
+impl From<OutboxRow> for crate::message::Envelope {
     fn from(row: OutboxRow) -> Self {
-        crate::Envelope {
+        crate::message::Envelope {
             id: row.id.0,
             topic: row.topic,
             payload: row.payload,
@@ -477,8 +477,8 @@ pub(crate) fn keyed(
     })
 }
 
-impl From<&crate::Envelope> for OutboxRow {
-    fn from(e: &crate::Envelope) -> Self {
+impl From<&crate::message::Envelope> for OutboxRow {
+    fn from(e: &crate::message::Envelope) -> Self {
         OutboxRow {
             id: Id(e.id),
             topic: e.topic.clone(),

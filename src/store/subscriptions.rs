@@ -1,6 +1,7 @@
 //! The subscriptions' statements: which handlers, in any process, subscribe
 //! to an outbox's topics, recorded in the outbox's own database where every
-//! process sees them (see [`crate::outbox::subscription`]).
+//! process sees them (see [`crate::outbox::subscription`]); and
+//! [`Subscription`], one such record as it is read.
 //!
 //! What reads the same in standard SQL on every backend is stated once, as
 //! the default of a [`SubscriptionStatements`] method; a statement taking a
@@ -13,8 +14,38 @@ use crate::store::schema::{DbUuid, Id, SubscriptionRow};
 use crate::store::sql::{sql, Sql};
 use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::QueryResult;
+use serde::Serialize;
 use std::future::Future;
 use uuid::Uuid;
+
+/// A handler's subscription to an outbox, as recorded in the outbox's
+/// database.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Subscription {
+    /// The module whose handler it is.
+    pub module: String,
+    /// The handler's name.
+    pub handler: String,
+    /// The topic it receives.
+    pub topic: String,
+    /// When it was first recorded (µs since the Unix epoch): it receives
+    /// every message still pending then and every one committed since.
+    pub subscribed_at_us: i64,
+    /// When a running bus serving it last said so.
+    pub seen_at_us: i64,
+    /// Until when that holds; a bus that stops sets it to the moment it
+    /// stopped.
+    pub alive_until_us: i64,
+    /// When the oldest message still owed to it was published, if any.
+    pub oldest_pending_us: Option<i64>,
+}
+
+impl Subscription {
+    /// Whether a running bus serves it (it said so recently enough).
+    pub fn is_alive(&self, now_us: i64) -> bool {
+        self.alive_until_us > now_us
+    }
+}
 
 /// The columns of a subscription row, in [`SubscriptionRow`]'s order.
 macro_rules! subscription_columns {

@@ -3,7 +3,7 @@
 //! from a timer.
 
 use crate::bus::handle::BusHandle;
-use crate::delivery::outcome::{DeliveryError, Outcome};
+use crate::error::outcome::{DeliveryError, Outcome};
 use crate::message::Envelope;
 use crate::module::handle::ModuleHandle;
 use crate::store::backend::Backend;
@@ -200,7 +200,7 @@ impl<B: Backend> Session<B> {
     pub fn over(modules: &[ModuleHandle<B>]) -> Self {
         let mut subscribers: HashMap<String, Vec<HandlerId>> = HashMap::new();
         for module in modules {
-            for entry in &module.core.handlers.entries {
+            for entry in module.handlers().entries.iter() {
                 subscribers
                     .entry(entry.handler.topic().to_string())
                     .or_default()
@@ -215,7 +215,7 @@ impl<B: Backend> Session<B> {
         });
         let tracker: Arc<dyn Tracker> = state.clone();
         for module in modules {
-            module.core.outbox.trackers.add(Arc::downgrade(&tracker));
+            module.outbox().trackers.add(Arc::downgrade(&tracker));
         }
         Session {
             state,

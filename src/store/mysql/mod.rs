@@ -157,7 +157,7 @@ impl Place {
     /// the connection on TCP (`prefer_socket=false`) unless the URL says
     /// otherwise: mysql_async would switch a connection to a local server
     /// over to its Unix socket, around any proxy the URL names.
-    fn of(settings: &StoreSettings) -> crate::Result<Place> {
+    fn of(settings: &StoreSettings) -> crate::error::Result<Place> {
         let bad = |reason: String| Error::BadDatabaseUrl {
             module: settings.module.clone(),
             url: settings.url.redacted(),
@@ -213,7 +213,7 @@ fn percent_decode(text: &str) -> String {
 
 /// Checks a database name a module gives: 1–64 characters of a-z, 0-9 and
 /// `_`, not starting with a digit, as for a PostgreSQL schema.
-fn check_database_name(module: &str, name: &str) -> crate::Result<String> {
+fn check_database_name(module: &str, name: &str) -> crate::error::Result<String> {
     let valid = !name.is_empty()
         && name.len() <= MAX_DATABASE_NAME
         && !name.starts_with(|c: char| c.is_ascii_digit())
@@ -243,7 +243,10 @@ fn migration_lock(database: &str) -> String {
 
 /// Opens a connection within [`CONNECT_TIMEOUT`], sorting failures into a
 /// server out of reach and a URL, login or database the server refused.
-async fn connect(settings: &StoreSettings, url: &str) -> crate::Result<AsyncMysqlConnection> {
+async fn connect(
+    settings: &StoreSettings,
+    url: &str,
+) -> crate::error::Result<AsyncMysqlConnection> {
     let failed = |reason: String| {
         if reason.contains("os error") || reason.contains("Input/output error") {
             Error::DatabaseUnreachable {
@@ -291,7 +294,7 @@ fn server_address(url: &str) -> String {
 fn session_pool(
     settings: &StoreSettings,
     url: String,
-) -> crate::Result<Pool<AsyncMysqlConnection>> {
+) -> crate::error::Result<Pool<AsyncMysqlConnection>> {
     let limits = session_limits(settings);
     build_pool(
         settings,
@@ -361,7 +364,7 @@ fn migrate(
     conn: AsyncMysqlConnection,
     place: &Place,
     settings: &StoreSettings,
-) -> crate::Result<()> {
+) -> crate::error::Result<()> {
     use diesel::connection::SimpleConnection;
     let module = settings.module.clone();
     let migration_error = |reason: String| Error::Migration {
@@ -405,7 +408,7 @@ async fn wait_for_migrations(
     conn: AsyncMysqlConnection,
     place: &Place,
     settings: &StoreSettings,
-) -> crate::Result<()> {
+) -> crate::error::Result<()> {
     let lock = migration_lock(&place.database);
     let wait = settings.deadlines.migration;
     let module = settings.module.clone();
@@ -442,7 +445,9 @@ impl Store for Mysql {
     const TRANSIENT_MESSAGES: &'static [&'static str] =
         &["Lock wait timeout exceeded", "Input/output error"];
 
-    async fn open(settings: &StoreSettings) -> crate::Result<(Self::Pool, Option<WakeupChannel>)> {
+    async fn open(
+        settings: &StoreSettings,
+    ) -> crate::error::Result<(Self::Pool, Option<WakeupChannel>)> {
         let place = Place::of(settings)?;
         let deadline = settings.deadlines.migration;
         let opening = async {
@@ -475,7 +480,7 @@ impl Store for Mysql {
         Ok((pool, None))
     }
 
-    async fn open_journal(settings: &StoreSettings) -> crate::Result<Option<Self::Pool>> {
+    async fn open_journal(settings: &StoreSettings) -> crate::error::Result<Option<Self::Pool>> {
         // The journal is a table of the module's database, made by its
         // migrations; its own few connections keep journal entries from
         // waiting for the connections the deliveries hold.

@@ -69,7 +69,7 @@ const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres");
 /// Taken while migrating, so processes starting together do not race.
 const MIGRATION_LOCK: i64 = 0x0074_6963_6b62_6f78; // "tickbox"
 
-fn check_url(settings: &StoreSettings) -> crate::Result<()> {
+fn check_url(settings: &StoreSettings) -> crate::error::Result<()> {
     let url = settings.url.expose().trim();
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         Ok(())
@@ -83,7 +83,7 @@ fn check_url(settings: &StoreSettings) -> crate::Result<()> {
 }
 
 /// Checks a schema name so it can be written into SQL unquoted-safe.
-fn check_schema(settings: &StoreSettings) -> crate::Result<Option<String>> {
+fn check_schema(settings: &StoreSettings) -> crate::error::Result<Option<String>> {
     let Some(schema) = &settings.schema else {
         return Ok(None);
     };
@@ -112,7 +112,7 @@ fn schema_pool(
     settings: &StoreSettings,
     url: String,
     schema: Option<String>,
-) -> crate::Result<Pool<AsyncPgConnection>> {
+) -> crate::error::Result<Pool<AsyncPgConnection>> {
     let limits = session_limits(settings);
     let module = settings.module.clone();
     build_pool(
@@ -505,7 +505,7 @@ fn session_limits(settings: &StoreSettings) -> String {
 fn migration_session_limits(
     conn: &mut AsyncConnectionWrapper<AsyncPgConnection>,
     deadline: Duration,
-) -> crate::Result<String> {
+) -> crate::error::Result<String> {
     #[derive(diesel::QueryableByName)]
     struct Version {
         #[diesel(sql_type = diesel::sql_types::Integer)]
@@ -629,7 +629,9 @@ impl Store for Postgres {
     // Every transient failure comes with a SQLSTATE or as a lost connection.
     const TRANSIENT_MESSAGES: &'static [&'static str] = &[];
 
-    async fn open(settings: &StoreSettings) -> crate::Result<(Self::Pool, Option<WakeupChannel>)> {
+    async fn open(
+        settings: &StoreSettings,
+    ) -> crate::error::Result<(Self::Pool, Option<WakeupChannel>)> {
         check_url(settings)?;
         let schema = check_schema(settings)?;
         let url = settings.url.expose().trim().to_string();
@@ -738,7 +740,7 @@ impl Store for Postgres {
         Ok((pool, Some(wakeup)))
     }
 
-    async fn open_journal(settings: &StoreSettings) -> crate::Result<Option<Self::Pool>> {
+    async fn open_journal(settings: &StoreSettings) -> crate::error::Result<Option<Self::Pool>> {
         // The journal is a table of the module's schema, made by its
         // migrations; its own few connections keep journal entries from
         // waiting for the connections the deliveries hold.

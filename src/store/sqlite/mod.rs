@@ -77,7 +77,7 @@ fn prepare_file(
     migrate: bool,
     app_migrations: Option<MigrationSet>,
     module: &str,
-) -> crate::Result<()> {
+) -> crate::error::Result<()> {
     let bad_url = |reason: String| Error::BadDatabaseUrl {
         module: module.to_string(),
         url: redact_url(path),
@@ -122,7 +122,7 @@ async fn open_file(
     path: String,
     migrations: MigrationSet,
     app_migrations: Option<MigrationSet>,
-) -> crate::Result<Pool<SqliteConnection>> {
+) -> crate::error::Result<Pool<SqliteConnection>> {
     let migrate = settings.migrate;
     let migrate_path = path.clone();
     let module = settings.module.clone();
@@ -174,7 +174,7 @@ fn is_busy(error: &Error) -> bool {
 
 /// Accepts a plain path or a `sqlite://`/`sqlite:` URL; refuses in-memory
 /// databases, which a pool of connections cannot share.
-fn database_path(settings: &StoreSettings) -> crate::Result<String> {
+fn database_path(settings: &StoreSettings) -> crate::error::Result<String> {
     let url = settings.url.expose().trim();
     let path = url
         .strip_prefix("sqlite://")
@@ -204,7 +204,7 @@ fn database_path(settings: &StoreSettings) -> crate::Result<String> {
 /// Refuses a database file whose directory does not exist, naming the
 /// directory: SQLite would only say that it is "unable to open database
 /// file".
-fn refuse_missing_directory(module: &str, path: &str) -> crate::Result<()> {
+fn refuse_missing_directory(module: &str, path: &str) -> crate::error::Result<()> {
     let Some(directory) = std::path::Path::new(path)
         .parent()
         .filter(|directory| !directory.as_os_str().is_empty())
@@ -248,7 +248,9 @@ impl Store for Sqlite {
     // SQLite reports a lock held by another connection only in words.
     const TRANSIENT_MESSAGES: &'static [&'static str] = &["database is locked", "database is busy"];
 
-    async fn open(settings: &StoreSettings) -> crate::Result<(Self::Pool, Option<WakeupChannel>)> {
+    async fn open(
+        settings: &StoreSettings,
+    ) -> crate::error::Result<(Self::Pool, Option<WakeupChannel>)> {
         let path = database_path(settings)?;
         refuse_missing_directory(&settings.module, &path)?;
         if !settings.migrate && !std::path::Path::new(&path).exists() {
@@ -270,7 +272,7 @@ impl Store for Sqlite {
         Ok((pool, None))
     }
 
-    async fn open_journal(settings: &StoreSettings) -> crate::Result<Option<Self::Pool>> {
+    async fn open_journal(settings: &StoreSettings) -> crate::error::Result<Option<Self::Pool>> {
         let path = format!("{}{JOURNAL_SUFFIX}", database_path(settings)?);
         if !settings.migrate && !std::path::Path::new(&path).exists() {
             // Never made: no effect was ever recorded for this module.

@@ -71,7 +71,7 @@ pub(crate) async fn delete(url: &str, exchange: &str, queues: &[String]) {
     if let Err(e) = deleted {
         eprintln!(
             "warning: deleting exchange {exchange} and its queues on {} failed: {e}",
-            tickbox::redact_url(url)
+            tickbox::redact::redact_url(url)
         );
     }
 }

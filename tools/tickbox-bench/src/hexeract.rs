@@ -96,7 +96,7 @@ pub(crate) async fn run_hexeract(place: &Place, args: &Args) -> Res<Json> {
         [&database, &args.amqp_url]
             .iter()
             .fold(line.to_string(), |l, url| {
-                l.replace(url.as_str(), &tickbox::redact_url(url))
+                l.replace(url.as_str(), &tickbox::redact::redact_url(url))
             })
     };
     let stdout = String::from_utf8_lossy(&output.stdout);

@@ -61,7 +61,7 @@ pub(crate) async fn run_peer(place: &Place, args: &Args) -> Res<Json> {
     }
     let output = tokio::task::spawn_blocking(move || command.output()).await??;
     // The peer may echo its database URL: shown with the password masked.
-    let redacted = tickbox::redact_url(&url);
+    let redacted = tickbox::redact::redact_url(&url);
     let stdout = String::from_utf8_lossy(&output.stdout);
     for line in stdout.lines() {
         if !line.starts_with('{') {

@@ -197,7 +197,7 @@ fn not_built(target: &Target, kind: Kind) -> Failure {
         "`{}` needs {product} support, which this tickbox binary was built without; \
          rebuild it with `--features {feature}` \
          (cargo build --release -p tickbox-cli --features {feature})",
-        tickbox::redact_url(&target.url)
+        tickbox::redact::redact_url(&target.url)
     ))
 }
 

@@ -27,7 +27,7 @@ const SQLITE_EXTENSION: &str = "db";
 #[derive(Debug, PartialEq)]
 pub(crate) struct Target {
     /// The URL or path as given (trimmed); printed only through
-    /// `tickbox::redact_url`.
+    /// `tickbox::redact::redact_url`.
     pub(crate) url: String,
     /// On a server: the schema (PostgreSQL) or database (MariaDB, MySQL)
     /// holding the module's tables.
@@ -36,7 +36,7 @@ pub(crate) struct Target {
     pub(crate) kind: Kind,
     /// What names the module until its database tells its name (and in the
     /// errors of attaching to it): the SQLite file's stem, or the server's
-    /// schema or database name (read from the URL as `tickbox::redact_url`
+    /// schema or database name (read from the URL as `tickbox::redact::redact_url`
     /// shows it: a mistyped URL must not become a label).
     pub(crate) module: String,
 }
@@ -104,7 +104,7 @@ impl Target {
             return Err(format!(
                 "`{}` is neither an SQLite path (or sqlite://PATH), a postgres:// URL nor a \
                  mysql:// URL",
-                tickbox::redact_url(trimmed)
+                tickbox::redact::redact_url(trimmed)
             ));
         }
         if kind == Kind::Sqlite && schema.is_some() {
@@ -118,7 +118,7 @@ impl Target {
                     .strip_prefix("sqlite://")
                     .or_else(|| trimmed.strip_prefix("sqlite:"))
                     .unwrap_or(trimmed);
-                let shown = tickbox::redact_url(path);
+                let shown = tickbox::redact::redact_url(path);
                 Path::new(&shown)
                     .file_stem()
                     .and_then(|stem| stem.to_str())
@@ -141,7 +141,7 @@ impl Target {
     /// URL (its password hidden) and the schema (PostgreSQL) or database
     /// (MariaDB, MySQL).
     pub(crate) fn location(&self) -> String {
-        let url = tickbox::redact_url(&self.url);
+        let url = tickbox::redact::redact_url(&self.url);
         let place = match self.kind {
             Kind::Mysql => "database",
             Kind::Sqlite | Kind::Postgres => "schema",
@@ -220,7 +220,7 @@ pub(crate) fn data_dir(dir: &Path) -> Result<Vec<Target>, String> {
 /// password that breaks the URL (a raw `/` in it) must not become the label
 /// of error messages.
 fn database_name(url: &str) -> Option<String> {
-    let redacted = tickbox::redact_url(url);
+    let redacted = tickbox::redact::redact_url(url);
     let after_scheme = &redacted[redacted.find("://").map_or(0, |i| i + 3)..];
     let path = after_scheme.split_once('/').map(|(_, path)| path)?;
     let database = path.split(['?', '#']).next().unwrap_or_default();

@@ -1,5 +1,7 @@
 //! The crate's one error type.
 
+pub(crate) mod outcome;
+
 use std::fmt;
 
 /// What went wrong, for every fallible operation in tickbox.
@@ -46,7 +48,7 @@ pub enum Error {
     BadDatabaseUrl {
         /// The module whose database it is.
         module: String,
-        /// The URL as [`redact_url`](crate::redact_url) shows it: no
+        /// The URL with its password replaced by `***`: no
         /// password, nothing that might be one.
         url: String,
         /// Why it could not be opened.
@@ -84,8 +86,7 @@ pub enum Error {
     MissingDirectory {
         /// The module whose database it is.
         module: String,
-        /// The database file's path, as [`redact_url`](crate::redact_url)
-        /// shows it.
+        /// The database file's path, with any password replaced by `***`.
         path: String,
         /// The directory that does not exist, shown the same way.
         directory: String,
@@ -96,7 +97,7 @@ pub enum Error {
     NotATickboxDatabase {
         /// The module whose database it was meant to be.
         module: String,
-        /// The URL as [`redact_url`](crate::redact_url) shows it.
+        /// The URL with its password replaced by `***`.
         url: String,
     },
 
@@ -249,7 +250,7 @@ pub enum Error {
 
     /// A replayed dead letter failed again; it stays a dead letter.
     #[error("replay failed: {0}")]
-    ReplayFailed(crate::DeliveryError),
+    ReplayFailed(crate::error::outcome::DeliveryError),
 
     /// The module is on a running bus.
     #[error(
@@ -302,7 +303,7 @@ pub enum Error {
     /// is down, restarting, or the network failed): worth trying again.
     #[error("the message broker at {url} is unreachable: {reason}")]
     BrokerUnreachable {
-        /// The broker's URL as [`redact_url`](crate::redact_url) shows it.
+        /// The broker's URL with its password replaced by `***`.
         url: String,
         /// What failed.
         reason: String,
@@ -313,7 +314,7 @@ pub enum Error {
     /// permission): trying again does not help until it is fixed.
     #[error("the message broker at {url} refused: {reason}")]
     BrokerRefused {
-        /// The broker's URL as [`redact_url`](crate::redact_url) shows it.
+        /// The broker's URL with its password replaced by `***`.
         url: String,
         /// What it refused, and what to do.
         reason: String,

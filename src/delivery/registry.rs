@@ -1,5 +1,5 @@
-//! A module's handlers, with what their deliveries need: the module's
-//! database and outbox (a handler's transaction may publish).
+//! A module's registered handlers (the registry), with what their
+//! deliveries need: the module's database and outbox (a handler's transaction may publish).
 
 use crate::delivery::batch_queue::BatchQueue;
 use crate::delivery::handler::ErasedHandler;
@@ -13,6 +13,19 @@ use crate::store::database::Database;
 use crate::tx::{Mode, Tx};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// A handler's place among its module's handlers: how the bus, the module
+/// actor and a batch name one handler of a module (typed, so that it is
+/// never mistaken for a count or another index).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct HandlerIndex(usize);
+
+impl HandlerIndex {
+    /// The `n`-th handler registered, from 0.
+    pub(crate) fn nth(n: usize) -> Self {
+        HandlerIndex(n)
+    }
+}
 
 /// A registered handler.
 pub(crate) struct HandlerEntry<B: Backend> {
@@ -42,7 +55,7 @@ pub(crate) struct Handlers<B: Backend> {
     pub(crate) db: Arc<Database<B>>,
     /// Where the messages a handler publishes go.
     pub(crate) outbox: Arc<Outbox>,
-    /// The handlers, in registration order (the bus names them by index).
+    /// The handlers, in registration order (named by [`HandlerIndex`]).
     pub(crate) entries: Vec<HandlerEntry<B>>,
     /// The module's effects journal, which each delivery's effects use.
     pub(crate) journal: Arc<Journal<B>>,
@@ -54,15 +67,31 @@ impl<B: Backend> Handlers<B> {
         Tx::begin(&self.db, self.outbox.clone(), Mode::Write).await
     }
 
-    /// How long a delivery to handler `handler` (its index) may take.
-    pub(crate) fn deadline(&self, handler: usize) -> Duration {
-        self.entries[handler]
+    /// The handler at `index`.
+    pub(crate) fn get(&self, index: HandlerIndex) -> &HandlerEntry<B> {
+        &self.entries[index.0]
+    }
+
+    /// Every handler, with its index, in registration order.
+    pub(crate) fn indexed(&self) -> impl Iterator<Item = (HandlerIndex, &HandlerEntry<B>)> {
+        self.entries
+            .iter()
+            .enumerate()
+            .map(|(index, entry)| (HandlerIndex(index), entry))
+    }
+
+    /// How long a delivery to `handler` may take.
+    pub(crate) fn deadline(&self, handler: HandlerIndex) -> Duration {
+        self.get(handler)
             .deadline
             .unwrap_or(self.db.deadlines.transaction)
     }
 
     /// The index of the handler named `name`.
-    pub(crate) fn position(&self, name: &str) -> Option<usize> {
-        self.entries.iter().position(|h| &*h.name == name)
+    pub(crate) fn position(&self, name: &str) -> Option<HandlerIndex> {
+        self.entries
+            .iter()
+            .position(|h| &*h.name == name)
+            .map(HandlerIndex)
     }
 }
