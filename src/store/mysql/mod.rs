@@ -68,6 +68,17 @@ mod types;
 #[derive(Debug, Clone, Copy)]
 pub struct Mysql;
 
+impl Mysql {
+    /// Opens one connection the way a module's pool does: the URL's TLS
+    /// settings (`ssl-mode`, `ssl-ca`, `ssl-cert`, `ssl-key`, as the `mysql`
+    /// client spells them; see the crate's TLS section) and a failure that
+    /// says why (a certificate's fault in plain words). For an
+    /// application's own connections beside its modules'.
+    pub async fn connect(url: &str) -> diesel::ConnectionResult<AsyncMysqlConnection> {
+        establish(url.trim()).await
+    }
+}
+
 const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/mysql");
 
 /// Connections in a module's journal pool (see [`Store::open_journal`]).
