@@ -361,6 +361,10 @@
 //!   provider; no OpenSSL): PostgreSQL's `sslmode`, `sslrootcert`, `sslcert`
 //!   and `sslkey` as libpq reads them (`verify-full` checks the chain and
 //!   the host's name; without `sslrootcert`, the system's trusted roots),
+//!   MariaDB's and MySQL's `ssl-mode`, `ssl-ca`, `ssl-cert` and `ssl-key` as
+//!   the `mysql` client spells them (`REQUIRED`, `VERIFY_IDENTITY`;
+//!   `PREFERRED`, the default, connects in clear; `VERIFY_CA` is refused,
+//!   mysql_async 0.37 being unable to check a chain without its name),
 //!   and `amqps://` with RabbitMQ's `cacertfile`, `certfile` and `keyfile`
 //!   (the broker's chain and name are always checked). Without it, a URL
 //!   that requires TLS is refused at start, naming the feature.
@@ -438,7 +442,8 @@
 //!   keeps, which show themselves redacted.
 //! - `send_async_fn` — the async closures transactions and calls take.
 //! - `tls/` — what a URL asks of TLS (`postgres`: libpq's knobs and the
-//!   connector tokio-postgres negotiates through; `amqp`: `amqps://`), the
+//!   connector tokio-postgres negotiates through; `mysql`: the `mysql`
+//!   client's knobs and mysql_async's options; `amqp`: `amqps://`), the
 //!   rustls configuration that gives it, and failed handshakes in plain
 //!   words (`config`).
 //! - `store/` — storage, and the only place that writes SQL: `contract`

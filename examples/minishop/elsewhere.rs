@@ -125,12 +125,7 @@ impl NamedSchemas for tickbox::Mysql {
         let count = format!(
             "(SELECT count(*) FROM information_schema.schemata WHERE schema_name = '{schema}')"
         );
-        use tickbox::diesel_async::AsyncConnection;
-        count_on(
-            tickbox::diesel_async::AsyncMysqlConnection::establish(url),
-            count,
-        )
-        .await
+        count_on(tickbox::Mysql::connect(url), count).await
     }
 }
 

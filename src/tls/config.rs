@@ -24,16 +24,14 @@ fn provider() -> Arc<CryptoProvider> {
         .clone()
 }
 
-/// The operating system's trusted roots, read once per process (reading
-/// them takes milliseconds; a pool opens connections often).
-fn system_roots() -> Result<Arc<RootCertStore>, String> {
-    static ROOTS: OnceLock<Result<Arc<RootCertStore>, String>> = OnceLock::new();
-    ROOTS
+/// The operating system's trusted certificates, read once per process
+/// (reading them takes milliseconds; a pool opens connections often).
+pub(crate) fn system_root_certs() -> Result<Arc<Vec<CertificateDer<'static>>>, String> {
+    static CERTS: OnceLock<Result<Arc<Vec<CertificateDer<'static>>>, String>> = OnceLock::new();
+    CERTS
         .get_or_init(|| {
             let found = rustls_native_certs::load_native_certs();
-            let mut roots = RootCertStore::empty();
-            let (added, _) = roots.add_parsable_certificates(found.certs);
-            if added == 0 {
+            if found.certs.is_empty() {
                 let why = found
                     .errors
                     .first()
@@ -42,6 +40,24 @@ fn system_roots() -> Result<Arc<RootCertStore>, String> {
                 return Err(format!(
                     "no trusted roots found in the system's store{why}: name a CA file in the URL"
                 ));
+            }
+            Ok(Arc::new(found.certs))
+        })
+        .clone()
+}
+
+/// The operating system's trusted roots, as rustls keeps them.
+fn system_roots() -> Result<Arc<RootCertStore>, String> {
+    static ROOTS: OnceLock<Result<Arc<RootCertStore>, String>> = OnceLock::new();
+    ROOTS
+        .get_or_init(|| {
+            let mut roots = RootCertStore::empty();
+            let (added, _) = roots.add_parsable_certificates(system_root_certs()?.iter().cloned());
+            if added == 0 {
+                return Err(
+                    "no usable trusted roots in the system's store: name a CA file in the URL"
+                        .into(),
+                );
             }
             Ok(Arc::new(roots))
         })

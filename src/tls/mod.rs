@@ -2,8 +2,9 @@
 //! `tls` feature) the rustls client configuration that gives it.
 //!
 //! Each server keeps its own ecosystem's knobs: `postgres` reads libpq's
-//! `sslmode`, `sslrootcert`, `sslcert` and `sslkey`; `amqp` reads
-//! `amqps://` and RabbitMQ's `cacertfile`, `certfile` and `keyfile`. This file owns what
+//! `sslmode`, `sslrootcert`, `sslcert` and `sslkey`; `mysql` reads the
+//! `mysql` client's `ssl-mode`, `ssl-ca`, `ssl-cert` and `ssl-key`; `amqp`
+//! reads `amqps://` and RabbitMQ's `cacertfile`, `certfile` and `keyfile`. This file owns what
 //! they share: how certificates are verified, where trusted roots come
 //! from, and how a failed handshake is told in plain words.
 //!
@@ -13,6 +14,8 @@
 
 #[cfg(feature = "amqp")]
 pub(crate) mod amqp;
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 
@@ -46,6 +49,15 @@ pub(crate) struct TlsSettings {
     pub(crate) client_key: Option<String>,
 }
 
+/// Shows whether module `module`'s newest connection to its database
+/// server (`server`: `postgres`, `mysql`) is encrypted:
+/// `tickbox_connection_encrypted{module, server}`, 1 or 0.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn report_encryption(module: &str, server: &'static str, encrypted: bool) {
+    metrics::gauge!("tickbox_connection_encrypted", "module" => module.to_owned(), "server" => server)
+        .set(if encrypted { 1.0 } else { 0.0 });
+}
+
 /// The refusal of a URL that asks for TLS (`what`, e.g. `sslmode=require`)
 /// in a build without the `tls` feature. Called only by builds without it,
 /// and tested directly so that a build with it checks the wording too.
@@ -59,6 +71,8 @@ pub(crate) fn refuse_without_tls(what: &str) -> String {
 
 #[cfg(feature = "tls")]
 mod config;
+#[cfg(all(feature = "tls", feature = "mysql"))]
+pub(crate) use config::system_root_certs;
 #[cfg(feature = "tls")]
 pub(crate) use config::{client_config, explain_handshake_failure};
 

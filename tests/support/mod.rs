@@ -185,6 +185,20 @@ impl TestDb {
         );
         Self::at(tickbox::testing::TestDatabases::on::<tickbox::Mysql>(url))
     }
+
+    /// The schema (PostgreSQL) or database (MariaDB/MySQL) module `name`
+    /// works in.
+    #[allow(dead_code)]
+    pub fn schema(&self, name: &str) -> String {
+        self.dbs.schema(name)
+    }
+
+    /// The MariaDB/MySQL server at `url` (a URL with TLS parameters, say).
+    #[cfg(feature = "mysql")]
+    #[allow(dead_code)]
+    pub fn mysql_at(url: String) -> Self {
+        Self::at(tickbox::testing::TestDatabases::on::<tickbox::Mysql>(url))
+    }
 }
 
 /// Over a broker, deletes the test's exchange and queues, so that a run

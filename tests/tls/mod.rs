@@ -6,8 +6,41 @@
 
 #[cfg(feature = "amqp")]
 mod amqp;
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
+
+/// A handful of the suite's delivery cases on backend `$backend`, on the
+/// server at `$url` (`TestDb::$at`: `postgres_at`, `mysql_at`).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+macro_rules! delivery_cases {
+    ($backend:ty, $at:ident, $url:expr) => {
+        macro_rules! case {
+            ($name:ident) => {
+                #[actix::test]
+                async fn $name() {
+                    crate::support::trace_init();
+                    crate::suite::$name::<$backend>(crate::support::TestDb::$at($url)).await;
+                }
+            };
+            ($area:ident :: $name:ident) => {
+                #[actix::test]
+                async fn $name() {
+                    crate::support::trace_init();
+                    crate::suite::$area::$name::<$backend>(crate::support::TestDb::$at($url)).await;
+                }
+            };
+        }
+        case!(rolled_back_publish_is_never_delivered_and_committed_one_is);
+        case!(a_redelivered_message_is_skipped_and_counted);
+        case!(a_handler_error_rolls_back_and_is_retried);
+        case!(batches::waiting_messages_commit_together_in_batches_and_each_once);
+        case!(ordering::order_holds_across_a_restart);
+    };
+}
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) use delivery_cases;
 
 /// The TLS node's URL at `host`, trusting `ca` (a file `.ci/tls` made),
 /// with the tests' client certificate.

@@ -34,45 +34,16 @@ fn verify_full_url() -> String {
     )
 }
 
-/// A handful of the suite's delivery cases on the database at `$url`.
-macro_rules! delivery_cases {
-    ($url:expr) => {
-        macro_rules! case {
-            ($name:ident) => {
-                #[actix::test]
-                async fn $name() {
-                    crate::support::trace_init();
-                    crate::suite::$name::<tickbox::Postgres>(crate::support::TestDb::postgres_at(
-                        $url,
-                    ))
-                    .await;
-                }
-            };
-            ($area:ident :: $name:ident) => {
-                #[actix::test]
-                async fn $name() {
-                    crate::support::trace_init();
-                    crate::suite::$area::$name::<tickbox::Postgres>(
-                        crate::support::TestDb::postgres_at($url),
-                    )
-                    .await;
-                }
-            };
-        }
-        case!(rolled_back_publish_is_never_delivered_and_committed_one_is);
-        case!(a_redelivered_message_is_skipped_and_counted);
-        case!(a_handler_error_rolls_back_and_is_retried);
-        case!(batches::waiting_messages_commit_together_in_batches_and_each_once);
-        case!(ordering::order_holds_across_a_restart);
-    };
-}
-
 mod require {
-    delivery_cases!(super::pg_url("127.0.0.1", "sslmode=require"));
+    crate::tls::delivery_cases!(
+        tickbox::Postgres,
+        postgres_at,
+        super::pg_url("127.0.0.1", "sslmode=require")
+    );
 }
 
 mod verify_full {
-    delivery_cases!(super::verify_full_url());
+    crate::tls::delivery_cases!(tickbox::Postgres, postgres_at, super::verify_full_url());
 }
 
 /// Connections of `application` the server sees, and how many of them are

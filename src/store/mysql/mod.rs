@@ -20,8 +20,7 @@ use diesel::QueryResult;
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::pooled_connection::deadpool::{Object, Pool};
 use diesel_async::{
-    AnsiTransactionManager, AsyncConnection, AsyncMysqlConnection, SimpleAsyncConnection,
-    TransactionManager,
+    AnsiTransactionManager, AsyncMysqlConnection, SimpleAsyncConnection, TransactionManager,
 };
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 use std::time::Duration;
@@ -68,6 +67,17 @@ mod types;
 ///   lock wait timeout (`innodb_lock_wait_timeout`) is kept.
 #[derive(Debug, Clone, Copy)]
 pub struct Mysql;
+
+impl Mysql {
+    /// Opens one connection the way a module's pool does: the URL's TLS
+    /// settings (`ssl-mode`, `ssl-ca`, `ssl-cert`, `ssl-key`, as the `mysql`
+    /// client spells them; see the crate's TLS section) and a failure that
+    /// says why (a certificate's fault in plain words). For an
+    /// application's own connections beside its modules'.
+    pub async fn connect(url: &str) -> diesel::ConnectionResult<AsyncMysqlConnection> {
+        establish(url.trim()).await
+    }
+}
 
 const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/mysql");
 
@@ -262,7 +272,7 @@ async fn connect(
             }
         }
     };
-    match tokio::time::timeout(CONNECT_TIMEOUT, AsyncMysqlConnection::establish(url)).await {
+    match tokio::time::timeout(CONNECT_TIMEOUT, establish(url)).await {
         Ok(Ok(conn)) => Ok(conn),
         Ok(Err(error)) => Err(failed(error.to_string())),
         Err(_) => Err(Error::DatabaseUnreachable {
@@ -273,6 +283,61 @@ async fn connect(
             ),
         }),
     }
+}
+
+/// Opens a connection to `url` as diesel-async's `establish` does, but
+/// with the TLS the URL asks for (`ssl-mode`, `ssl-ca`, `ssl-cert`,
+/// `ssl-key`: [`crate::tls::mysql`]), a failed handshake told in plain
+/// words; says whether the session is encrypted.
+pub(crate) async fn establish_reporting(
+    url: &str,
+) -> diesel::ConnectionResult<(AsyncMysqlConnection, bool)> {
+    use diesel::ConnectionError;
+    let (client_url, tls) =
+        crate::tls::mysql::split_url(url).map_err(ConnectionError::InvalidConnectionUrl)?;
+    let opts = mysql_async::Opts::from_url(&client_url)
+        .map_err(|e| ConnectionError::InvalidConnectionUrl(e.to_string()))?;
+    // As diesel-async's own `establish`: its statement cache, not
+    // mysql_async's, and the rows a statement matched, not only those it
+    // changed.
+    let builder = mysql_async::OptsBuilder::from_opts(opts)
+        .stmt_cache_size(0)
+        .client_found_rows(true);
+    #[cfg(feature = "tls")]
+    let builder = builder
+        .ssl_opts(crate::tls::mysql::ssl_opts(&tls).map_err(ConnectionError::BadConnection)?);
+    let conn = mysql_async::Conn::new(builder).await.map_err(|error| {
+        #[cfg(feature = "tls")]
+        if let Some(reason) = crate::tls::explain_handshake_failure(&error, &tls.settings) {
+            return ConnectionError::BadConnection(format!("{}: {reason}", server_address(url)));
+        }
+        match error {
+            mysql_async::Error::Url(e) => ConnectionError::InvalidConnectionUrl(e.to_string()),
+            mysql_async::Error::Driver(mysql_async::DriverError::NoClientSslFlagFromServer) => {
+                ConnectionError::BadConnection(format!(
+                    "{}: the URL asks for TLS (ssl-mode={}), and the server offers none",
+                    server_address(url),
+                    tls.mode.name()
+                ))
+            }
+            other => ConnectionError::BadConnection(other.to_string()),
+        }
+    })?;
+    tracing::trace!(
+        address = %server_address(url),
+        ssl_mode = tls.mode.name(),
+        encrypted = tls.mode.encrypts(),
+        "MariaDB/MySQL session opened"
+    );
+    // A mode that encrypts refuses a session in clear; the others never
+    // ask for TLS.
+    let encrypted = tls.mode.encrypts();
+    Ok((AsyncMysqlConnection::try_from(conn).await?, encrypted))
+}
+
+/// Opens a connection as [`establish_reporting`] does.
+pub(crate) async fn establish(url: &str) -> diesel::ConnectionResult<AsyncMysqlConnection> {
+    establish_reporting(url).await.map(|(conn, _)| conn)
 }
 
 /// `host:port` of a URL, for an error.
@@ -296,13 +361,16 @@ fn session_pool(
     url: String,
 ) -> crate::error::Result<Pool<AsyncMysqlConnection>> {
     let limits = session_limits(settings);
+    let module = settings.module.clone();
     build_pool(
         settings,
         url,
         Box::new(move |url| {
             let setup = format!("{SESSION_SETUP}{limits}");
+            let module = module.clone();
             Box::pin(async move {
-                let mut conn = AsyncMysqlConnection::establish(url).await?;
+                let (mut conn, encrypted) = establish_reporting(url).await?;
+                crate::tls::report_encryption(&module, "mysql", encrypted);
                 conn.batch_execute(&setup)
                     .await
                     .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;

@@ -3,7 +3,7 @@
 
 use super::Mysql;
 use crate::store::scratch::{scratch_name, ScratchDatabases, ScratchModule};
-use diesel_async::{AsyncConnection, AsyncMysqlConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
 use std::time::Duration;
 
 /// How long dropping a test's databases may take: the statements' own lock
@@ -39,9 +39,7 @@ impl ScratchDatabases for Mysql {
                 .build()
                 .map_err(|e| e.to_string())?;
             let dropping = async {
-                let mut conn = AsyncMysqlConnection::establish(&url)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let mut conn = super::establish(&url).await.map_err(|e| e.to_string())?;
                 conn.batch_execute("SET SESSION lock_wait_timeout = 5")
                     .await
                     .map_err(|e| e.to_string())?;

@@ -126,7 +126,7 @@ fn schema_pool(
             let module = module.clone();
             Box::pin(async move {
                 let (mut conn, encrypted) = connect_reporting(url).await?;
-                report_encryption(&module, encrypted);
+                crate::tls::report_encryption(&module, "postgres", encrypted);
                 conn.batch_execute(&setup)
                     .await
                     .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
@@ -258,13 +258,6 @@ async fn connect_reporting(url: &str) -> diesel::ConnectionResult<(AsyncPgConnec
         AsyncPgConnection::try_from_client_and_connection(session.client, session.connection)
             .await?;
     Ok((conn, encrypted))
-}
-
-/// Shows whether module `module`'s newest connection is encrypted:
-/// `tickbox_connection_encrypted{module, server="postgres"}`, 1 or 0.
-fn report_encryption(module: &str, encrypted: bool) {
-    metrics::gauge!("tickbox_connection_encrypted", "module" => module.to_owned(), "server" => "postgres")
-        .set(if encrypted { 1.0 } else { 0.0 });
 }
 
 /// A plain tokio-postgres client, for the statements the test kit runs

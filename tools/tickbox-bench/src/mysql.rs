@@ -10,9 +10,7 @@ use tickbox::diesel::sql_types::{BigInt, Binary, Nullable, Text};
 use tickbox::diesel::{self, QueryResult};
 use tickbox::diesel_async::pooled_connection::deadpool::{Object, Pool};
 use tickbox::diesel_async::pooled_connection::SetupCallback;
-use tickbox::diesel_async::{
-    AsyncConnection, AsyncMysqlConnection, RunQueryDsl, SimpleAsyncConnection,
-};
+use tickbox::diesel_async::{AsyncMysqlConnection, RunQueryDsl, SimpleAsyncConnection};
 use tickbox::{Message, ModuleBuilder, Mysql};
 use uuid::Uuid;
 
@@ -84,7 +82,7 @@ impl BenchBackend for Mysql {
     fn raw_pool(place: &Place, db: &str, size: usize) -> Res<Pool<AsyncMysqlConnection>> {
         let setup: SetupCallback<AsyncMysqlConnection> = Box::new(|url| {
             Box::pin(async move {
-                let mut conn = AsyncMysqlConnection::establish(url).await?;
+                let mut conn = Mysql::connect(url).await?;
                 conn.batch_execute(SESSION_SETUP)
                     .await
                     .map_err(diesel::ConnectionError::CouldntSetupConfiguration)?;
@@ -209,7 +207,7 @@ pub(crate) async fn drop_databases(place: &Place) -> Res<()> {
         return Ok(());
     }
     let url = database_url(place, "")?;
-    let mut conn = AsyncMysqlConnection::establish(&url).await?;
+    let mut conn = Mysql::connect(&url).await?;
     for database in databases {
         conn.batch_execute(&format!("DROP DATABASE IF EXISTS `{database}`"))
             .await?;

@@ -1,0 +1,198 @@
+//! MariaDB over TLS, against the second server `.ci/tls` starts (on 3307,
+//! presenting the tests' certificate; `TICKBOX_MYSQL_TLS_URL`): delivery
+//! cases over `ssl-mode=REQUIRED` and `VERIFY_IDENTITY`, every session seen
+//! encrypted by the server, a wrong CA or host name refused with its
+//! reason, and TLS asked of the shared server, which has none, refused.
+
+use super::tls_file;
+use crate::suite::{bus, drained, pair, publish};
+use crate::support::*;
+use std::time::Duration;
+use tickbox::{Error, Mysql};
+
+/// The TLS server's URL (`TICKBOX_MYSQL_TLS_URL`, default
+/// `mysql://root@localhost:3307`) with its host replaced by `host` and
+/// `query` added.
+fn mysql_url(host: &str, query: &str) -> String {
+    let base = std::env::var("TICKBOX_MYSQL_TLS_URL")
+        .unwrap_or_else(|_| "mysql://root@localhost:3307".into());
+    with_host(&base, host, query)
+}
+
+/// `url` with its host replaced by `host` and `query` added.
+fn with_host(url: &str, host: &str, query: &str) -> String {
+    let mut url = url::Url::parse(url).expect("a URL");
+    url.set_host(Some(host)).expect("a host");
+    let mut url = url.to_string();
+    url.push(if url.contains('?') { '&' } else { '?' });
+    url.push_str(query);
+    url
+}
+
+/// Full verification against the tests' CA, at the name its certificate
+/// gives.
+fn verify_identity_url() -> String {
+    mysql_url(
+        "localhost",
+        &format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={}", tls_file("ca.pem")),
+    )
+}
+
+mod required {
+    crate::tls::delivery_cases!(
+        tickbox::Mysql,
+        mysql_at,
+        super::mysql_url("127.0.0.1", "ssl-mode=REQUIRED")
+    );
+}
+
+mod verify_identity {
+    crate::tls::delivery_cases!(tickbox::Mysql, mysql_at, super::verify_identity_url());
+}
+
+/// Sessions the server holds in the databases `databases`, other than
+/// the one asking, and how many of them are in clear (no `Ssl_cipher`).
+async fn sessions(orders: &tickbox::ModuleHandle<Mysql>, databases: &[String]) -> (i64, i64) {
+    let names = databases
+        .iter()
+        .map(|name| format!("'{name}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let of_test = format!(
+        "FROM information_schema.PROCESSLIST p \
+         JOIN performance_schema.threads t ON t.PROCESSLIST_ID = p.ID \
+         LEFT JOIN performance_schema.status_by_thread s \
+           ON s.THREAD_ID = t.THREAD_ID AND s.VARIABLE_NAME = 'Ssl_cipher' \
+         WHERE p.ID <> CONNECTION_ID() AND p.DB IN ({names})"
+    );
+    let total = count(orders, format!("SELECT count(*) AS n {of_test}")).await;
+    let clear = count(
+        orders,
+        format!("SELECT count(*) AS n {of_test} AND COALESCE(s.VARIABLE_VALUE, '') = ''"),
+    )
+    .await;
+    (total, clear)
+}
+
+#[actix::test]
+async fn the_server_sees_every_session_of_modules_and_their_bus_encrypted() {
+    trace_init();
+    let db = TestDb::mysql_at(verify_identity_url());
+    let handler = Record::new(Then::Succeed);
+    let (orders, warehouse) = pair::<Mysql>(&db, &handler).await;
+    let bus = bus(&db, &[&orders, &warehouse]).await;
+    publish(&orders, 1).await;
+    drained(&bus).await;
+    // The pools' idle sessions: at least one in each module's database
+    // besides the one asking.
+    let databases = [db.schema("orders"), db.schema("warehouse")];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let (total, clear) = loop {
+        let (total, clear) = sessions(&orders, &databases).await;
+        if total >= 2 || tokio::time::Instant::now() > deadline {
+            break (total, clear);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(total >= 2, "only {total} sessions in {databases:?} seen");
+    assert_eq!(clear, 0, "{clear} of {total} sessions in clear");
+    for module in [&orders, &warehouse] {
+        let stats = module.store_stats().await.expect("figures");
+        assert_eq!(stats.encrypted, Some(true), "what `tickbox status` shows");
+    }
+    bus.stop().await;
+}
+
+/// Starts a module at `url` and returns why it could not open its
+/// database.
+async fn refusal(url: String) -> String {
+    let db = TestDb::mysql_at(url);
+    let error = <Mysql as TestBackend>::module(&db, "orders")
+        .start()
+        .await
+        .expect_err("the connection must fail");
+    let Error::BadDatabaseUrl { reason, .. } = &error else {
+        panic!("a refused connection, not: {error:?}");
+    };
+    assert!(!error.is_transient(), "{error}");
+    reason.clone()
+}
+
+#[actix::test]
+async fn a_certificate_from_an_unknown_ca_is_refused_naming_the_ca_file() {
+    trace_init();
+    let other = tls_file("other-ca.pem");
+    let reason = refusal(mysql_url(
+        "localhost",
+        &format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={other}"),
+    ))
+    .await;
+    assert!(
+        reason.contains(&format!("not signed by a CA in {other}")),
+        "{reason}"
+    );
+}
+
+#[actix::test]
+async fn a_certificate_for_another_name_is_refused_naming_both() {
+    trace_init();
+    let ca = tls_file("ca.pem");
+    let reason = refusal(mysql_url(
+        "127.0.0.1",
+        &format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}"),
+    ))
+    .await;
+    assert!(
+        reason.contains("names localhost, not the host 127.0.0.1"),
+        "{reason}"
+    );
+}
+
+/// mysql_async 0.37 cannot check a chain without the name (its skip of
+/// the name check no longer matches rustls's errors): `VERIFY_CA`, and
+/// `REQUIRED` with a CA, are refused saying so, rather than refusing every
+/// certificate for another name with a misleading reason.
+#[actix::test]
+async fn verify_ca_is_refused_with_the_reason_and_the_mode_to_use() {
+    trace_init();
+    let ca = tls_file("ca.pem");
+    for (query, named) in [
+        (
+            format!("ssl-mode=VERIFY_CA&ssl-ca={ca}"),
+            "ssl-mode=VERIFY_CA",
+        ),
+        (
+            format!("ssl-mode=required&ssl-ca={ca}"),
+            "ssl-mode=REQUIRED with ssl-ca",
+        ),
+    ] {
+        let reason = refusal(mysql_url("localhost", &query)).await;
+        assert!(reason.contains(named), "{reason}");
+        assert!(reason.contains("use ssl-mode=VERIFY_IDENTITY"), "{reason}");
+    }
+}
+
+#[actix::test]
+async fn tls_asked_of_a_server_without_it_is_refused_saying_so() {
+    trace_init();
+    let shared = std::env::var("TICKBOX_MYSQL_URL")
+        .expect("the MariaDB TLS tests need TICKBOX_MYSQL_URL, e.g. mysql://root@127.0.0.1:3306");
+    let reason = refusal(with_host(&shared, "127.0.0.1", "ssl-mode=REQUIRED")).await;
+    assert!(
+        reason.contains("asks for TLS (ssl-mode=REQUIRED), and the server offers none"),
+        "{reason}"
+    );
+}
+
+#[actix::test]
+async fn a_module_in_clear_says_so() {
+    trace_init();
+    let db = TestDb::mysql_at(mysql_url("127.0.0.1", "ssl-mode=DISABLED"));
+    let orders = <Mysql as TestBackend>::module(&db, "orders")
+        .start()
+        .await
+        .expect("orders starts in clear");
+    let stats = orders.store_stats().await.expect("figures");
+    assert_eq!(stats.encrypted, Some(false));
+    orders.close();
+}
