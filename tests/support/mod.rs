@@ -324,20 +324,27 @@ pub fn delete_from_broker(exchange: &str) {
     .join();
 }
 
+/// Runs `program` with `args` and returns what it printed; fails the test
+/// if it fails.
+#[allow(dead_code)]
+pub fn run_tool(program: &str, args: &[&str]) -> String {
+    let output = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{program} runs: {e}"));
+    assert!(
+        output.status.success(),
+        "{program} {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
 /// Runs `rabbitmqctl` with `args` and fails the test if it fails.
 #[cfg(feature = "amqp")]
 #[allow(dead_code)]
 pub fn rabbitmqctl(args: &[&str]) -> String {
-    let output = std::process::Command::new("rabbitmqctl")
-        .args(args)
-        .output()
-        .expect("rabbitmqctl runs");
-    assert!(
-        output.status.success(),
-        "rabbitmqctl {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
+    run_tool("rabbitmqctl", args)
 }
 
 /// The broker the AMQP tests use: `TICKBOX_AMQP_URL`, or the local one.

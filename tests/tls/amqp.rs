@@ -140,17 +140,7 @@ impl ExpiredServer {
             path("serial")
         );
         std::fs::write(path("ca.cnf"), config).expect("the CA's configuration");
-        let openssl = |args: &[&str]| {
-            let output = Command::new("openssl")
-                .args(args)
-                .output()
-                .expect("openssl runs");
-            assert!(
-                output.status.success(),
-                "openssl {args:?}: {}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-        };
+        let openssl = |args: &[&str]| run_tool("openssl", args);
         openssl(&[
             "req",
             "-newkey",

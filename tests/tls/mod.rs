@@ -74,6 +74,22 @@ pub(crate) fn delete_tls_queues(prefix: &str) {
     }
 }
 
+/// Starts module `orders` of backend `B` on `db` (a URL whose TLS must
+/// fail) and returns why it could not open its database: a refusal, never
+/// a transient failure.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn refusal<B: crate::support::TestBackend>(db: crate::support::TestDb) -> String {
+    let error = B::module(&db, "orders")
+        .start()
+        .await
+        .expect_err("the connection must fail");
+    let tickbox::Error::BadDatabaseUrl { reason, .. } = &error else {
+        panic!("a refused connection, not: {error:?}");
+    };
+    assert!(!error.is_transient(), "{error}");
+    reason.clone()
+}
+
 /// A file `.ci/tls` made.
 pub(crate) fn tls_file(name: &str) -> String {
     let dir = std::env::var("TICKBOX_TLS_DIR").unwrap_or_else(|_| "/tmp/tickbox-tls".into());

@@ -8,7 +8,7 @@ use super::tls_file;
 use crate::suite::{bus, drained, pair, publish};
 use crate::support::*;
 use std::time::Duration;
-use tickbox::{Error, Mysql};
+use tickbox::Mysql;
 
 /// The TLS server's URL (`TICKBOX_MYSQL_TLS_URL`, default
 /// `mysql://root@localhost:3307`) with its host replaced by `host` and
@@ -86,15 +86,18 @@ async fn the_server_sees_every_session_of_modules_and_their_bus_encrypted() {
     // The pools' idle sessions: at least one in each module's database
     // besides the one asking.
     let databases = [db.schema("orders"), db.schema("warehouse")];
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let (total, clear) = loop {
-        let (total, clear) = sessions(&orders, &databases).await;
-        if total >= 2 || tokio::time::Instant::now() > deadline {
-            break (total, clear);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    assert!(total >= 2, "only {total} sessions in {databases:?} seen");
+    let seen = std::cell::Cell::new((0, 0));
+    let (seen_ref, orders_ref, databases_ref) = (&seen, &orders, &databases);
+    eventually(
+        "at least 2 sessions in the modules' databases",
+        Duration::from_secs(20),
+        move || async move {
+            seen_ref.set(sessions(orders_ref, databases_ref).await);
+            seen_ref.get().0 >= 2
+        },
+    )
+    .await;
+    let (total, clear) = seen.get();
     assert_eq!(clear, 0, "{clear} of {total} sessions in clear");
     for module in [&orders, &warehouse] {
         let stats = module.store_stats().await.expect("figures");
@@ -103,19 +106,9 @@ async fn the_server_sees_every_session_of_modules_and_their_bus_encrypted() {
     bus.stop().await;
 }
 
-/// Starts a module at `url` and returns why it could not open its
-/// database.
+/// Why a module at `url` could not open its database.
 async fn refusal(url: String) -> String {
-    let db = TestDb::mysql_at(url);
-    let error = <Mysql as TestBackend>::module(&db, "orders")
-        .start()
-        .await
-        .expect_err("the connection must fail");
-    let Error::BadDatabaseUrl { reason, .. } = &error else {
-        panic!("a refused connection, not: {error:?}");
-    };
-    assert!(!error.is_transient(), "{error}");
-    reason.clone()
+    super::refusal::<Mysql>(TestDb::mysql_at(url)).await
 }
 
 #[actix::test]

@@ -6,7 +6,7 @@ use super::tls_file;
 use crate::suite::{bus, drained, pair, publish};
 use crate::support::*;
 use std::time::Duration;
-use tickbox::{Error, Postgres};
+use tickbox::Postgres;
 
 /// `TICKBOX_PG_URL` with its host replaced by `host` and `query` added.
 fn pg_url(host: &str, query: &str) -> String {
@@ -81,34 +81,27 @@ async fn the_server_sees_every_connection_of_modules_and_their_bus_encrypted() {
     drained(&bus).await;
     // Each module's pool, and the bus's listening connection per module
     // (it connects in the background): at least four sessions.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let (total, clear) = loop {
-        let (total, clear) = sessions_of(&orders, &application).await;
-        if total >= 4 || tokio::time::Instant::now() > deadline {
-            break (total, clear);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    assert!(total >= 4, "only {total} sessions of {application} seen");
+    let seen = std::cell::Cell::new((0, 0));
+    let (seen_ref, orders_ref, application_ref) = (&seen, &orders, &application);
+    eventually(
+        "at least 4 sessions of the test's application",
+        Duration::from_secs(20),
+        move || async move {
+            seen_ref.set(sessions_of(orders_ref, application_ref).await);
+            seen_ref.get().0 >= 4
+        },
+    )
+    .await;
+    let (total, clear) = seen.get();
     assert_eq!(clear, 0, "{clear} of {total} sessions in clear");
     let stats = orders.store_stats().await.expect("figures");
     assert_eq!(stats.encrypted, Some(true), "what `tickbox status` shows");
     bus.stop().await;
 }
 
-/// Starts a module at `url` and returns why it could not open its
-/// database.
+/// Why a module at `url` could not open its database.
 async fn refusal(url: String) -> String {
-    let db = TestDb::postgres_at(url);
-    let error = <Postgres as TestBackend>::module(&db, "orders")
-        .start()
-        .await
-        .expect_err("the handshake must fail");
-    let Error::BadDatabaseUrl { reason, .. } = &error else {
-        panic!("a refused certificate, not: {error:?}");
-    };
-    assert!(!error.is_transient(), "{error}");
-    reason.clone()
+    super::refusal::<Postgres>(TestDb::postgres_at(url)).await
 }
 
 #[actix::test]
