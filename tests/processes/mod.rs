@@ -97,6 +97,13 @@ impl Place {
         self.count("orders", rest)
     }
 
+    /// Whether a run placing orders has ended here: the other processes
+    /// may then see the flow finished, so a restarted orders process must
+    /// finish the work (`--resume`) rather than place new orders.
+    fn a_placing_run_ended(&self) -> bool {
+        self.count_orders_db("placing_runs WHERE ended_at_us IS NOT NULL") > 0
+    }
+
     /// Runs `SELECT count(*) FROM <rest>` in `module`'s database; 0 before
     /// its tables exist.
     pub(crate) fn count(&self, module: &str, rest: &str) -> i64 {
@@ -667,8 +674,8 @@ fn share_the_work_through_sigkills(place: Place, split: &[&str]) {
         .map(|modules| spawn_part(&place, modules, placing, false))
         .collect();
     let (seed, kills) = sigkill_at_random(&mut children, 8, (50, 400, 1500), |victim| {
-        let resume = place.count_orders_db("placing_runs") >= placing as i64
-            && place.count_orders_db("placing_runs WHERE ended_at_us IS NOT NULL") > 0;
+        let resume =
+            place.count_orders_db("placing_runs") >= placing as i64 && place.a_placing_run_ended();
         spawn_part(&place, split[victim], placing, resume)
     });
     let mut orders = None;
@@ -877,8 +884,7 @@ mod amqp_split {
         /// and new orders would find no process left to serve them; it
         /// then finishes the work with `--resume`.
         fn respawn(&self, i: usize) -> Child {
-            let ended = "placing_runs WHERE ended_at_us IS NOT NULL";
-            self.spawn_placing(i, self.places[0].count_orders_db(ended) == 0)
+            self.spawn_placing(i, !self.places[0].a_placing_run_ended())
         }
 
         /// [`Split::spawn`], with new orders (`--orders`) if `placing`, else
