@@ -355,26 +355,28 @@ async fn open_session(
             #[cfg(not(feature = "tls"))]
             encrypted: false,
         }),
-        #[cfg(feature = "tls")]
-        Ok(Err(e)) if crate::tls::explain_handshake_failure(&e, &tls.settings).is_some() => {
-            let reason = crate::tls::explain_handshake_failure(&e, &tls.settings);
-            Err(SessionFailure::Refused(
-                diesel::ConnectionError::BadConnection(format!(
-                    "{}: {}",
-                    server_address(config),
-                    reason.unwrap_or_default()
-                )),
-            ))
-        }
-        Ok(Err(e)) => Err(match io_cause(&e) {
-            Some(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => unreachable(format!(
-                "the server refused the connection ({io}); is it running, and listening there?"
-            )),
-            Some(io) => unreachable(io.to_string()),
-            None => {
-                SessionFailure::Refused(diesel::ConnectionError::BadConnection(with_causes(&e)))
+        Ok(Err(e)) => {
+            #[cfg(feature = "tls")]
+            if let Some(reason) = crate::tls::explain_handshake_failure(&e, &tls.settings) {
+                return Err(SessionFailure::Refused(
+                    diesel::ConnectionError::BadConnection(format!(
+                        "{}: {reason}",
+                        server_address(config)
+                    )),
+                ));
             }
-        }),
+            Err(match io_cause(&e) {
+                Some(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    unreachable(format!(
+                "the server refused the connection ({io}); is it running, and listening there?"
+            ))
+                }
+                Some(io) => unreachable(io.to_string()),
+                None => {
+                    SessionFailure::Refused(diesel::ConnectionError::BadConnection(with_causes(&e)))
+                }
+            })
+        }
         Err(_) => Err(unreachable(format!(
             "the server did not complete the connection within {limit:?}"
         ))),
