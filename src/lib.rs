@@ -533,6 +533,8 @@ mod store;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
+// Only servers reached over a network speak TLS.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "amqp"))]
 mod tls;
 mod tracking;
 mod transient;

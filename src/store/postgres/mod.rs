@@ -346,7 +346,11 @@ async fn open_session(
     );
     #[cfg(not(feature = "tls"))]
     let (connector, _) = (tokio_postgres::NoTls, tls);
-    match tokio::time::timeout(limit, config.connect(connector.clone())).await {
+    // A clone: with TLS, the connector remembers whether the handshake
+    // encrypted, read once connected. Without TLS it is `NoTls`, a `Copy`.
+    #[cfg_attr(not(feature = "tls"), allow(clippy::clone_on_copy))]
+    let connected = tokio::time::timeout(limit, config.connect(connector.clone())).await;
+    match connected {
         Ok(Ok((client, connection))) => Ok(Session {
             client,
             connection,
