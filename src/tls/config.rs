@@ -8,7 +8,8 @@ use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{
-    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+    AlertDescription, CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore,
+    SignatureScheme,
 };
 use std::sync::{Arc, OnceLock};
 
@@ -298,6 +299,17 @@ pub(crate) fn explain_handshake_failure(
             ),
             other => format!("the server's certificate is refused: {other}"),
         },
+        rustls::Error::AlertReceived(AlertDescription::CertificateRequired) => {
+            "the server asks for a client certificate, and none was given".to_string()
+        }
+        rustls::Error::AlertReceived(
+            alert @ (AlertDescription::UnknownCA
+            | AlertDescription::BadCertificate
+            | AlertDescription::CertificateUnknown
+            | AlertDescription::CertificateExpired
+            | AlertDescription::CertificateRevoked
+            | AlertDescription::UnsupportedCertificate),
+        ) => format!("the server refused the client certificate ({alert:?})"),
         rustls::Error::AlertReceived(alert) => format!(
             "the server ended the TLS handshake ({alert:?}); if it asks for a client \
              certificate, give one"

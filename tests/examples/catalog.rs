@@ -78,8 +78,8 @@ impl Place {
 impl Drop for Place {
     fn drop(&mut self) {
         #[cfg(feature = "mysql")]
-        if let Place::Mysql { prefix, .. } = self {
-            crate::support::mysql::drop_databases(prefix);
+        if let Place::Mysql { url, prefix } = self {
+            crate::support::mysql::drop_databases(url, prefix);
         }
         if let Place::Postgres { url, prefix } = self {
             let drop = ["catalog", "storefront", "journeys"]

@@ -144,6 +144,32 @@ async fn the_prometheus_endpoint_passes_promtool() {
         assert!(body.contains(&line), "missing `{line}` in:\n{body}");
     }
     assert!(exporter.render().contains("tickbox_inbox_handled_total"));
+
+    // Whether each module's connection to its database server is
+    // encrypted: 1 for a module at `verify-full`, 0 for one in clear.
+    #[cfg(all(feature = "postgres", feature = "tls"))]
+    for (name, query, value) in [
+        (
+            "encrypted_probe",
+            format!(
+                "sslmode=verify-full&sslrootcert={}",
+                crate::tls::tls_file("ca.pem")
+            ),
+            1,
+        ),
+        ("clear_probe", "sslmode=disable".to_string(), 0),
+    ] {
+        let db = TestDb::postgres_at(crate::tls::postgres::pg_url("localhost", &query));
+        let module = <tickbox::Postgres as TestBackend>::module(&db, name)
+            .start()
+            .await
+            .expect(name);
+        let line =
+            format!(r#"tickbox_connection_encrypted{{module="{name}",server="postgres"}} {value}"#);
+        let body = exporter.render();
+        assert!(body.contains(&line), "missing `{line}` in:\n{body}");
+        module.close();
+    }
     if let Err(findings) = promtool_check(&body) {
         panic!("promtool check metrics failed:\n{findings}\n--- exposition ---\n{body}");
     }

@@ -135,9 +135,10 @@ impl Place {
                     .unwrap_or(0)
             }
             #[cfg(feature = "mysql")]
-            Place::Mysql { prefix, .. } => crate::support::mysql::count(&format!(
-                "SELECT count(*) AS n FROM {prefix}_{module}.{rest}"
-            )),
+            Place::Mysql { url, prefix } => crate::support::mysql::count(
+                plain(url),
+                &format!("SELECT count(*) AS n FROM {prefix}_{module}.{rest}"),
+            ),
             #[cfg(not(feature = "mysql"))]
             Place::Mysql { .. } => unreachable!("made with the `mysql` feature only"),
         }
@@ -173,9 +174,10 @@ impl Place {
                 psql(url, &sql).lines().map(String::from).collect()
             }
             #[cfg(feature = "mysql")]
-            Place::Mysql { prefix, .. } => crate::support::mysql::texts(&format!(
-                "SELECT {column} AS t FROM {prefix}_{module}.{rest}"
-            )),
+            Place::Mysql { url, prefix } => crate::support::mysql::texts(
+                plain(url),
+                &format!("SELECT {column} AS t FROM {prefix}_{module}.{rest}"),
+            ),
             #[cfg(not(feature = "mysql"))]
             Place::Mysql { .. } => unreachable!("made with the `mysql` feature only"),
         }
@@ -199,8 +201,8 @@ impl Place {
 impl Drop for Place {
     fn drop(&mut self) {
         #[cfg(feature = "mysql")]
-        if let Place::Mysql { prefix, .. } = self {
-            crate::support::mysql::drop_databases(prefix);
+        if let Place::Mysql { url, prefix } = self {
+            crate::support::mysql::drop_databases(plain(url), prefix);
         }
         if let Place::Postgres { database, .. } = self {
             if let Ok(base) = std::env::var("TICKBOX_PG_URL") {
@@ -214,6 +216,13 @@ impl Drop for Place {
             }
         }
     }
+}
+
+/// `url` without its parameters (`?ssl-mode=…`): the server, as the tests
+/// reach it to read what the examples wrote.
+#[cfg(feature = "mysql")]
+fn plain(url: &str) -> &str {
+    url.split_once('?').map_or(url, |(server, _)| server)
 }
 
 /// Runs SQL with psql against `url`; panics with psql's words on failure.
@@ -472,7 +481,9 @@ impl Place {
                 psql(&base, &kill_sql).parse().expect("a count")
             }
             #[cfg(feature = "mysql")]
-            Place::Mysql { prefix, .. } => crate::support::mysql::kill_connections(prefix),
+            Place::Mysql { url, prefix } => {
+                crate::support::mysql::kill_connections(plain(url), prefix)
+            }
             #[cfg(not(feature = "mysql"))]
             Place::Mysql { .. } => unreachable!("made with the `mysql` feature only"),
         }
@@ -855,18 +866,25 @@ mod amqp_split {
         }
 
         /// The same, over TLS everywhere: amqps to the TLS node `.ci/tls`
-        /// starts, and each PostgreSQL database at `verify-full` (the
-        /// server's certificate names `localhost`).
-        #[cfg(all(feature = "tls", feature = "postgres"))]
+        /// starts, each PostgreSQL database at `verify-full` (the server's
+        /// certificate names `localhost`), and MariaDB's on the TLS server
+        /// `.ci/tls` starts, at `VERIFY_IDENTITY`.
+        #[cfg(feature = "tls")]
         fn over_tls(mut self) -> Self {
             self.amqp_url = crate::tls::amqps_url("localhost", "ca.pem");
-            let ca = crate::tls::tls_file("ca.pem");
             for place in &mut self.places {
-                if let Place::Postgres { url, .. } = place {
-                    *url = format!(
-                        "{}?sslmode=verify-full&sslrootcert={ca}",
-                        url.replacen("@127.0.0.1:", "@localhost:", 1)
-                    );
+                match place {
+                    #[cfg(feature = "postgres")]
+                    Place::Postgres { url, .. } => {
+                        *url = format!(
+                            "{}?sslmode=verify-full&sslrootcert={}",
+                            url.replacen("@127.0.0.1:", "@localhost:", 1),
+                            crate::tls::tls_file("ca.pem")
+                        );
+                    }
+                    #[cfg(feature = "mysql")]
+                    Place::Mysql { url, .. } => *url = crate::tls::mysql::verify_identity_url(),
+                    _ => unreachable!("over TLS: PostgreSQL or MariaDB"),
                 }
             }
             self
@@ -1115,6 +1133,14 @@ mod amqp_split {
     #[test]
     fn postgres_three_processes_share_the_work_over_amqps_and_verified_postgres() {
         share_the_work(Split::postgres("tls", 300).over_tls());
+    }
+
+    /// Over TLS everywhere: amqps with a client certificate, MariaDB at
+    /// `VERIFY_IDENTITY` on the TLS server.
+    #[cfg(all(feature = "tls", feature = "mysql"))]
+    #[test]
+    fn mysql_three_processes_share_the_work_over_amqps_and_verified_mariadb() {
+        share_the_work(Split::mysql("tls", 300).over_tls());
     }
 
     /// The TLS node restarts under three processes connected over amqps:

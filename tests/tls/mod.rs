@@ -7,9 +7,9 @@
 #[cfg(feature = "amqp")]
 mod amqp;
 #[cfg(feature = "mysql")]
-mod mysql;
+pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
-mod postgres;
+pub(crate) mod postgres;
 
 /// A handful of the suite's delivery cases on backend `$backend`, on the
 /// server at `$url` (`TestDb::$at`: `postgres_at`, `mysql_at`).

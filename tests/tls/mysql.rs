@@ -31,7 +31,7 @@ fn with_host(url: &str, host: &str, query: &str) -> String {
 
 /// Full verification against the tests' CA, at the name its certificate
 /// gives.
-fn verify_identity_url() -> String {
+pub(crate) fn verify_identity_url() -> String {
     mysql_url(
         "localhost",
         &format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={}", tls_file("ca.pem")),
@@ -188,4 +188,45 @@ async fn a_module_in_clear_says_so() {
     let stats = orders.store_stats().await.expect("figures");
     assert_eq!(stats.encrypted, Some(false));
     orders.close();
+}
+
+/// The TLS server's URL as user `tickbox_x509` (whom `.ci/tls` makes to
+/// require a client certificate), at full verification, with `query`
+/// added.
+fn x509_user_url(query: &str) -> String {
+    let mut url = url::Url::parse(&verify_identity_url()).expect("a URL");
+    url.set_username("tickbox_x509").expect("a user");
+    format!("{url}{query}")
+}
+
+/// A user who must present a client certificate connects with the one the
+/// URL names (`ssl-cert`, `ssl-key`), and is refused without it, saying so.
+#[actix::test]
+async fn a_user_who_must_present_a_certificate_connects_with_the_url_s() {
+    trace_init();
+    let with_certificate = x509_user_url(&format!(
+        "&ssl-cert={}&ssl-key={}",
+        tls_file("client.pem"),
+        tls_file("client.key")
+    ));
+    let db = TestDb::mysql_at(with_certificate);
+    let orders = <Mysql as TestBackend>::module(&db, "orders")
+        .start()
+        .await
+        .expect("the server accepts the tests' client certificate");
+    let me = "SELECT count(*) AS n FROM information_schema.SESSION_STATUS \
+              WHERE VARIABLE_NAME = 'Ssl_cipher' AND VARIABLE_VALUE <> '' \
+              AND CURRENT_USER() LIKE 'tickbox_x509@%'";
+    assert_eq!(
+        count(&orders, me).await,
+        1,
+        "an encrypted session as the user"
+    );
+    orders.close();
+
+    let reason = refusal(x509_user_url("")).await;
+    assert!(
+        reason.contains("Access denied for user 'tickbox_x509'"),
+        "{reason}"
+    );
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tickbox::Postgres;
 
 /// `TICKBOX_PG_URL` with its host replaced by `host` and `query` added.
-fn pg_url(host: &str, query: &str) -> String {
+pub(crate) fn pg_url(host: &str, query: &str) -> String {
     let base = std::env::var("TICKBOX_PG_URL").expect(
         "the PostgreSQL TLS tests need TICKBOX_PG_URL, e.g. postgres://postgres@127.0.0.1:5432/test",
     );
@@ -167,4 +167,70 @@ async fn a_module_in_clear_says_so() {
     let stats = orders.store_stats().await.expect("figures");
     assert_eq!(stats.encrypted, Some(false));
     orders.close();
+}
+
+/// The server asks every client for a certificate (`.ci/tls` gives it the
+/// tests' CA as `ssl_ca_file`): a URL with `sslcert` and `sslkey` presents
+/// the client's, and the server sees whose it is; without them, none.
+#[actix::test]
+async fn a_client_certificate_named_by_the_url_is_presented() {
+    trace_init();
+    let presented = "SELECT count(*) AS n FROM pg_stat_ssl \
+                     WHERE pid = pg_backend_pid() AND client_dn = '/CN=postgres'";
+    let ca = tls_file("ca.pem");
+    let with_certificate = format!(
+        "sslmode=verify-full&sslrootcert={ca}&sslcert={}&sslkey={}",
+        tls_file("client.pem"),
+        tls_file("client.key")
+    );
+    for (query, expected) in [
+        (with_certificate, 1),
+        (format!("sslmode=verify-full&sslrootcert={ca}"), 0),
+    ] {
+        let db = TestDb::postgres_at(pg_url("localhost", &query));
+        let orders = <Postgres as TestBackend>::module(&db, "orders")
+            .start()
+            .await
+            .expect("orders starts over TLS");
+        assert_eq!(count(&orders, presented).await, expected, "{query}");
+        orders.close();
+    }
+}
+
+/// A client certificate the server cannot check (signed by a CA it does
+/// not trust) is refused by the server, and the module says so.
+#[actix::test]
+async fn a_client_certificate_the_server_does_not_trust_is_refused() {
+    trace_init();
+    let ca = tls_file("ca.pem");
+    let reason = refusal(pg_url(
+        "localhost",
+        &format!(
+            "sslmode=verify-full&sslrootcert={ca}&sslcert={}&sslkey={}",
+            tls_file("other-client.pem"),
+            tls_file("other-client.key")
+        ),
+    ))
+    .await;
+    assert!(
+        reason.contains("localhost:5432: the server refused the client certificate (UnknownCA)"),
+        "{reason}"
+    );
+}
+
+/// minishop, its three modules in one process, on PostgreSQL at
+/// `sslmode=require`: the whole flow, checked by the example from its
+/// databases.
+#[test]
+fn minishop_runs_its_whole_flow_over_sslmode_require() {
+    use crate::processes::{check_result, finish, spawn, Place};
+    let mut place = Place::postgres("tlsrequire");
+    if let Place::Postgres { url, .. } = &mut place {
+        url.push_str("?sslmode=require");
+    }
+    let what = "minishop over sslmode=require";
+    let child = spawn(&place, &["--orders", "100", "--fail-rate", "0.1", "--json"]);
+    let output = finish(child, Duration::from_secs(300), what);
+    let result = check_result(&output, what);
+    assert_eq!(result["orders"], 100, "{what}: {result}");
 }

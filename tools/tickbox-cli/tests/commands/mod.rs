@@ -1093,6 +1093,27 @@ mod postgres {
             "{run:#?}"
         );
     }
+
+    /// `status` says whether the tool's own connection is encrypted, in
+    /// text and in JSON.
+    #[cfg(feature = "tls")]
+    #[actix::test]
+    async fn status_says_whether_the_connection_is_encrypted() {
+        let mut db = super::Db::postgres();
+        let base = db.pg_url.clone().expect("a URL");
+        let _orders = super::orders::<tickbox::Postgres>(&db).await;
+        let separator = if base.contains('?') { '&' } else { '?' };
+        for (mode, shown, encrypted) in [
+            ("require", "connection       encrypted (TLS)", true),
+            ("disable", "connection       in clear (no TLS)", false),
+        ] {
+            db.pg_url = Some(format!("{base}{separator}sslmode={mode}"));
+            let text = super::on::<tickbox::Postgres>(&db, &["status"]).await;
+            assert!(text.ok().contains(shown), "{mode}: {text:#?}");
+            let json = super::status::<tickbox::Postgres>(&db).await;
+            assert_eq!(json["encrypted"], encrypted, "{mode}: {json}");
+        }
+    }
 }
 
 #[cfg(feature = "mysql")]
