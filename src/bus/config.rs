@@ -29,6 +29,9 @@ pub(crate) struct BusConfig {
     pub(crate) claim_lease: Duration,
     /// How long a message may stay pending before the watchdog reports it.
     pub(crate) stalled_after: Duration,
+    /// How long a delivered message waits for its mark, so that marks go
+    /// out in batches.
+    pub(crate) mark_linger: Duration,
     /// The process's stable name, if it has one: its bus id then stays the
     /// same across restarts.
     pub(crate) instance: Option<String>,
@@ -49,6 +52,7 @@ impl Default for BusConfig {
             stop_timeout: Duration::from_secs(30),
             claim_lease: Duration::from_secs(10),
             stalled_after: Duration::from_secs(60),
+            mark_linger: Duration::from_millis(10),
             instance: None,
             broker: None,
         }

@@ -47,11 +47,6 @@ const CLAIM_HORIZON: Duration = Duration::from_secs(24 * 3600);
 /// Messages marked delivered in one statement at most.
 const MARK_BATCH: usize = 512;
 
-/// How long a finished message may wait for its mark, so that marks go out
-/// in batches: one write per batch instead of one per message. Nothing waits
-/// on the mark but the outbox's pending count.
-const MARK_LINGER: Duration = Duration::from_millis(10);
-
 /// Delivers the outbox of one module.
 pub(crate) struct Dispatcher<B: Backend> {
     bus: Arc<BusCore<B>>,
@@ -708,8 +703,8 @@ impl<B: Backend> State<B> {
         match done {
             Finished::Delivered(id) => {
                 self.to_mark.push(id);
-                self.mark_due
-                    .get_or_insert_with(|| Instant::now() + MARK_LINGER);
+                let linger = self.bus.config.mark_linger;
+                self.mark_due.get_or_insert_with(|| Instant::now() + linger);
             }
             Finished::Rejected(id) => {
                 self.in_flight.remove(&id);

@@ -471,6 +471,21 @@ pub async fn configuration_mistakes_fail_at_start_with_clear_errors<B: TestBacke
         "{bad_rate}"
     );
 
+    let late_marks = Bus::builder()
+        .module(&big)
+        .mark_linger(Duration::from_secs(60))
+        .stalled_after(Duration::from_secs(30))
+        .start()
+        .await
+        .err()
+        .expect("marks later than the watchdog's threshold");
+    assert!(
+        late_marks
+            .to_string()
+            .contains("mark_linger (60s) must be shorter than stalled_after (30s)"),
+        "{late_marks}"
+    );
+
     let zero_pool = B::module(&db, "zero")
         .pool_size(0)
         .start()

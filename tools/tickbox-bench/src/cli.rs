@@ -96,6 +96,13 @@ pub(crate) struct Args {
     #[arg(long, value_name = "MS")]
     pub(crate) sweep_ms: Option<u64>,
 
+    /// How long a delivered message waits to be marked with others, in
+    /// milliseconds [default: the library's, 10 ms]. The cost guard holds
+    /// marks back (a long linger), so that how many a mark gathers does not
+    /// follow the speed the process runs at
+    #[arg(long, value_name = "MS")]
+    pub(crate) mark_linger_ms: Option<u64>,
+
     /// tickbox's handler takes up to B waiting messages per transaction
     /// (HandlerOptions::batch; 1: none)
     #[arg(long, value_name = "B", default_value = "1", value_parser = at_least_one_usize)]
@@ -374,6 +381,7 @@ mod tests {
         assert_eq!(args.peer_poll_ms, 1);
         assert!(args.trace() && args.runs_baseline() && args.runs_tickbox());
         assert!(args.rate.is_none() && args.only.is_none() && args.sweep_ms.is_none());
+        assert!(args.mark_linger_ms.is_none());
         assert_eq!(args.transport, Transport::Local);
         assert_eq!(args.amqp_url, DEFAULT_AMQP_URL);
         assert_eq!((args.amqp_prefetch, args.raw_in_flight), (32, 64));

@@ -101,8 +101,12 @@ impl<B: BenchBackend> Pair<B> {
             Some((amqp, _)) => builder.amqp(amqp.clone()),
             None => builder,
         };
-        match args.sweep_ms {
+        let builder = match args.sweep_ms {
             Some(ms) => builder.scan_interval(Duration::from_millis(ms)),
+            None => builder,
+        };
+        match args.mark_linger_ms {
+            Some(ms) => builder.mark_linger(Duration::from_millis(ms)),
             None => builder,
         }
     }
