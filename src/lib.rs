@@ -471,15 +471,17 @@
 //! - `tx` — [`Tx`], a module transaction: writes what it publishes to the
 //!   outbox at COMMIT. Uses: error, message, outbox, store.
 //! - `delivery/` — a message meets a handler: `handler` ([`Handler`],
-//!   [`Delivery`], [`HandlerOptions`]), `effect` ([`Delivery::effect`]),
-//!   `guard` (the inbox guard), `batch`, `batch_queue`, `registry` (a
-//!   module's registered handlers), `attempt`. Uses: effects, error, message,
-//!   metrics, outbox, retry, store, transient, tx.
+//!   [`Delivery`], [`HandlerOptions`]), `effect` (the work behind
+//!   [`Delivery::effect`]), `guard` (the inbox guard), `batch`,
+//!   `batch_queue`, `registry` (a module's registered handlers), `attempt`.
+//!   Uses: effects, error, message, metrics, outbox, retry, store,
+//!   transient, tx.
 //! - `module/` — [`Module`]: `builder` ([`ModuleBuilder`]), `core` (its
-//!   parts), `actor` (runs deliveries), `handle` ([`ModuleHandle`]),
-//!   `subscriptions`, `sweep`, `dead_letters` ([`DeadLetter`]), `effects`,
-//!   `name`. Uses: delivery, effects, error, message, metrics, outbox,
-//!   redact, retention, send_async_fn, store, tx.
+//!   parts), `actor` (runs deliveries), `handle` ([`ModuleHandle`], its
+//!   whole API in one `impl`), and the work behind some of the handle's
+//!   methods: `subscriptions` (retiring one), `sweep` (retention),
+//!   `dead_letters` ([`DeadLetter`]). Uses: delivery, effects, error,
+//!   message, metrics, outbox, redact, retention, send_async_fn, store, tx.
 //! - `bus/` — [`Bus`]: `builder` ([`BusBuilder`]), `config`, `core`,
 //!   `actor`, `handle` ([`BusHandle`]), `dispatcher` (one per outbox),
 //!   `attempts` (retries and dead letters along a route), `lanes` (a key's

@@ -9,7 +9,8 @@
 //!   whenever it is given up, and the deadline every broker call runs
 //!   under.
 //! - `topology` — the exchange, the queues and their bindings, declared by
-//!   tickbox, and their names.
+//!   tickbox, and their names; a queue as the broker reports it (the work
+//!   behind [`Amqp::queue_status`](settings::Amqp::queue_status)).
 //! - `wire` — an [`Envelope`](crate::Envelope) as an AMQP message and back.
 //! - `relay` — publishes outbox messages with publisher confirms.
 //! - `consumer` — one per handler: runs each message through the inbox

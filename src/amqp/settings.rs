@@ -9,6 +9,7 @@
 //! | [`call_deadline`](Amqp::call_deadline) | 10 s | RabbitMQ gives a client 10 s for its handshake (`handshake_timeout`); no other call of tickbox's needs longer |
 //! | [`reconnect_backoff`](Amqp::reconnect_backoff) | 100 ms doubling to 5 s | a quick first retry after a blip, at most one attempt per 5 s against a broker that stays away |
 
+use crate::amqp::topology::{self, QueueStatus};
 use crate::error::{Error, Result};
 use crate::redact::SecretUrl;
 use lapin::uri::AMQPUri;
@@ -180,6 +181,14 @@ impl Amqp {
     /// published while the handler's service is down wait for it there.
     pub fn queue(&self, module: &str, handler: &str) -> String {
         format!("{}.{module}.{handler}", self.exchange())
+    }
+
+    /// Reads the queue of handler `handler` of module `module` on the broker
+    /// now: the messages waiting in it and its consumers. For operators'
+    /// tools; it declares nothing (a queue that does not exist is an
+    /// [`Error::BrokerRefused`](crate::Error::BrokerRefused) naming it).
+    pub async fn queue_status(&self, module: &str, handler: &str) -> Result<QueueStatus> {
+        topology::queue_status(self, module, handler).await
     }
 
     /// Checks the settings, at bus start.

@@ -5,6 +5,9 @@
 //! One topic exchange rather than one per topic: a new topic needs no new
 //! exchange, topics are dotted names already, and a queue's binding says
 //! exactly what its handler receives.
+//!
+//! Also the work behind [`Amqp::queue_status`], which calls
+//! [`queue_status`].
 
 use crate::amqp::fault::Fault;
 use crate::amqp::link::{Caller, Link};
@@ -173,26 +176,21 @@ async fn on_channel<T>(
     done
 }
 
-impl Amqp {
-    /// Reads the queue of handler `handler` of module `module` on the broker
-    /// now: the messages waiting in it and its consumers. For operators'
-    /// tools; it declares nothing (a queue that does not exist is an
-    /// [`Error::BrokerRefused`](crate::Error::BrokerRefused) naming it).
-    pub async fn queue_status(&self, module: &str, handler: &str) -> Result<QueueStatus> {
-        self.validate()?;
-        let queue = self.queue(module, handler);
-        let url = self.redacted_url();
-        let read = on_channel(self, "tickbox queue status", async |link, channel| {
-            status(link, channel, &queue).await
-        })
-        .await;
-        let (messages, consumers) = read.map_err(|fault| fault.into_error(url))?;
-        Ok(QueueStatus {
-            queue,
-            messages,
-            consumers,
-        })
-    }
+/// The work behind [`Amqp::queue_status`], which calls it for `amqp`.
+pub(crate) async fn queue_status(amqp: &Amqp, module: &str, handler: &str) -> Result<QueueStatus> {
+    amqp.validate()?;
+    let queue = amqp.queue(module, handler);
+    let url = amqp.redacted_url();
+    let read = on_channel(amqp, "tickbox queue status", async |link, channel| {
+        status(link, channel, &queue).await
+    })
+    .await;
+    let (messages, consumers) = read.map_err(|fault| fault.into_error(url))?;
+    Ok(QueueStatus {
+        queue,
+        messages,
+        consumers,
+    })
 }
 
 /// A handler's queue as the broker reports it ([`Amqp::queue_status`]).

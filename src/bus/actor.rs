@@ -7,6 +7,7 @@
 //! tokens of it). Stopping cancels the token, waits for the tasks, then
 //! closes the broker's connections.
 
+use crate::bus::builder::BusBuilder;
 use crate::bus::core::BusCore;
 use crate::bus::dispatcher::Dispatcher;
 use crate::bus::transport::Task;
@@ -30,6 +31,11 @@ pub struct Bus<B: Backend> {
 }
 
 impl<B: Backend> Bus<B> {
+    /// Starts building a bus; see [`BusBuilder`].
+    pub fn builder() -> BusBuilder<B> {
+        BusBuilder::default()
+    }
+
     /// Starts the actor, which starts the dispatchers.
     pub(crate) fn start_with(
         core: Arc<BusCore<B>>,

@@ -6,6 +6,7 @@ use crate::bus::core::BusCore;
 use crate::bus::route::Route;
 use crate::error::outcome::FailureKind;
 use crate::message::Envelope;
+use crate::module::dead_letters;
 use crate::module::handle::ModuleHandle;
 use crate::store::backend::Backend;
 use std::future::Future;
@@ -178,7 +179,7 @@ pub(crate) async fn record_dead_letter<B: Backend>(
     parked_behind: Option<uuid::Uuid>,
 ) -> bool {
     until_done(bus, module, "recording a dead letter", || {
-        module.record_dead_letter(envelope, handler, attempts, reason, parked_behind)
+        dead_letters::record(module, envelope, handler, attempts, reason, parked_behind)
     })
     .await
 }

@@ -17,13 +17,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-impl<B: Backend> Bus<B> {
-    /// Starts building a bus; see [`BusBuilder`].
-    pub fn builder() -> BusBuilder<B> {
-        BusBuilder::default()
-    }
-}
-
 /// Sets up a bus over a set of started modules.
 ///
 /// ```no_run

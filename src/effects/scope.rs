@@ -69,9 +69,7 @@ impl EffectScope {
             used: Mutex::new(HashSet::new()),
         })
     }
-}
 
-impl EffectScope {
     /// Records that this delivery uses effect `name`; false if it did
     /// before.
     pub(crate) fn first_use(&self, name: &str) -> bool {

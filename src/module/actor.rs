@@ -15,6 +15,7 @@
 use crate::delivery::attempt::Attempt;
 use crate::delivery::guard::guard;
 use crate::error::outcome::{DeliveryError, Outcome};
+use crate::module::builder::ModuleBuilder;
 use crate::module::core::ModuleCore;
 use crate::store::backend::Backend;
 use actix::{Actor, Context, ResponseFuture};
@@ -26,6 +27,13 @@ use std::sync::Arc;
 pub struct Module<B: Backend> {
     /// The module it runs the deliveries of.
     pub(crate) core: Arc<ModuleCore<B>>,
+}
+
+impl<B: Backend> Module<B> {
+    /// Starts building a module; see [`ModuleBuilder`].
+    pub fn builder(name: impl Into<String>, url: impl Into<String>) -> ModuleBuilder<B> {
+        ModuleBuilder::new(name, url)
+    }
 }
 
 impl<B: Backend> Actor for Module<B> {

@@ -8,7 +8,6 @@ use crate::effects::journal::Journal;
 use crate::error::{Error, Result};
 use crate::message::{now_us, Message};
 use crate::metrics::{HandlerCounters, Mailbox};
-use crate::module::actor::Module;
 use crate::module::core::{sample_outbox_periodically, ModuleCore};
 use crate::module::handle::ModuleHandle;
 use crate::outbox::Outbox;
@@ -49,13 +48,6 @@ impl<B: Schemas> ModuleBuilder<B> {
     pub fn schema(mut self, schema: impl Into<String>) -> Self {
         self.settings.schema = Some(schema.into());
         self
-    }
-}
-
-impl<B: Backend> Module<B> {
-    /// Starts building a module; see [`ModuleBuilder`].
-    pub fn builder(name: impl Into<String>, url: impl Into<String>) -> ModuleBuilder<B> {
-        ModuleBuilder::new(name, url)
     }
 }
 

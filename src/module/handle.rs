@@ -2,23 +2,31 @@
 
 use crate::delivery::attempt::Attempt;
 use crate::delivery::registry::{HandlerIndex, Handlers};
+use crate::effects::record::{EffectRecord, Settlement};
+use crate::effects::state::EffectState;
 use crate::error::outcome::{DeliveryError, FailureKind, Outcome};
 use crate::error::{Error, Result};
 use crate::message::Envelope;
 use crate::metrics::ModuleMetrics;
 use crate::module::actor::{Deliver, Module};
 use crate::module::core::ModuleCore;
+use crate::module::dead_letters::{self, DeadLetter, Replayed};
+use crate::module::{subscriptions, sweep};
+use crate::outbox::subscription;
 use crate::outbox::Outbox;
-use crate::retention::Retention;
+use crate::retention::{Retention, SweepReport};
 use crate::send_async_fn::SendAsyncFn;
 use crate::store::backend::Backend;
 use crate::store::database::Database;
+use crate::store::journal::EffectId;
 use crate::store::schema::Id;
+use crate::store::subscriptions::Subscription;
 use crate::tx::{Mode, Tx};
 use actix::{Actor, Addr};
 use futures_util::FutureExt;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use uuid::Uuid;
 
 /// Sizes of a module's tickbox tables.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -82,6 +90,23 @@ impl<B: Backend> ModuleHandle<B> {
     /// The module's name.
     pub fn name(&self) -> &str {
         &self.core.name
+    }
+
+    /// The name of the module that last started on this database, as its
+    /// database records it (every module records its name when it starts);
+    /// `None` when no module has started on it since its tables were made.
+    ///
+    /// For tools that attach to a database by its URL
+    /// ([`ModuleBuilder::attach`](crate::ModuleBuilder::attach)) and must
+    /// say which of the application's modules it belongs to; in the
+    /// application itself it is [`ModuleHandle::name`].
+    pub async fn recorded_name(&self) -> Result<Option<String>> {
+        self.core
+            .db
+            .call("reading the module's recorded name", async |conn| {
+                Ok(B::last_started_module(conn).await?)
+            })
+            .await
     }
 
     /// The module's name, shared.
@@ -279,6 +304,136 @@ impl<B: Backend> ModuleHandle<B> {
                 Ok(B::handler_started_at(conn, &handler).await?.is_some())
             })
             .await
+    }
+
+    /// The subscriptions recorded in this module's outbox: every handler, in
+    /// any process, that receives its messages, and the oldest message each
+    /// still owes.
+    ///
+    /// A subscription stays when its process stops, and its messages wait
+    /// for it (they are delivered when it runs again). One whose handler is
+    /// gone for good is retired with
+    /// [`ModuleHandle::retire_subscription`].
+    pub async fn subscriptions(&self) -> Result<Vec<Subscription>> {
+        subscription::read(&self.core.db).await
+    }
+
+    /// Retires the subscription of handler `handler` of module `module` from
+    /// this module's outbox: its messages are no longer kept for it, and
+    /// those only it still owed are marked delivered. Returns how many.
+    ///
+    /// For a handler removed from the code (or a process gone for good).
+    /// Refused ([`Error::SubscriptionInUse`]) while a running process serves
+    /// it; a process started later with the handler subscribes it again,
+    /// from then on.
+    pub async fn retire_subscription(&self, module: &str, handler: &str) -> Result<usize> {
+        subscriptions::retire(&self.core, module, handler).await
+    }
+
+    /// Runs the retention sweep once: deletes inbox rows, settled effects
+    /// and delivered outbox rows older than the module's retention, in small
+    /// batches.
+    pub async fn sweep_retention(&self) -> Result<SweepReport> {
+        sweep::sweep(&self.core).await
+    }
+
+    /// The effects in the module's journal that are in one of `states`
+    /// (every effect when `states` is empty), least recently changed first,
+    /// from `offset`, at most `limit` of them. See
+    /// [`Delivery::effect`](crate::Delivery::effect).
+    pub async fn effects(
+        &self,
+        states: &[EffectState],
+        offset: u64,
+        limit: u64,
+    ) -> Result<Vec<EffectRecord>> {
+        let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        self.core
+            .handlers
+            .journal
+            .list(states, clamp(offset), clamp(limit))
+            .await
+    }
+
+    /// Settles an effect nobody can vouch for (unknown, or left started or
+    /// failed): [`Settlement::Done`] when a person checked that it happened
+    /// (the next delivery gets the given result back without calling),
+    /// [`Settlement::Retry`] to let the next delivery call it once more with
+    /// the same key. A succeeded effect cannot be settled. Then replay the
+    /// message's dead letter ([`ModuleHandle::replay_dead_letter`], which
+    /// runs the handler in this process) or requeue it for the bus that runs
+    /// the handler ([`ModuleHandle::requeue_dead_letter`], as the operator's
+    /// tool does); returns the effect as it now stands.
+    pub async fn settle_effect(
+        &self,
+        message_id: Uuid,
+        handler: &str,
+        effect: &str,
+        settlement: Settlement,
+    ) -> Result<EffectRecord> {
+        let id = EffectId {
+            message_id,
+            handler: handler.to_string(),
+            effect: effect.to_string(),
+        };
+        let settled = self.core.handlers.journal.settle(id, settlement).await?;
+        tracing::info!(module = %self.name(), %message_id, handler, effect, state = %settled.state, "effect settled");
+        Ok(settled)
+    }
+
+    /// Dead letters of this module, oldest first: `limit` of them from
+    /// `offset`.
+    pub async fn dead_letters(&self, offset: u64, limit: u64) -> Result<Vec<DeadLetter>> {
+        dead_letters::list(self, offset, limit).await
+    }
+
+    /// One dead letter, if there is one for this message and handler.
+    pub async fn dead_letter(&self, message_id: Uuid, handler: &str) -> Result<Option<DeadLetter>> {
+        dead_letters::find(self, message_id, handler).await
+    }
+
+    /// Delivers a dead letter again, through the inbox guard (so a message
+    /// the handler did process is skipped, not processed twice), and removes
+    /// it once delivered. A message without a handler is put back in this
+    /// module's outbox instead. If the delivery fails again the dead letter
+    /// stays, with the new reason.
+    ///
+    /// A keyed dead letter parks its key: once it is delivered, the messages
+    /// of the key parked behind it are delivered too, in the key's order (a
+    /// failure among them stops there, and parks the key again). Replaying
+    /// a parked message while the one it waits for is still a dead letter
+    /// fails ([`FailureKind::Parked`](crate::FailureKind::Parked)).
+    pub async fn replay_dead_letter(&self, message_id: Uuid, handler: &str) -> Result<Replayed> {
+        dead_letters::replay(self, message_id, handler).await
+    }
+
+    /// Gives up on a dead letter without delivering it: deletes it and, for
+    /// a keyed one, moves its handler's progress in the key past it, so the
+    /// key is no longer parked behind it; the messages parked behind it are
+    /// then delivered in the key's order (when this process runs the
+    /// handler; otherwise they are put back in this module's outbox, for the
+    /// bus that runs it). False if there was no such dead letter.
+    pub async fn skip_dead_letter(&self, message_id: Uuid, handler: &str) -> Result<bool> {
+        dead_letters::skip(self, message_id, handler).await
+    }
+
+    /// Puts a dead letter's message back in this module's outbox and removes
+    /// the dead letter, in one transaction. Whichever bus runs over this
+    /// database delivers it again to every subscriber of its topic — on
+    /// PostgreSQL at once (the commit wakes it), on SQLite at its next
+    /// periodic scan: handlers that did process it skip it in their inbox,
+    /// the one that gave up tries again. Unlike
+    /// [`ModuleHandle::replay_dead_letter`] this needs no handler code, so an
+    /// operator's tool can do it while the application runs elsewhere. A
+    /// keyed dead letter goes back with the messages of its key parked
+    /// behind it, and the bus delivers them in the key's order.
+    pub async fn requeue_dead_letter(&self, message_id: Uuid, handler: &str) -> Result<()> {
+        dead_letters::requeue(self, message_id, handler).await
+    }
+
+    /// Deletes a dead letter without delivering it; false if there was none.
+    pub async fn discard_dead_letter(&self, message_id: Uuid, handler: &str) -> Result<bool> {
+        dead_letters::discard(self, message_id, handler).await
     }
 
     /// Closes the module's connection pool: idle connections close now,

@@ -5,8 +5,6 @@ pub(crate) mod actor;
 pub(crate) mod builder;
 pub(crate) mod core;
 pub(crate) mod dead_letters;
-pub(crate) mod effects;
 pub(crate) mod handle;
-pub(crate) mod name;
 pub(crate) mod subscriptions;
 pub(crate) mod sweep;
