@@ -178,16 +178,19 @@ async fn a_nack_in_the_middle_stops_only_its_key_which_resumes_in_order() {
     }
     // Once a message has been published twice, a nack came and the relay
     // published it again.
-    let mut arrived = Vec::new();
+    let arrived = std::cell::RefCell::new(Vec::new());
     eventually("a nacked message is published again", WAIT, || {
-        let (channel, observer, arrived) = (&channel, &observer, &mut arrived);
+        let (channel, observer, arrived) = (&channel, &observer, &arrived);
         async move {
-            arrived.extend(take_all(channel, observer).await);
+            let taken = take_all(channel, observer).await;
+            let mut arrived = arrived.borrow_mut();
+            arrived.extend(taken);
             let mut seen = std::collections::HashSet::new();
             !arrived.iter().all(|id| seen.insert(*id))
         }
     })
     .await;
+    let mut arrived = arrived.into_inner();
     assert!(
         orders.store_stats().await.expect("stats").outbox_pending > 0,
         "the nacked messages wait in the outbox"
