@@ -239,6 +239,11 @@
 //!   No confirm within `Amqp::confirm_timeout`, a nack, a closed channel,
 //!   a lost connection, or no queue bound to the topic yet: the message
 //!   stays pending and is published again (the inbox absorbs a duplicate).
+//!   Publishes are pipelined: the relay sends what the outboxes hand over
+//!   back to back on its channel and awaits the confirms together, at most
+//!   `Amqp::publish_window` (256) unconfirmed at once; the confirmed rows
+//!   are marked in batches. A nack or a missing queue fails only that
+//!   message, whose key stops there until it is published again.
 //!   Commits hand their messages over at once, as in one process; scans
 //!   pick up what a crash left. Several relays over one outbox share it
 //!   through claims, as buses do; the relay is recorded there as a
@@ -254,7 +259,9 @@
 //!   one of another topic routed to the queue by hand, becomes a dead
 //!   letter, never a crash.
 //! - **Ordering keys**: the relay publishes a key's messages one at a time,
-//!   in order, to each handler's queue, which keeps them in order; each
+//!   in order (the next once the one before is confirmed; other keys share
+//!   the window meanwhile), to each handler's queue, which keeps them in
+//!   order; each
 //!   consumer runs a key's messages one at a time. Replicas consuming one
 //!   queue may each take a message of the same key: the handler's progress
 //!   in the key makes the later one wait its turn (see "Ordering keys").
@@ -270,7 +277,7 @@
 //!   past its deadline gives its connection up, and every connection given
 //!   up — a timed-out attempt, a replaced link — has its socket closed.
 //! - **Figures**: `BusMetrics::amqp` (publishes awaiting confirms per
-//!   outbox, each consumer's in-flight messages and queue depth, sampled
+//!   outbox and the most at once against the window, each consumer's in-flight messages and queue depth, sampled
 //!   every scan interval with a passive declare, reconnects), exported as
 //!   `tickbox_amqp_unconfirmed`, `tickbox_amqp_in_flight`,
 //!   `tickbox_amqp_queue_depth`, `tickbox_amqp_reconnects_total`, and the

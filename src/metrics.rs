@@ -709,6 +709,13 @@ pub struct AmqpMetrics {
     pub calls_timed_out: u64,
     /// Each outbox's publishes waiting for the broker's confirm.
     pub unconfirmed: Vec<RelayMetrics>,
+    /// The most publishes that have waited for their confirm at once, over
+    /// every outbox, since the bus started: at most
+    /// [`publish_window`](Self::publish_window).
+    pub unconfirmed_peak: u64,
+    /// The relay's window: publishes it lets wait for their confirm at once
+    /// ([`Amqp::publish_window`](crate::Amqp::publish_window)).
+    pub publish_window: u64,
     /// Each handler's consumer.
     pub consumers: Vec<ConsumerMetrics>,
 }

@@ -4,6 +4,15 @@
 //! confirm in time, a nack, a closed channel or a lost connection leave it
 //! pending in the outbox, and the bus publishes it again (the inbox absorbs
 //! the duplicate).
+//!
+//! Publishes are pipelined: every message the dispatchers hand over is
+//! published at once on the relay's one channel, without waiting for the
+//! confirms of those before it, up to the window
+//! ([`Amqp::publish_window`]); each then awaits its own confirm, which the
+//! client resolves as the broker's (often `multiple`) acks come in. The
+//! dispatchers mark the confirmed rows in batches. A key's messages still
+//! come one at a time (the bus's key lanes hold the next until the one
+//! before is confirmed), so a failure stops the key at the failed message.
 
 use crate::amqp::fault::Fault;
 use crate::amqp::link::{Caller, Link};
@@ -16,10 +25,10 @@ use lapin::types::ShortString;
 use lapin::{Channel, Confirmation};
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, Semaphore};
 
 /// Publishes the messages of a bus's outboxes.
 pub(crate) struct Relay {
@@ -30,8 +39,17 @@ pub(crate) struct Relay {
     /// The connection and its confirm-mode channel, made on first use and
     /// again after a failure.
     slot: Mutex<Slot>,
+    /// Room for publishes awaiting their confirm: `Amqp::publish_window`
+    /// permits, each held from a message's publish to its confirm (or its
+    /// failure). The relay publishes on one channel at a time, so this is
+    /// the window of that channel.
+    window: Semaphore,
     /// Publishes waiting for their confirm, per outbox (module).
     unconfirmed: HashMap<String, Unconfirmed>,
+    /// Publishes waiting for their confirm over every outbox, counted apart
+    /// from the window that bounds them, and the most there have been at
+    /// once: what shows that the window fills and holds.
+    in_window: InWindow,
     /// Connections made again after one was lost.
     reconnects: AtomicU64,
     /// The relay as the maker of broker calls, named when one misses its
@@ -72,11 +90,37 @@ impl Unconfirmed {
     }
 }
 
+/// The relay's publishes awaiting their confirm, over every outbox.
+#[derive(Default)]
+struct InWindow {
+    /// How many now.
+    now: AtomicUsize,
+    /// The most at once since the bus started.
+    peak: AtomicUsize,
+}
+
+impl InWindow {
+    /// One more publish on its way.
+    fn enter(&self) {
+        let now = self.now.fetch_add(1, Relaxed) + 1;
+        self.peak.fetch_max(now, Relaxed);
+    }
+
+    /// One publish confirmed or failed.
+    fn leave(&self) {
+        self.now.fetch_sub(1, Relaxed);
+    }
+}
+
 /// Why a message was not sent.
 #[derive(Debug)]
 pub(crate) enum NotSent {
     /// No queue is bound to its topic: no subscriber has declared one yet.
     Unroutable,
+    /// The broker refused this one message (a nack: a queue bound to the
+    /// topic is at its length limit and rejects new messages, or the broker
+    /// failed to store it). The channel stays open for the others.
+    Nacked,
     /// The broker failed or refused.
     Fault(Fault),
 }
@@ -91,6 +135,8 @@ impl Relay {
                 backoff: amqp.reconnect_min,
                 ..Slot::default()
             }),
+            window: Semaphore::new(amqp.publish_window),
+            in_window: InWindow::default(),
             unconfirmed: modules
                 .iter()
                 .map(|module| {
@@ -114,12 +160,19 @@ impl Relay {
     }
 
     /// Publishes one message of `module`'s outbox and waits for the broker's
-    /// confirm.
+    /// confirm, once there is room in the window. The room is taken before
+    /// the channel, so a publish that waited goes out on the channel as it
+    /// is then.
     pub(crate) async fn publish(&self, module: &str, envelope: &Envelope) -> Result<(), NotSent> {
+        let Ok(_room) = self.window.acquire().await else {
+            unreachable!("the window is never closed");
+        };
         let (link, channel) = self.channel().await.map_err(NotSent::Fault)?;
         let unconfirmed = self.unconfirmed.get(module);
         unconfirmed.inspect(|n| n.add(1));
+        self.in_window.enter();
         let sent = self.confirm(module, &channel, envelope).await;
+        self.in_window.leave();
         unconfirmed.inspect(|n| n.add(-1));
         if let Err(NotSent::Fault(fault)) = &sent {
             if fault.is_lost() {
@@ -164,9 +217,7 @@ impl Relay {
             Err(fault) => Err(NotSent::Fault(fault)),
             Ok(Confirmation::Ack(None)) => Ok(()),
             Ok(Confirmation::Ack(Some(_))) => Err(NotSent::Unroutable),
-            Ok(Confirmation::Nack(_)) => Err(NotSent::Fault(Fault::Unreachable(
-                "the broker did not take the message (nack)".into(),
-            ))),
+            Ok(Confirmation::Nack(_)) => Err(NotSent::Nacked),
             Ok(Confirmation::NotRequested) => Err(NotSent::Fault(Fault::Refused(
                 "the channel is not in confirm mode".into(),
             ))),
@@ -290,6 +341,15 @@ impl Relay {
             .collect()
     }
 
+    /// The most publishes that have awaited their confirm at once, and the
+    /// window that bounds them.
+    pub(crate) fn window(&self) -> (u64, u64) {
+        (
+            self.in_window.peak.load(Relaxed) as u64,
+            self.amqp.publish_window as u64,
+        )
+    }
+
     /// Connections made again after one was lost.
     pub(crate) fn reconnects(&self) -> u64 {
         self.reconnects.load(Relaxed)
@@ -329,6 +389,14 @@ impl NotSent {
                     "no queue is bound to topic `{topic}` on exchange `{}` yet: the message \
                      stays in the outbox until a subscriber's service has declared its queue",
                     relay.exchange
+                ),
+            },
+            NotSent::Nacked => Error::BrokerUnreachable {
+                url: relay.redacted_url(),
+                reason: format!(
+                    "the broker did not take a message of topic `{topic}` (nack): a queue bound \
+                     to it may be at its length limit; the message stays in the outbox and is \
+                     published again"
                 ),
             },
             NotSent::Fault(fault) => fault.into_error(relay.redacted_url()),

@@ -4,6 +4,7 @@
 //! | setting | default | why |
 //! | --- | --- | --- |
 //! | [`prefetch`](Amqp::prefetch) | 32 | enough to keep a handler busy without one consumer hoarding a queue |
+//! | [`publish_window`](Amqp::publish_window) | 256 | RabbitMQ measured its gain from 20 to 200 publishes awaiting their confirm and none past 1,000; the relay's own measurements are in BENCHMARKS.md, "The relay, pipelined" |
 //! | [`confirm_timeout`](Amqp::confirm_timeout) | 10 s | a broker that has not confirmed by then is blocked or gone; the message stays in the outbox |
 //! | [`heartbeat`](Amqp::heartbeat) | 10 s | inside RabbitMQ's recommended 5–20 s: a silent connection is given up after about two intervals (20 s) instead of the 2 minutes of the broker's 60 s |
 //! | [`call_deadline`](Amqp::call_deadline) | 10 s | RabbitMQ gives a client 10 s for its handshake (`handshake_timeout`); no other call of tickbox's needs longer |
@@ -18,6 +19,10 @@ use std::time::Duration;
 
 /// The heartbeat when neither [`Amqp::heartbeat`] nor the URL sets one.
 const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
+
+/// The most publishes awaiting their confirm a bus accepts: RabbitMQ finds
+/// nothing gained past 1,000, and each one holds its message in memory.
+const LARGEST_PUBLISH_WINDOW: usize = 10_000;
 
 /// The longest heartbeat, call deadline or confirm wait a bus accepts: past
 /// that, a dead connection would go unnoticed for most of an hour.
@@ -43,6 +48,9 @@ pub struct Amqp {
     pub(crate) namespace: String,
     /// Unacknowledged messages a handler's consumer holds at once.
     pub(crate) prefetch: u16,
+    /// Publishes the relay has sent on its channel and whose confirm has
+    /// not come yet, at most: the pipeline's depth.
+    pub(crate) publish_window: usize,
     /// How long a publish waits for the broker's confirm before it counts as
     /// not sent.
     pub(crate) confirm_timeout: Duration,
@@ -65,6 +73,7 @@ impl std::fmt::Debug for Amqp {
             .field("url", &self.url)
             .field("namespace", &self.namespace)
             .field("prefetch", &self.prefetch)
+            .field("publish_window", &self.publish_window)
             .field("confirm_timeout", &self.confirm_timeout)
             .field("heartbeat", &self.heartbeat)
             .field("call_deadline", &self.call_deadline)
@@ -84,6 +93,7 @@ impl Amqp {
             url: SecretUrl::new(url),
             namespace: String::new(),
             prefetch: 32,
+            publish_window: 256,
             confirm_timeout: Duration::from_secs(10),
             heartbeat: None,
             call_deadline: Duration::from_secs(10),
@@ -103,6 +113,29 @@ impl Amqp {
     /// 32): in delivery, or waiting for a retry.
     pub fn prefetch(mut self, prefetch: u16) -> Self {
         self.prefetch = prefetch;
+        self
+    }
+
+    /// Publishes the relay sends without waiting for their confirms
+    /// (default 256, from 1 to 10,000): it publishes outbox messages back to
+    /// back on its one channel and awaits their confirms together, and once
+    /// this many are unconfirmed the next waits until one is confirmed,
+    /// nacked or timed out. RabbitMQ's measurements put the useful window
+    /// between 100 and 1,000; 1 publishes one message at a time.
+    ///
+    /// A message counts as sent only once confirmed, and only then is its
+    /// outbox row marked delivered (the bus marks rows in batches). The
+    /// messages of one ordering key still go one at a time, each published
+    /// only once the one before is confirmed, so that a nack, a return or
+    /// a confirm timeout stops the key at the failed message, which is
+    /// published again before anything after it: were a key's later
+    /// messages already on their way, they would reach the handler's queue
+    /// first and wait at its consumer for the missing one, holding its
+    /// prefetch, possibly until nothing else of the queue could come
+    /// through. Different keys, and messages without a key, share the
+    /// window.
+    pub fn publish_window(mut self, window: usize) -> Self {
+        self.publish_window = window;
         self
     }
 
@@ -211,6 +244,13 @@ impl Amqp {
         }
         if self.prefetch == 0 {
             return Err(Error::Config("amqp: prefetch must be at least 1".into()));
+        }
+        if !(1..=LARGEST_PUBLISH_WINDOW).contains(&self.publish_window) {
+            return Err(Error::Config(format!(
+                "amqp: the publish window must be from 1 to {LARGEST_PUBLISH_WINDOW} \
+                 (got {}; RabbitMQ gains nothing past 1,000 unconfirmed publishes)",
+                self.publish_window
+            )));
         }
         for (what, wait) in [
             ("confirm timeout", self.confirm_timeout),

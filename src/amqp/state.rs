@@ -74,7 +74,10 @@ impl BrokerState {
 
     /// A snapshot of the figures.
     pub(crate) fn snapshot(&self) -> AmqpMetrics {
+        let (unconfirmed_peak, publish_window) = self.relay.window();
         AmqpMetrics {
+            unconfirmed_peak,
+            publish_window,
             reconnects: self.relay.reconnects()
                 + self
                     .consumers

@@ -59,16 +59,14 @@ pub(crate) async fn deliver_to_route<B: Backend>(
     loop {
         attempt += 1;
         // Waiting for a slot stops with the bus; a running attempt is let
-        // finish. A first attempt to a batched handler needs no slot: it
-        // waits in the handler's batch queue, whose transactions the module
-        // bounds itself.
-        let slot = if attempt == 1 && route.is_batched() {
-            None
-        } else {
+        // finish. Some attempts need no slot (`Route::takes_slot`).
+        let slot = if route.takes_slot(attempt) {
             match until_stopped(&bus.stop, bus.permits.acquire()).await {
                 Some(slot) => Some(slot),
                 None => return RouteEnd::Stopped,
             }
+        } else {
+            None
         };
         let outcome = route
             .deliver(source.name(), envelope.clone(), attempt)

@@ -58,7 +58,9 @@ impl<B: Backend> BusBuilder<B> {
     /// to a batched handler ([`HandlerOptions::batch`](crate::HandlerOptions::batch))
     /// take no slot: they wait in the handler's queue, and its module runs
     /// at most as many batch transactions at once as half its pool (one on
-    /// SQLite). Retries take a slot.
+    /// SQLite). Retries take a slot. Over a broker, publishing takes none:
+    /// the relay's window of unconfirmed publishes bounds it
+    /// (`Amqp::publish_window`, feature `amqp`).
     pub fn max_concurrent_deliveries(mut self, n: usize) -> Self {
         self.config.max_concurrent_deliveries = n;
         self

@@ -97,10 +97,16 @@ impl<B: Backend> Route<B> {
         matches!(self, Route::Handler { .. })
     }
 
-    /// Whether the handler takes its deliveries in batches.
-    pub(crate) fn is_batched(&self) -> bool {
+    /// Whether attempt number `attempt` along the route takes one of the
+    /// bus's delivery slots. A first attempt to a batched handler does not:
+    /// it waits in the handler's batch queue, whose transactions the module
+    /// bounds itself. Publishing to the broker never does: the relay bounds
+    /// its publishes by its own window of unconfirmed ones
+    /// (`Amqp::publish_window`), and they would otherwise hold slots the
+    /// handlers' deliveries need.
+    pub(crate) fn takes_slot(&self, attempt: u32) -> bool {
         match self {
-            Route::Handler { .. } => self.entry().batches.is_some(),
+            Route::Handler { .. } => attempt > 1 || self.entry().batches.is_none(),
             Route::Broker { .. } => false,
         }
     }

@@ -10,6 +10,7 @@
 //! (`network`): a broker gone silent is noticed, left behind and
 //! connected to again, and no socket is left over.
 
+mod relay;
 mod silence;
 
 use crate::suite::{fast_retries, pair, publish};
@@ -163,6 +164,8 @@ async fn bad_settings_are_configuration_errors() {
         Amqp::new("amqps://guest:guest@127.0.0.1:5671/%2f"),
         Amqp::new(amqp_url()).namespace("has space"),
         Amqp::new(amqp_url()).prefetch(0),
+        Amqp::new(amqp_url()).publish_window(0),
+        Amqp::new(amqp_url()).publish_window(100_000),
         Amqp::new(amqp_url()).namespace("x".repeat(300)),
     ];
     for amqp in bad {

@@ -23,9 +23,13 @@ use tickbox::{Amqp, Message};
 /// own (unique in the process, and across processes by the place's random
 /// prefix).
 pub(crate) fn settings(place: &Place, args: &Args) -> Amqp {
-    Amqp::new(args.amqp_url.clone())
+    let amqp = Amqp::new(args.amqp_url.clone())
         .namespace(place.fresh("amqp"))
-        .prefetch(args.amqp_prefetch)
+        .prefetch(args.amqp_prefetch);
+    match args.amqp_publish_window {
+        Some(window) => amqp.publish_window(window),
+        None => amqp,
+    }
 }
 
 /// Connects to the broker as tickbox does: over TLS for an `amqps://`

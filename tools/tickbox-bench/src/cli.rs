@@ -134,9 +134,14 @@ pub(crate) struct Args {
     #[arg(long, value_name = "P", default_value = "32", value_parser = prefetch)]
     pub(crate) amqp_prefetch: u16,
 
+    /// amqp: tickbox's relay publishes awaiting their confirm at once
+    /// (Amqp::publish_window) [default: the library's, 256]
+    #[arg(long, value_name = "W", value_parser = at_least_one_usize)]
+    pub(crate) amqp_publish_window: Option<usize>,
+
     /// amqp: the raw baseline's publishes awaiting their confirm at once
-    /// (that many publisher tasks; 64 is tickbox's bound on concurrent
-    /// deliveries, so also on the relay's unconfirmed publishes)
+    /// (that many publisher tasks, each awaiting its confirm before its
+    /// next publish)
     #[arg(long, value_name = "K", default_value = "64", value_parser = at_least_one_usize)]
     pub(crate) raw_in_flight: usize,
 

@@ -179,7 +179,7 @@ fn timeline<B: BenchBackend>(
             let m = ledger.metrics();
             let pending = shop.store_stats().await.map_or(-1, |s| s.outbox_pending);
             eprintln!(
-                "  {:>6.2} s  produced {:>7}  handled {:>7}  marked {:>7}  pending {pending:>6}  mailbox queued {:>5} in flight {:>3}  failed {} retried {} duplicates {}",
+                "  {:>6.2} s  produced {:>7}  handled {:>7}  marked {:>7}  pending {pending:>6}  mailbox queued {:>5} in flight {:>3}  failed {} retried {} duplicates {}{}",
                 clock.t0.elapsed().as_secs_f64(),
                 clock.produced.load(Relaxed),
                 m.total(|h| h.handled) - before,
@@ -189,9 +189,25 @@ fn timeline<B: BenchBackend>(
                 m.total(|h| h.failed),
                 m.total(|h| h.retried),
                 m.total(|h| h.duplicates_skipped),
+                relay_window(&bus),
             );
         }
     })
+}
+
+/// Over a broker, the relay's publishes awaiting their confirm now and the
+/// most at once, against its window (`--timeline`).
+fn relay_window<B: BenchBackend>(bus: &BusHandle<B>) -> String {
+    #[cfg(feature = "amqp")]
+    if let Some(amqp) = bus.metrics().amqp {
+        let now: i64 = amqp.unconfirmed.iter().map(|r| r.unconfirmed).sum();
+        return format!(
+            "  unconfirmed {now:>4} (peak {} of {})",
+            amqp.unconfirmed_peak, amqp.publish_window
+        );
+    }
+    let _ = bus;
+    String::new()
 }
 
 /// The workload through tickbox on an existing pair: N messages published by

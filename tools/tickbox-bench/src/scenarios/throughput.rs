@@ -123,6 +123,9 @@ pub(crate) async fn run<B: BenchBackend>(place: &Place, args: &Args) -> Res<Json
         j.insert("raw_amqp_per_s".into(), raw.into());
         j.insert("raw_in_flight".into(), args.raw_in_flight.into());
         j.insert("amqp_prefetch".into(), args.amqp_prefetch.into());
+        if let Some(window) = args.amqp_publish_window {
+            j.insert("amqp_publish_window".into(), window.into());
+        }
         j.insert(
             "lower_baseline_per_s".into(),
             median((0..tickboxes.len()).map(lower).collect()).into(),
