@@ -691,12 +691,14 @@ impl<B: Backend> State<B> {
             return;
         }
         self.source.outbox().busy.fetch_add(1, Relaxed);
-        tokio::spawn(deliver_message(
+        // Boxed: a task moves its future whole, several times over its life
+        // (into the task, then each change of stage), and this one is large.
+        tokio::spawn(Box::pin(deliver_message(
             self.bus.clone(),
             self.source.clone(),
             envelope,
             self.finished.clone(),
-        ));
+        )));
     }
 
     fn finish(&mut self, done: Finished) {

@@ -64,7 +64,9 @@ impl<B: Backend> actix::Handler<Deliver> for Module<B> {
                 Some(batches) if attempt.attempt == 1 => batches.submit(attempt).await,
                 // Its own task: a transaction is never dropped half way, even
                 // if the caller stops waiting.
-                _ => tokio::spawn(guard(core.handlers.clone(), attempt))
+                // Boxed, as the bus's tasks: moved whole, a large future
+                // costs a copy at each change of the task's stage.
+                _ => tokio::spawn(Box::pin(guard(core.handlers.clone(), attempt)))
                     .await
                     .unwrap_or_else(|e| Err(DeliveryError::stopped(e.to_string()))),
             };
