@@ -276,7 +276,7 @@
 //!   reading notices a silent broker even when no message comes. A call
 //!   past its deadline gives its connection up, and every connection given
 //!   up — a timed-out attempt, a replaced link — has its socket closed.
-//! - **Figures**: `BusMetrics::amqp` (publishes awaiting confirms per
+//! - **Figures**: `BusMetrics::broker` (publishes awaiting confirms per
 //!   outbox and the most at once against the window, each consumer's in-flight messages and queue depth, sampled
 //!   every scan interval with a passive declare, reconnects), exported as
 //!   `tickbox_amqp_unconfirmed`, `tickbox_amqp_in_flight`,
@@ -574,7 +574,10 @@ pub use effects::state::EffectState;
 pub use error::outcome::{DeliveryError, FailureKind, Outcome};
 pub use error::{Error, Result};
 pub use message::{Envelope, Keyed, Message};
-pub use metrics::{BusMetrics, HandlerMetrics, LatencyMetrics, ModuleMetrics, OutboxMetrics};
+pub use metrics::{
+    BrokerMetrics, BusMetrics, ConsumerMetrics, HandlerMetrics, LatencyMetrics, ModuleMetrics,
+    OutboxMetrics, RelayMetrics,
+};
 pub use module::actor::Module;
 pub use module::builder::ModuleBuilder;
 pub use module::dead_letters::{DeadLetter, Replayed};
@@ -592,9 +595,6 @@ pub use amqp::settings::Amqp;
 #[cfg(feature = "amqp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
 pub use amqp::topology::QueueStatus;
-#[cfg(feature = "amqp")]
-#[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
-pub use metrics::{AmqpMetrics, ConsumerMetrics, RelayMetrics};
 #[cfg(feature = "prometheus")]
 #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub use prometheus::{install_prometheus, PrometheusExporter};

@@ -666,10 +666,9 @@ pub struct BusMetrics {
     pub duplicates_injected: u64,
     /// One entry per module, in the order they were added to the bus.
     pub modules: Vec<ModuleMetrics>,
-    /// The RabbitMQ transport's figures, when the bus runs over a broker.
-    #[cfg(feature = "amqp")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
-    pub amqp: Option<AmqpMetrics>,
+    /// The broker's figures, when the bus runs over one (RabbitMQ, with
+    /// the `amqp` feature).
+    pub broker: Option<BrokerMetrics>,
 }
 
 impl BusMetrics {
@@ -683,8 +682,7 @@ impl BusMetrics {
             delivered,
             duplicates_injected,
             modules,
-            #[cfg(feature = "amqp")]
-            amqp: None,
+            broker: None,
         }
     }
 
@@ -694,18 +692,18 @@ impl BusMetrics {
     }
 }
 
-/// The RabbitMQ transport's figures ([`BusMetrics::amqp`](BusMetrics::amqp)).
-#[cfg(feature = "amqp")]
-#[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
+/// A broker's figures ([`BusMetrics::broker`]): its relay, which publishes
+/// the outboxes' messages, and its consumers, one per handler. The same for
+/// every broker.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct AmqpMetrics {
+pub struct BrokerMetrics {
     /// Connections made again after the broker was lost (relay and
     /// consumers).
     pub reconnects: u64,
     /// Calls to the broker (relay and consumers) that got no answer within
-    /// their deadline (`Amqp::call_deadline`, `Amqp::confirm_timeout`), each
-    /// of which gave up its connection. Also exported as
-    /// `tickbox_amqp_calls_timed_out_total{role}`.
+    /// their deadline (over RabbitMQ, `Amqp::call_deadline` and
+    /// `Amqp::confirm_timeout`), each of which gave up its connection. Over
+    /// RabbitMQ also exported as `tickbox_amqp_calls_timed_out_total{role}`.
     pub calls_timed_out: u64,
     /// Each outbox's publishes waiting for the broker's confirm.
     pub unconfirmed: Vec<RelayMetrics>,
@@ -714,15 +712,13 @@ pub struct AmqpMetrics {
     /// [`publish_window`](Self::publish_window).
     pub unconfirmed_peak: u64,
     /// The relay's window: publishes it lets wait for their confirm at once
-    /// ([`Amqp::publish_window`](crate::Amqp::publish_window)).
+    /// (over RabbitMQ, `Amqp::publish_window`).
     pub publish_window: u64,
     /// Each handler's consumer.
     pub consumers: Vec<ConsumerMetrics>,
 }
 
 /// One outbox's relay figures.
-#[cfg(feature = "amqp")]
-#[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RelayMetrics {
     /// The module whose outbox it is.
@@ -732,8 +728,6 @@ pub struct RelayMetrics {
 }
 
 /// One handler's consumer figures.
-#[cfg(feature = "amqp")]
-#[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ConsumerMetrics {
     /// The handler's module.

@@ -492,7 +492,7 @@ pub async fn unfinished<B: ShopDb>(
     }
     if over_broker {
         #[cfg(feature = "amqp")]
-        if let Some(broker) = bus.metrics().amqp {
+        if let Some(broker) = bus.metrics().broker {
             for c in broker.consumers {
                 if c.queue_depth + c.in_flight > 0 {
                     parts.push(format!(

@@ -63,7 +63,7 @@ impl Report {
         // The bus samples its queues' depths while it runs; the report gives
         // them as they are now, after the drain.
         #[cfg(feature = "amqp")]
-        let depths_at_end = match &metrics.amqp {
+        let depths_at_end = match &metrics.broker {
             Some(amqp) => Broker::read_depths(&crate::shop::broker(args), amqp).await,
             None => Vec::new(),
         };
@@ -78,7 +78,7 @@ impl Report {
                 namespace: args.amqp_namespace.clone(),
                 exchange: format!("tickbox.{}", args.amqp_namespace),
                 #[cfg(feature = "amqp")]
-                metrics: metrics.amqp.clone(),
+                metrics: metrics.broker.clone(),
                 #[cfg(feature = "amqp")]
                 depths_at_end,
             }),
@@ -258,9 +258,9 @@ pub struct Broker {
     pub url: String,
     pub namespace: String,
     pub exchange: String,
-    /// The bus's figures at the end (`BusMetrics::amqp`).
+    /// The bus's figures at the end (`BusMetrics::broker`).
     #[cfg(feature = "amqp")]
-    pub metrics: Option<tickbox::AmqpMetrics>,
+    pub metrics: Option<tickbox::BrokerMetrics>,
     /// Each handler's queue depth as the broker reported it after the
     /// drain, by queue (`None`: it could not be read). The report shows
     /// these rather than the bus's own figure, a sample taken while it ran
@@ -275,7 +275,7 @@ impl Broker {
     #[cfg(feature = "amqp")]
     pub async fn read_depths(
         amqp: &tickbox::Amqp,
-        metrics: &tickbox::AmqpMetrics,
+        metrics: &tickbox::BrokerMetrics,
     ) -> Vec<(String, Option<u64>)> {
         let mut depths = Vec::new();
         for c in &metrics.consumers {

@@ -17,7 +17,7 @@
 //! Every call to the broker runs under a deadline ([`Caller::within`]): a
 //! call without an answer in time gives up its connection, and is logged
 //! once and counted (`tickbox_amqp_calls_timed_out_total{role}`,
-//! [`AmqpMetrics::calls_timed_out`](crate::AmqpMetrics::calls_timed_out)).
+//! [`BrokerMetrics::calls_timed_out`](crate::BrokerMetrics::calls_timed_out)).
 
 use crate::amqp::fault::Fault;
 use crate::amqp::settings::Amqp;

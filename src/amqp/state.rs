@@ -3,7 +3,7 @@
 
 use crate::amqp::relay::Relay;
 use crate::error::Result;
-use crate::metrics::{AmqpMetrics, ConsumerMetrics, RelayMetrics};
+use crate::metrics::{BrokerMetrics, ConsumerMetrics, RelayMetrics};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -73,9 +73,9 @@ impl BrokerState {
     }
 
     /// A snapshot of the figures.
-    pub(crate) fn snapshot(&self) -> AmqpMetrics {
+    pub(crate) fn snapshot(&self) -> BrokerMetrics {
         let (unconfirmed_peak, publish_window) = self.relay.window();
-        AmqpMetrics {
+        BrokerMetrics {
             unconfirmed_peak,
             publish_window,
             reconnects: self.relay.reconnects()

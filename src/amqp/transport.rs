@@ -12,7 +12,7 @@ use crate::bus::transport::{Broker, Connect, HandlerId, Inbound, Pacing, Task, T
 use crate::error::outcome::DeliveryError;
 use crate::error::Result;
 use crate::message::Envelope;
-use crate::metrics::BusMetrics;
+use crate::metrics::BrokerMetrics;
 use futures_util::future::BoxFuture;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -126,8 +126,8 @@ impl Transport for AmqpTransport {
         Box::pin(self.state.queued())
     }
 
-    fn report(&self, metrics: &mut BusMetrics) {
-        metrics.amqp = Some(self.state.snapshot());
+    fn report(&self) -> BrokerMetrics {
+        self.state.snapshot()
     }
 
     fn close(&self) -> BoxFuture<'_, ()> {

@@ -64,9 +64,7 @@ impl<B: Backend> BusHandle<B> {
             self.core.duplicates_injected.load(Relaxed),
             self.modules.iter().map(ModuleHandle::metrics).collect(),
         );
-        if let Some(transport) = &self.core.transport {
-            transport.report(&mut metrics);
-        }
+        metrics.broker = self.core.transport.as_ref().map(|t| t.report());
         metrics
     }
 

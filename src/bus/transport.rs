@@ -20,7 +20,7 @@ use crate::bus::route::Route;
 use crate::error::outcome::DeliveryError;
 use crate::error::Result;
 use crate::message::Envelope;
-use crate::metrics::BusMetrics;
+use crate::metrics::BrokerMetrics;
 use crate::module::handle::ModuleHandle;
 use crate::store::backend::Backend;
 use futures_util::future::BoxFuture;
@@ -109,8 +109,8 @@ pub(crate) trait Transport: Send + Sync + 'static {
     /// Messages waiting in the handlers' queues, read from the broker now.
     fn queued(&self) -> BoxFuture<'_, Result<u64>>;
 
-    /// Adds the broker's figures to a snapshot of the bus's.
-    fn report(&self, metrics: &mut BusMetrics);
+    /// The broker's figures, for a snapshot of the bus's.
+    fn report(&self) -> BrokerMetrics;
 
     /// Closes the broker's connections, once the bus has stopped.
     fn close(&self) -> BoxFuture<'_, ()>;

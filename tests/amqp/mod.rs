@@ -322,7 +322,7 @@ async fn hostile_messages_on_a_queue_become_dead_letters_and_good_ones_flow() {
     // Every one was acknowledged: nothing waits in the queue.
     assert!(bus.wait_idle(WAIT).await.expect("wait_idle"), "idle");
     let metrics = bus.metrics();
-    let amqp = metrics.amqp.expect("broker figures");
+    let amqp = metrics.broker.expect("broker figures");
     assert_eq!(amqp.consumers.len(), 1, "{amqp:?}");
     assert_eq!(amqp.consumers[0].queue, queue);
     assert_eq!(amqp.consumers[0].in_flight, 0, "{amqp:?}");
@@ -368,7 +368,7 @@ async fn survives(
         0,
         "nothing left in the outbox"
     );
-    let reconnects = bus.metrics().amqp.expect("broker figures").reconnects;
+    let reconnects = bus.metrics().broker.expect("broker figures").reconnects;
     assert!(handler.calls.load(SeqCst) >= count as u32);
     bus.stop().await;
     reconnects
@@ -437,7 +437,7 @@ async fn a_confirm_that_never_comes_leaves_the_message_to_be_published_again() {
         },
         async |bus| {
             eventually("the relay gives up on a confirm", WAIT, || async {
-                bus.metrics().amqp.expect("broker figures").reconnects >= 1
+                bus.metrics().broker.expect("broker figures").reconnects >= 1
             })
             .await;
             rabbitmqctl(&["set_vm_memory_high_watermark", "0.4"]);

@@ -115,7 +115,7 @@ async fn the_relay_fills_its_publish_window_and_never_exceeds_it() {
     })
     .await;
     assert!(bus.wait_idle(WAIT).await.expect("wait_idle"), "idle");
-    let figures = bus.metrics().amqp.expect("broker figures");
+    let figures = bus.metrics().broker.expect("broker figures");
     assert_eq!(figures.publish_window, window as u64);
     assert_eq!(
         figures.unconfirmed_peak, window as u64,

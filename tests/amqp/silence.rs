@@ -166,7 +166,7 @@ async fn connections_given_up_release_their_sockets() {
         sockets_to(proxy.port()) == baseline
     })
     .await;
-    let reconnects = bus.metrics().amqp.expect("broker figures").reconnects;
+    let reconnects = bus.metrics().broker.expect("broker figures").reconnects;
     assert!(reconnects >= 3, "connected again ({reconnects})");
 
     // The network goes silent: the open connections answer nothing, new
@@ -181,7 +181,11 @@ async fn connections_given_up_release_their_sockets() {
         proxy.accepted() >= taken + 4
     })
     .await;
-    let timed_out = bus.metrics().amqp.expect("broker figures").calls_timed_out;
+    let timed_out = bus
+        .metrics()
+        .broker
+        .expect("broker figures")
+        .calls_timed_out;
     assert!(timed_out >= 4, "calls past their deadline: {timed_out}");
 
     // It answers again, for new connections only.
@@ -239,7 +243,13 @@ async fn a_silent_network_is_noticed_and_left_behind_with_the_default_settings()
     eventually(
         "the relay and the consumer give their connections up",
         Duration::from_secs(25),
-        || async { bus.metrics().amqp.expect("broker figures").calls_timed_out >= 2 },
+        || async {
+            bus.metrics()
+                .broker
+                .expect("broker figures")
+                .calls_timed_out
+                >= 2
+        },
     )
     .await;
     // The fault lasts its time; nothing here waits for tickbox.

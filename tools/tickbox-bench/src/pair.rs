@@ -127,16 +127,9 @@ impl<B: BenchBackend> Pair<B> {
     /// The messages waiting in the broker's queues, as last sampled by the
     /// bus (none without a broker).
     pub(crate) fn queued(bus: &BusHandle<B>) -> Option<u64> {
-        #[cfg(feature = "amqp")]
-        return bus
-            .metrics()
-            .amqp
-            .map(|a| a.consumers.iter().map(|c| c.queue_depth).sum());
-        #[cfg(not(feature = "amqp"))]
-        {
-            let _ = bus;
-            None
-        }
+        bus.metrics()
+            .broker
+            .map(|broker| broker.consumers.iter().map(|c| c.queue_depth).sum())
     }
 
     /// Makes `clock` the one the handler stamps.
@@ -199,7 +192,7 @@ fn timeline<B: BenchBackend>(
 /// most at once, against its window (`--timeline`).
 fn relay_window<B: BenchBackend>(bus: &BusHandle<B>) -> String {
     #[cfg(feature = "amqp")]
-    if let Some(amqp) = bus.metrics().amqp {
+    if let Some(amqp) = bus.metrics().broker {
         let now: i64 = amqp.unconfirmed.iter().map(|r| r.unconfirmed).sum();
         return format!(
             "  unconfirmed {now:>4} (peak {} of {})",
