@@ -46,10 +46,9 @@ pub(crate) struct Relay {
     window: Semaphore,
     /// Publishes waiting for their confirm, per outbox (module).
     unconfirmed: HashMap<String, Unconfirmed>,
-    /// Publishes waiting for their confirm over every outbox, counted apart
-    /// from the window that bounds them, and the most there have been at
-    /// once: what shows that the window fills and holds.
-    in_window: InWindow,
+    /// The most publishes the window has held at once since the bus
+    /// started: what shows that the window fills and holds.
+    window_peak: AtomicUsize,
     /// Connections made again after one was lost.
     reconnects: AtomicU64,
     /// The relay as the maker of broker calls, named when one misses its
@@ -90,28 +89,6 @@ impl Unconfirmed {
     }
 }
 
-/// The relay's publishes awaiting their confirm, over every outbox.
-#[derive(Default)]
-struct InWindow {
-    /// How many now.
-    now: AtomicUsize,
-    /// The most at once since the bus started.
-    peak: AtomicUsize,
-}
-
-impl InWindow {
-    /// One more publish on its way.
-    fn enter(&self) {
-        let now = self.now.fetch_add(1, Relaxed) + 1;
-        self.peak.fetch_max(now, Relaxed);
-    }
-
-    /// One publish confirmed or failed.
-    fn leave(&self) {
-        self.now.fetch_sub(1, Relaxed);
-    }
-}
-
 /// Why a message was not sent.
 #[derive(Debug)]
 pub(crate) enum NotSent {
@@ -136,7 +113,7 @@ impl Relay {
                 ..Slot::default()
             }),
             window: Semaphore::new(amqp.publish_window),
-            in_window: InWindow::default(),
+            window_peak: AtomicUsize::new(0),
             unconfirmed: modules
                 .iter()
                 .map(|module| {
@@ -167,12 +144,12 @@ impl Relay {
         let Ok(_room) = self.window.acquire().await else {
             unreachable!("the window is never closed");
         };
+        let held = self.amqp.publish_window - self.window.available_permits();
+        self.window_peak.fetch_max(held, Relaxed);
         let (link, channel) = self.channel().await.map_err(NotSent::Fault)?;
         let unconfirmed = self.unconfirmed.get(module);
         unconfirmed.inspect(|n| n.add(1));
-        self.in_window.enter();
         let sent = self.confirm(module, &channel, envelope).await;
-        self.in_window.leave();
         unconfirmed.inspect(|n| n.add(-1));
         if let Err(NotSent::Fault(fault)) = &sent {
             if fault.is_lost() {
@@ -345,7 +322,7 @@ impl Relay {
     /// window that bounds them.
     pub(crate) fn window(&self) -> (u64, u64) {
         (
-            self.in_window.peak.load(Relaxed) as u64,
+            self.window_peak.load(Relaxed) as u64,
             self.amqp.publish_window as u64,
         )
     }
