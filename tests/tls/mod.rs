@@ -42,6 +42,80 @@ macro_rules! delivery_cases {
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use delivery_cases;
 
+/// A database server with TLS, as its tests reach it.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) trait TlsServer {
+    /// The backend that talks to it.
+    type Backend: crate::support::TestBackend;
+    /// The URL's query for a session in clear.
+    const CLEAR: &'static str;
+    /// The URL's query that checks the chain against the CA file `ca` and
+    /// the host's name.
+    fn verify_full(ca: &str) -> String;
+    /// The test's databases on the server at `host`, `query` added to its
+    /// URL.
+    fn db(host: &str, query: &str) -> crate::support::TestDb;
+}
+
+/// The cases every TLS database server passes alike: a certificate from an
+/// unknown CA, or for another name, refused with the reason; a module in
+/// clear saying so.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+macro_rules! refusal_cases {
+    ($server:ty) => {
+        #[actix::test]
+        async fn a_certificate_from_an_unknown_ca_is_refused_naming_the_ca_file() {
+            crate::support::trace_init();
+            let other = crate::tls::tls_file("other-ca.pem");
+            let db = <$server as crate::tls::TlsServer>::db(
+                "localhost",
+                &<$server as crate::tls::TlsServer>::verify_full(&other),
+            );
+            let reason =
+                crate::tls::refusal::<<$server as crate::tls::TlsServer>::Backend>(db).await;
+            assert!(
+                reason.contains(&format!("not signed by a CA in {other}")),
+                "{reason}"
+            );
+        }
+
+        #[actix::test]
+        async fn a_certificate_for_another_name_is_refused_naming_both() {
+            crate::support::trace_init();
+            let ca = crate::tls::tls_file("ca.pem");
+            let db = <$server as crate::tls::TlsServer>::db(
+                "127.0.0.1",
+                &<$server as crate::tls::TlsServer>::verify_full(&ca),
+            );
+            let reason =
+                crate::tls::refusal::<<$server as crate::tls::TlsServer>::Backend>(db).await;
+            assert!(
+                reason.contains("names localhost, not the host 127.0.0.1"),
+                "{reason}"
+            );
+        }
+
+        #[actix::test]
+        async fn a_module_in_clear_says_so() {
+            use crate::support::TestBackend;
+            crate::support::trace_init();
+            let db = <$server as crate::tls::TlsServer>::db(
+                "127.0.0.1",
+                <$server as crate::tls::TlsServer>::CLEAR,
+            );
+            let orders = <<$server as crate::tls::TlsServer>::Backend>::module(&db, "orders")
+                .start()
+                .await
+                .expect("orders starts in clear");
+            let stats = orders.store_stats().await.expect("figures");
+            assert_eq!(stats.encrypted, Some(false));
+            orders.close();
+        }
+    };
+}
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) use refusal_cases;
+
 /// The TLS node's URL at `host`, trusting `ca` (a file `.ci/tls` made),
 /// with the tests' client certificate.
 #[cfg(feature = "amqp")]

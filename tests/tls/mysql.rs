@@ -106,39 +106,27 @@ async fn the_server_sees_every_session_of_modules_and_their_bus_encrypted() {
     bus.stop().await;
 }
 
+/// The server, as the cases every TLS database server passes see it.
+struct MariadbTls;
+
+impl super::TlsServer for MariadbTls {
+    type Backend = Mysql;
+    const CLEAR: &'static str = "ssl-mode=DISABLED";
+
+    fn verify_full(ca: &str) -> String {
+        format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}")
+    }
+
+    fn db(host: &str, query: &str) -> TestDb {
+        TestDb::mysql_at(mysql_url(host, query))
+    }
+}
+
+super::refusal_cases!(MariadbTls);
+
 /// Why a module at `url` could not open its database.
 async fn refusal(url: String) -> String {
     super::refusal::<Mysql>(TestDb::mysql_at(url)).await
-}
-
-#[actix::test]
-async fn a_certificate_from_an_unknown_ca_is_refused_naming_the_ca_file() {
-    trace_init();
-    let other = tls_file("other-ca.pem");
-    let reason = refusal(mysql_url(
-        "localhost",
-        &format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={other}"),
-    ))
-    .await;
-    assert!(
-        reason.contains(&format!("not signed by a CA in {other}")),
-        "{reason}"
-    );
-}
-
-#[actix::test]
-async fn a_certificate_for_another_name_is_refused_naming_both() {
-    trace_init();
-    let ca = tls_file("ca.pem");
-    let reason = refusal(mysql_url(
-        "127.0.0.1",
-        &format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}"),
-    ))
-    .await;
-    assert!(
-        reason.contains("names localhost, not the host 127.0.0.1"),
-        "{reason}"
-    );
 }
 
 /// mysql_async 0.37 cannot check a chain without the name (its skip of
@@ -175,19 +163,6 @@ async fn tls_asked_of_a_server_without_it_is_refused_saying_so() {
         reason.contains("asks for TLS (ssl-mode=REQUIRED), and the server offers none"),
         "{reason}"
     );
-}
-
-#[actix::test]
-async fn a_module_in_clear_says_so() {
-    trace_init();
-    let db = TestDb::mysql_at(mysql_url("127.0.0.1", "ssl-mode=DISABLED"));
-    let orders = <Mysql as TestBackend>::module(&db, "orders")
-        .start()
-        .await
-        .expect("orders starts in clear");
-    let stats = orders.store_stats().await.expect("figures");
-    assert_eq!(stats.encrypted, Some(false));
-    orders.close();
 }
 
 /// The TLS server's URL as user `tickbox_x509` (whom `.ci/tls` makes to

@@ -99,39 +99,27 @@ async fn the_server_sees_every_connection_of_modules_and_their_bus_encrypted() {
     bus.stop().await;
 }
 
+/// The server, as the cases every TLS database server passes see it.
+struct PostgresTls;
+
+impl super::TlsServer for PostgresTls {
+    type Backend = Postgres;
+    const CLEAR: &'static str = "sslmode=disable";
+
+    fn verify_full(ca: &str) -> String {
+        format!("sslmode=verify-full&sslrootcert={ca}")
+    }
+
+    fn db(host: &str, query: &str) -> TestDb {
+        TestDb::postgres_at(pg_url(host, query))
+    }
+}
+
+super::refusal_cases!(PostgresTls);
+
 /// Why a module at `url` could not open its database.
 async fn refusal(url: String) -> String {
     super::refusal::<Postgres>(TestDb::postgres_at(url)).await
-}
-
-#[actix::test]
-async fn a_certificate_from_an_unknown_ca_is_refused_naming_the_ca_file() {
-    trace_init();
-    let other = tls_file("other-ca.pem");
-    let reason = refusal(pg_url(
-        "localhost",
-        &format!("sslmode=verify-full&sslrootcert={other}"),
-    ))
-    .await;
-    assert!(
-        reason.contains(&format!("not signed by a CA in {other}")),
-        "{reason}"
-    );
-}
-
-#[actix::test]
-async fn a_certificate_for_another_name_is_refused_naming_both() {
-    trace_init();
-    let ca = tls_file("ca.pem");
-    let reason = refusal(pg_url(
-        "127.0.0.1",
-        &format!("sslmode=verify-full&sslrootcert={ca}"),
-    ))
-    .await;
-    assert!(
-        reason.contains("names localhost, not the host 127.0.0.1"),
-        "{reason}"
-    );
 }
 
 #[actix::test]
@@ -154,19 +142,6 @@ async fn verify_ca_checks_the_chain_but_not_the_name() {
     ))
     .await;
     assert!(reason.contains("not signed by a CA"), "{reason}");
-}
-
-#[actix::test]
-async fn a_module_in_clear_says_so() {
-    trace_init();
-    let db = TestDb::postgres_at(pg_url("127.0.0.1", "sslmode=disable"));
-    let orders = <Postgres as TestBackend>::module(&db, "orders")
-        .start()
-        .await
-        .expect("orders starts in clear");
-    let stats = orders.store_stats().await.expect("figures");
-    assert_eq!(stats.encrypted, Some(false));
-    orders.close();
 }
 
 /// The server asks every client for a certificate (`.ci/tls` gives it the
