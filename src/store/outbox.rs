@@ -374,9 +374,9 @@ pub trait OutboxStatements: Store + IdLists {
     ) -> impl Future<Output = QueryResult<usize>> + Send {
         let (ids, served) = (Self::id_rows(ids), Self::id_set(served));
         let statement = if delete {
-            sql!(Self::TEXTS.finish_delete, ids, served)
+            sql!(Self::TEXTS.finish_delete, ids, served.clone(), served)
         } else {
-            sql!(Self::TEXTS.finish_update, now_us, ids, served)
+            sql!(Self::TEXTS.finish_update, now_us, ids, served.clone(), served)
         };
         Self::execute(conn, statement)
     }
@@ -714,25 +714,32 @@ macro_rules! renew_claims_text {
 }
 pub(crate) use renew_claims_text;
 
-/// The test that a subscription outside the served ones (bound as one
-/// value, tested by `$among`) still owes the `tickbox_outbox` row: a
+/// The test that a subscription outside the served ones (bound twice, each
+/// as one value tested by `$among`) still owes the `tickbox_outbox` row: a
 /// subscription of its topic not done with it.
+///
+/// The first, uncorrelated test (is there any subscription outside the
+/// served ones at all?) is evaluated once per statement; where one process
+/// serves every subscription, the usual case, it spares each row the
+/// correlated one (measured on SQLite: about 4,000 instructions per row).
 macro_rules! owed_elsewhere_text {
     ($among:ident) => {
         concat!(
-            "EXISTS (SELECT 1 FROM tickbox_subscriptions s \
+            "(EXISTS (SELECT 1 FROM tickbox_subscriptions f WHERE NOT (",
+            $among!("f.id"),
+            ")) AND EXISTS (SELECT 1 FROM tickbox_subscriptions s \
              WHERE s.topic = tickbox_outbox.topic AND NOT (",
             $among!("s.id"),
             ") AND NOT EXISTS (SELECT 1 FROM tickbox_outbox_done d \
-                 WHERE d.message_id = tickbox_outbox.id AND d.subscription = s.id))"
+                 WHERE d.message_id = tickbox_outbox.id AND d.subscription = s.id)))"
         )
     };
 }
 pub(crate) use owed_elsewhere_text;
 
 /// [`OutboxStatements::finish_delivered`]'s statements: `update` (values:
-/// now, the ids, the served subscriptions) or `delete` (the ids, the
-/// served subscriptions).
+/// now, the ids, the served subscriptions twice) or `delete` (the ids, the
+/// served subscriptions twice).
 macro_rules! finish_delivered_text {
     (update, $rows:ident, $among:ident) => {
         concat!(

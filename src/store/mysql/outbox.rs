@@ -228,6 +228,7 @@ impl OutboxStatements for Mysql {
                     owed_elsewhere_text!(among)
                 ),
                 ids,
+                served.clone(),
                 served
             )
         } else {
@@ -240,6 +241,7 @@ impl OutboxStatements for Mysql {
                 ),
                 ids,
                 now_us,
+                served.clone(),
                 served
             )
         };
