@@ -20,6 +20,7 @@ use crate::bus::attempts::{
     deliver_to_route, record_dead_letter, until_done, until_stopped, RouteEnd,
 };
 use crate::bus::core::BusCore;
+use crate::bus::id_set::{id_set, IdSet};
 #[cfg(feature = "testing")]
 use crate::bus::duplicates::maybe_inject_duplicate;
 use crate::message::{now_us, Envelope};
@@ -30,7 +31,7 @@ use crate::store::backend::Backend;
 use crate::store::outbox::{Claim, Owed};
 use crate::store::schema::{ClaimedRow, MalformedRow};
 use futures_util::future::join_all;
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -78,7 +79,7 @@ type Cursor = Option<Uuid>;
 /// a message a scan claimed and delivered first) does not start them again.
 struct RecentIds {
     order: VecDeque<Uuid>,
-    set: HashSet<Uuid>,
+    set: IdSet,
     capacity: usize,
 }
 
@@ -86,7 +87,7 @@ impl RecentIds {
     fn new(capacity: usize) -> Self {
         RecentIds {
             order: VecDeque::with_capacity(capacity),
-            set: HashSet::with_capacity(capacity),
+            set: id_set(capacity),
             capacity,
         }
     }
@@ -111,7 +112,7 @@ struct State<B: Backend> {
     bus: Arc<BusCore<B>>,
     source: ModuleHandle<B>,
     /// Started and not yet marked delivered.
-    in_flight: HashSet<Uuid>,
+    in_flight: IdSet,
     recent: RecentIds,
     /// Done with by every subscriber, waiting for the mark.
     to_mark: Vec<Uuid>,
@@ -171,7 +172,7 @@ impl<B: Backend> Dispatcher<B> {
         let mut state = State {
             bus: bus.clone(),
             source: source.clone(),
-            in_flight: HashSet::new(),
+            in_flight: id_set(capacity),
             recent: RecentIds::new(capacity + announcements.max_capacity()),
             to_mark: Vec::new(),
             mark_due: None,
@@ -197,8 +198,16 @@ impl<B: Backend> Dispatcher<B> {
         });
         let stop = bus.stop.clone();
         let renew_every = bus.config.claim_lease / 3;
-        let mut next_scan = Instant::now() + bus.config.scan_interval;
-        let mut next_renewal = Instant::now() + renew_every;
+        // Three timers, each registered once and moved only when its
+        // deadline moves: a timer made anew in every turn of the loop was
+        // registered with the runtime and taken out again several times per
+        // message.
+        let scan_timer = sleep_until(Instant::now() + bus.config.scan_interval);
+        let renewal_timer = sleep_until(Instant::now() + renew_every);
+        let mark_timer = sleep_until(Instant::now() + bus.config.scan_interval);
+        tokio::pin!(scan_timer, renewal_timer, mark_timer);
+        // The deadline `mark_timer` is set to, when the marks are due.
+        let mut mark_armed: Option<Instant> = None;
         // One database statement at a time runs beside the loop, so marking,
         // scanning and renewing never hold up starting deliveries.
         let mut statement: Option<JoinHandle<Done>> = None;
@@ -209,6 +218,12 @@ impl<B: Backend> Dispatcher<B> {
                 statement = state.next_statement();
             }
             let room = state.in_flight.len() < capacity;
+            if state.mark_due != mark_armed {
+                if let Some(due) = state.mark_due {
+                    mark_timer.as_mut().reset(due);
+                }
+                mark_armed = state.mark_due;
+            }
             tokio::select! {
                 biased;
                 () = stop.cancelled() => {}
@@ -235,16 +250,16 @@ impl<B: Backend> Dispatcher<B> {
                     }
                 }
                 _ = outbox.scan_request() => state.request_scan(),
-                _ = sleep_until(next_renewal) => {
-                    next_renewal = Instant::now() + renew_every;
+                () = &mut renewal_timer => {
+                    renewal_timer.as_mut().reset(Instant::now() + renew_every);
                     state.renew_due = true;
                 }
-                _ = sleep_until(next_scan) => {
-                    next_scan = Instant::now() + bus.config.scan_interval;
+                () = &mut scan_timer => {
+                    scan_timer.as_mut().reset(Instant::now() + bus.config.scan_interval);
                     state.upkeep_due = true;
                     state.scan.get_or_insert(None);
                 }
-                _ = sleep_until(state.mark_due.unwrap_or(next_scan)), if state.mark_due.is_some() && statement.is_none() => {}
+                () = &mut mark_timer, if state.mark_due.is_some() && statement.is_none() => {}
             }
         }
 
