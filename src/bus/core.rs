@@ -1,6 +1,7 @@
 //! The bus's state, shared by its actor, its handle and its dispatchers.
 
 use crate::bus::config::BusConfig;
+use crate::bus::id_hash::IdMap;
 use crate::bus::lanes::Lanes;
 use crate::bus::route::Route;
 use crate::bus::transport::Transport;
@@ -31,7 +32,7 @@ pub(crate) struct BusCore<B: Backend> {
     /// The broker, when the bus runs over one.
     pub(crate) transport: Option<Arc<dyn Transport>>,
     /// Why messages being retried wait, for the watchdog's reports.
-    retrying: Mutex<HashMap<uuid::Uuid, String>>,
+    retrying: Mutex<IdMap<String>>,
     /// Keyed messages go along each route one at a time per key.
     pub(crate) lanes: Lanes,
 }
@@ -58,7 +59,7 @@ impl<B: Backend> BusCore<B> {
             delivered: AtomicU64::new(0),
             duplicates_injected: AtomicU64::new(0),
             transport,
-            retrying: Mutex::new(HashMap::new()),
+            retrying: Mutex::new(IdMap::default()),
             lanes: Lanes::default(),
         }
     }

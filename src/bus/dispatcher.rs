@@ -20,9 +20,9 @@ use crate::bus::attempts::{
     deliver_to_route, record_dead_letter, until_done, until_stopped, RouteEnd,
 };
 use crate::bus::core::BusCore;
-use crate::bus::id_set::{id_set, IdSet};
 #[cfg(feature = "testing")]
 use crate::bus::duplicates::maybe_inject_duplicate;
+use crate::bus::id_hash::{id_set, IdSet};
 use crate::message::{now_us, Envelope};
 use crate::module::handle::ModuleHandle;
 use crate::outbox::subscription::{self, Served};

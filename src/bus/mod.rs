@@ -23,7 +23,7 @@ pub(crate) mod dispatcher;
 #[cfg(feature = "testing")]
 pub(crate) mod duplicates;
 pub(crate) mod handle;
-pub(crate) mod id_set;
+pub(crate) mod id_hash;
 pub(crate) mod lanes;
 pub(crate) mod route;
 pub(crate) mod transport;

@@ -376,7 +376,13 @@ pub trait OutboxStatements: Store + IdLists {
         let statement = if delete {
             sql!(Self::TEXTS.finish_delete, ids, served.clone(), served)
         } else {
-            sql!(Self::TEXTS.finish_update, now_us, ids, served.clone(), served)
+            sql!(
+                Self::TEXTS.finish_update,
+                now_us,
+                ids,
+                served.clone(),
+                served
+            )
         };
         Self::execute(conn, statement)
     }

@@ -1,18 +1,21 @@
-//! Sets of message ids, hashed for what ids are: a message id is a UUID
+//! Sets and maps keyed by message ids, hashed for what ids are: a message id is a UUID
 //! whose low half is random (version 7; any other version's too), so its
 //! two halves mixed in one multiplication spread it as well as a keyed
 //! hash does, for a fraction of SipHash's work. The dispatcher touches
-//! these sets several times per message.
+//! them several times per message.
 //!
 //! Only tickbox's own bookkeeping uses them; the ids come from the outbox
 //! table, written by modules, not from the network.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use uuid::Uuid;
 
 /// A set of message ids.
 pub(crate) type IdSet = HashSet<Uuid, BuildHasherDefault<IdHasher>>;
+
+/// A map from message ids.
+pub(crate) type IdMap<V> = HashMap<Uuid, V, BuildHasherDefault<IdHasher>>;
 
 /// A new, empty [`IdSet`] with room for `capacity` ids.
 pub(crate) fn id_set(capacity: usize) -> IdSet {
