@@ -75,6 +75,7 @@ async fn handle_batch<B: Backend>(handlers: Arc<Handlers<B>>, mut batch: Vec<Wai
                 handler: &entry.name,
                 attempt: 1,
                 system: first.envelope.messaging_system,
+                causation_id: None,
             },
             batch
                 .iter()

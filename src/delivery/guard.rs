@@ -64,6 +64,7 @@ pub(crate) fn delivery_span<B: Backend>(
             handler: &entry.name,
             attempt: attempt.attempt,
             system: attempt.envelope.messaging_system,
+            causation_id: attempt.envelope.causation_id,
         },
         batch,
     );

@@ -83,8 +83,10 @@ pub(crate) struct Processing<'a> {
     pub(crate) handler: &'a str,
     /// 1 for the first delivery to this handler, then 2, 3… on retries.
     pub(crate) attempt: u32,
-    /// `messaging.system`: [`TICKBOX`] or [`RABBITMQ`].
+    /// `messaging.system`: [`TICKBOX`] or `rabbitmq`.
     pub(crate) system: &'static str,
+    /// The message whose handler published this one, if any.
+    pub(crate) causation_id: Option<Uuid>,
 }
 
 /// The `process` span of one message's delivery to one handler: a child of
@@ -116,6 +118,7 @@ pub(crate) fn process(
         handler = delivery.handler,
         attempt = delivery.attempt,
         correlation_id = %message.correlation_id,
+        causation_id = ?delivery.causation_id,
         outcome = tracing::field::Empty,
     );
     match batch {
