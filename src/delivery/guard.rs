@@ -44,8 +44,8 @@ pub(crate) async fn guard<B: Backend>(
 
 /// The span one delivery runs in, with what identifies it; counts a retry.
 /// With the `opentelemetry` feature, the delivery's `process` span: a child
-/// of the message's `create` span, or of `batch`'s span (then linked to the
-/// message's) when it runs in a batch.
+/// of the message's `create` span, linked to `batch`'s span when it runs in
+/// a batch.
 pub(crate) fn delivery_span<B: Backend>(
     handlers: &Handlers<B>,
     attempt: &Attempt,

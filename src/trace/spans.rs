@@ -9,7 +9,7 @@
 //! `otel.kind` its kind, the other fields its attributes.
 
 use crate::trace::context::TraceContext;
-use opentelemetry::trace::Status;
+use opentelemetry::trace::{Status, TraceContextExt};
 use opentelemetry::KeyValue;
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -91,9 +91,9 @@ pub(crate) struct Processing<'a> {
 
 /// The `process` span of one message's delivery to one handler: a child of
 /// the message's `create` span when it has one (and of the current span
-/// otherwise), or, in a batch, of the batch's span and linked to the
-/// message's `create` span. `outcome` is recorded when the delivery ends;
-/// a retry shows as an event.
+/// otherwise), so that what the handler publishes stays in the message's
+/// trace; in a batch, also linked to the batch's span. `outcome` is
+/// recorded when the delivery ends; a retry shows as an event.
 pub(crate) fn process(
     message: Identity<'_>,
     context: Option<&TraceContext>,
@@ -121,14 +121,9 @@ pub(crate) fn process(
         causation_id = ?delivery.causation_id,
         outcome = tracing::field::Empty,
     );
-    match batch {
-        Some(batch) if !span.is_disabled() => {
-            let _ = span.set_parent(batch.context());
-            if let Some(context) = context {
-                span.add_link(context.span_context());
-            }
-        }
-        _ => follow(&span, context),
+    follow(&span, context);
+    if let (Some(batch), false) = (batch, span.is_disabled()) {
+        span.add_link(batch.context().span().span_context().clone());
     }
     if delivery.attempt > 1 {
         span.add_event(
@@ -144,7 +139,8 @@ pub(crate) fn process(
 
 /// The `process` span of a batch: deliveries of several messages to one
 /// handler in one transaction, linked to each message's `create` span; each
-/// message's own [`process`] span is its child.
+/// message's own [`process`] span stays in its message's trace, linked to
+/// this one.
 pub(crate) fn process_batch<'a>(
     topic: &str,
     delivery: Processing<'_>,

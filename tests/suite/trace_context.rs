@@ -471,8 +471,9 @@ impl<B: TestBackend> Handler<B> for Gated {
 }
 
 /// Messages handled together in one batch: one `process` span for the
-/// batch, linked to each message's `create` span, with each message's own
-/// span its child.
+/// batch, linked to each message's `create` span; each message's own span
+/// stays in its message's trace (a child of its `create` span), linked to
+/// the batch's.
 pub async fn a_batch_s_process_span_links_every_message_s_context<B: TestBackend>(db: TestDb) {
     let capture = Capture::start();
     let gate = Arc::new(watch::Sender::new(false));
@@ -531,13 +532,19 @@ pub async fn a_batch_s_process_span_links_every_message_s_context<B: TestBackend
             let message = named(&spans, "process test.ping")
                 .into_iter()
                 .find(|span| {
-                    span.parent_span_id == batch.span_context.span_id()
+                    span.parent_span_id == create.span_context.span_id()
                         && span
                             .links
                             .iter()
-                            .any(|l| l.span_context == link.span_context)
+                            .any(|l| l.span_context == batch.span_context)
                 })
-                .expect("each message of the batch has its own span in the batch's");
+                .expect(
+                    "each message of the batch has its own span in its trace, linked to the batch's",
+                );
+            assert_eq!(
+                message.span_context.trace_id(),
+                create.span_context.trace_id()
+            );
             assert_eq!(
                 attribute(message, "outcome").as_deref(),
                 Some(format!("{:?}", Outcome::Handled).as_str())
