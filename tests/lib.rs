@@ -207,6 +207,8 @@ macro_rules! suite {
         case!(trace_context::a_dead_letter_keeps_its_trace);
         #[cfg(feature = "opentelemetry")]
         case!(trace_context::a_batch_s_process_span_links_every_message_s_context);
+        #[cfg(feature = "opentelemetry")]
+        case!(trace_context::an_effect_is_a_span_inside_its_delivery);
     };
 }
 

@@ -555,3 +555,64 @@ pub async fn a_batch_s_process_span_links_every_message_s_context<B: TestBackend
     assert!(linked >= 2, "a batch held several messages");
     assert_eq!(changes(&warehouse, "warehouse.batch").await, 6);
 }
+
+/// Calls one external effect per message.
+#[derive(Clone)]
+struct Notifying;
+
+impl<B: TestBackend> Handler<B> for Notifying {
+    type Message = Ping;
+
+    async fn handle(
+        &self,
+        tx: &mut Tx<B>,
+        _: Ping,
+        delivery: &Delivery,
+    ) -> Result<(), HandlerError> {
+        let policy =
+            tickbox::EffectPolicy::at_least_once_with_key(std::time::Duration::from_secs(60));
+        let key: String = delivery
+            .effect("notify", policy, |key: String| async move {
+                Ok::<_, HandlerError>(key)
+            })
+            .await?;
+        assert!(!key.is_empty());
+        write_change(tx, delivery).await
+    }
+}
+
+/// An external effect a handler makes is a span of its own inside the
+/// delivery's `process` span.
+pub async fn an_effect_is_a_span_inside_its_delivery<B: TestBackend>(db: TestDb) {
+    let capture = Capture::start();
+    let orders = B::module(&db, "orders")
+        .publishes::<Ping>()
+        .start()
+        .await
+        .expect("orders starts");
+    let notifications = B::module(&db, "notifications")
+        .handler("notifications.notify", Notifying)
+        .start()
+        .await
+        .expect("notifications starts");
+    create_changes(&notifications).await;
+    let bus = bus_of(&db, &[&orders, &notifications]).await;
+    place_order(&orders, 1).await;
+    drained(&bus).await;
+    let spans = capture.wait_for("effect notify", 1).await;
+    bus.stop().await;
+
+    let process = named(&spans, "process test.ping");
+    let effect = named(&spans, "effect notify");
+    assert_eq!((process.len(), effect.len()), (1, 1), "{spans:#?}");
+    assert_eq!(effect[0].span_kind, SpanKind::Client);
+    assert_eq!(effect[0].parent_span_id, process[0].span_context.span_id());
+    assert_eq!(
+        effect[0].span_context.trace_id(),
+        process[0].span_context.trace_id()
+    );
+    assert_eq!(
+        attribute(effect[0], "tickbox.effect.policy").as_deref(),
+        Some("at-least-once-with-key")
+    );
+}
