@@ -1072,11 +1072,17 @@ mod amqp_split {
         split.finish(children, true, "three processes over amqp");
     }
 
-    /// [`share_the_work`] on SQLite, each process exporting its spans to
-    /// `endpoint`.
+    /// [`share_the_work`] on `backend` (`sqlite`, `postgres`, `mysql`),
+    /// each process exporting its spans to `endpoint`.
     #[cfg(feature = "opentelemetry")]
-    pub(super) fn share_the_work_exporting(orders: u64, endpoint: &str) {
-        let mut split = Split::sqlite("traces", orders);
+    pub(super) fn share_the_work_exporting(backend: &str, orders: u64, endpoint: &str) {
+        let mut split = match backend {
+            #[cfg(feature = "postgres")]
+            "postgres" => Split::postgres("traces", orders),
+            #[cfg(feature = "mysql")]
+            "mysql" => Split::mysql("traces", orders),
+            _ => Split::sqlite("traces", orders),
+        };
         split.otlp_endpoint = Some(endpoint.to_string());
         share_the_work(split);
     }

@@ -268,14 +268,32 @@ fn sqlite_the_trace_survives_a_sigkill_and_a_restart() {
     );
 }
 
-/// The three modules in three processes over RabbitMQ: the trace goes
-/// through the broker and back.
+/// The three modules in three processes over RabbitMQ, on `backend`: the
+/// trace goes through the broker and back.
+#[cfg(all(feature = "amqp", feature = "opentelemetry"))]
+fn three_services_over_amqp_export_one_trace_per_order(backend: &str) {
+    let receiver = OtlpReceiver::start();
+    super::amqp_split::share_the_work_exporting(backend, ORDERS as u64, &receiver.url);
+    let what = format!("three processes over amqp on {backend}");
+    assert_one_trace_per_order(&receiver.spans(), ORDERS, 3, &what);
+}
+
 #[cfg(all(feature = "amqp", feature = "opentelemetry"))]
 #[test]
 fn sqlite_three_services_over_amqp_export_one_trace_per_order() {
-    let receiver = OtlpReceiver::start();
-    super::amqp_split::share_the_work_exporting(ORDERS as u64, &receiver.url);
-    assert_one_trace_per_order(&receiver.spans(), ORDERS, 3, "three processes over amqp");
+    three_services_over_amqp_export_one_trace_per_order("sqlite");
+}
+
+#[cfg(all(feature = "amqp", feature = "opentelemetry", feature = "postgres"))]
+#[test]
+fn postgres_three_services_over_amqp_export_one_trace_per_order() {
+    three_services_over_amqp_export_one_trace_per_order("postgres");
+}
+
+#[cfg(all(feature = "amqp", feature = "opentelemetry", feature = "mysql"))]
+#[test]
+fn mysql_three_services_over_amqp_export_one_trace_per_order() {
+    three_services_over_amqp_export_one_trace_per_order("mysql");
 }
 
 /// Without the `opentelemetry` feature, minishop refuses `--otlp-endpoint`
