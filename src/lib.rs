@@ -375,6 +375,16 @@
 //!   and `amqps://` with RabbitMQ's `cacertfile`, `certfile` and `keyfile`
 //!   (the broker's chain and name are always checked). Without it, a URL
 //!   that requires TLS is refused at start, naming the feature.
+//! - `opentelemetry`: one trace from the span that published a message
+//!   through every handler, across restarts, processes and the broker
+//!   (see "Tracing across modules" in the README): the W3C trace context
+//!   of the current span is stored with each outbox row (and dead letter),
+//!   sent over RabbitMQ as `traceparent`/`tracestate` headers, and becomes
+//!   the parent of the handler's `process` span; spans are named and
+//!   attributed as OpenTelemetry's messaging conventions (1.42.0) say. It
+//!   brings the OpenTelemetry API and tracing-opentelemetry, no SDK or
+//!   exporter: the application installs those. Without it, nothing is
+//!   captured or read (the column stays, unused).
 //! - `testing`: the test kit for applications ([`testing`]): tracked
 //!   sessions that end when a whole flow is done, and throw-away databases.
 //! - `prometheus`: `install_prometheus`, an HTTP endpoint serving the
@@ -442,7 +452,11 @@
 //! - `error` — [`Error`] and [`Result`]; `outcome`: how a delivery ends
 //!   ([`Outcome`], [`DeliveryError`], [`FailureKind`]), which
 //!   [`Error::ReplayFailed`] carries.
-//! - `message` — [`Message`], [`Envelope`], [`Keyed`]. Uses: error.
+//! - `trace/` — trace context across modules (feature `opentelemetry`):
+//!   `context` (the W3C context a message carries, `TraceContext`),
+//!   `spans` (the messaging spans, as OpenTelemetry's conventions name
+//!   them).
+//! - `message` — [`Message`], [`Envelope`], [`Keyed`]. Uses: error, trace.
 //! - `retry` — [`RetryPolicy`]. Uses: error.
 //! - `retention` — [`Retention`], [`SweepReport`]. Uses: error, retry.
 //! - `redact` — hiding passwords in the URLs tickbox shows, and the URLs it
@@ -460,7 +474,7 @@
 //!   `catalog`, `scratch`), one folder per backend (`sqlite/`, `postgres/`,
 //!   `mysql/`), `backend` ([`Backend`]), `schema`, `database` (a module's
 //!   pool, its calls and write turn), `deadline`, `settings`, `pool`,
-//!   `migrations`. Uses: error, message, redact, send_async_fn, tls.
+//!   `migrations`. Uses: error, message, redact, send_async_fn, tls, trace.
 //! - `transient` — which failures are worth trying again
 //!   ([`Error::is_transient`]). Uses: error, store.
 //! - `effects/` — external effects' policy, state, journal, scope, records
@@ -476,19 +490,20 @@
 //!   them; `subscription` (whom it owes its messages to), `watchdog`.
 //!   Uses: error, message, metrics, store, tracking.
 //! - `tx` — [`Tx`], a module transaction: writes what it publishes to the
-//!   outbox at COMMIT. Uses: error, message, outbox, store.
+//!   outbox at COMMIT. Uses: error, message, outbox, store, trace.
 //! - `delivery/` — a message meets a handler: `handler` ([`Handler`],
 //!   [`Delivery`], [`HandlerOptions`]), `effect` (the work behind
 //!   [`Delivery::effect`]), `guard` (the inbox guard), `batch`,
 //!   `batch_queue`, `registry` (a module's registered handlers), `attempt`.
 //!   Uses: effects, error, message, metrics, outbox, retry, store,
-//!   transient, tx.
+//!   trace, transient, tx.
 //! - `module/` — [`Module`]: `builder` ([`ModuleBuilder`]), `core` (its
 //!   parts), `actor` (runs deliveries), `handle` ([`ModuleHandle`], its
 //!   whole API in one `impl`), and the work behind some of the handle's
 //!   methods: `subscriptions` (retiring one), `sweep` (retention),
 //!   `dead_letters` ([`DeadLetter`]). Uses: delivery, effects, error,
-//!   message, metrics, outbox, redact, retention, send_async_fn, store, tx.
+//!   message, metrics, outbox, redact, retention, send_async_fn, store,
+//!   trace, tx.
 //! - `bus/` — [`Bus`]: `builder` ([`BusBuilder`]), `config`, `core`,
 //!   `actor`, `handle` ([`BusHandle`]), `dispatcher` (one per outbox),
 //!   `attempts` (retries and dead letters along a route), `lanes` (a key's
@@ -501,7 +516,7 @@
 //!   (`Amqp`), `transport` (the bus's interface, implemented), `link`,
 //!   `topology`, `wire`, `relay`, `consumer`, `acks`, `state`, `fault`.
 //!   Uses: bus (its `transport` only), error, message, metrics, redact,
-//!   tls.
+//!   tls, trace.
 //! - `testing/` — the test kit (feature `testing`): `session`
 //!   ([`testing::Session`]), `report`, `databases`
 //!   ([`testing::TestDatabases`]). Uses: bus, error, message, module,
@@ -545,6 +560,8 @@ pub mod testing;
 // Only servers reached over a network speak TLS.
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "amqp"))]
 mod tls;
+#[cfg(feature = "opentelemetry")]
+mod trace;
 mod tracking;
 mod transient;
 mod tx;
@@ -599,3 +616,6 @@ pub use amqp::topology::QueueStatus;
 #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub use prometheus::{install_prometheus, PrometheusExporter};
 pub use store::backends::*;
+#[cfg(feature = "opentelemetry")]
+#[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
+pub use trace::context::TraceContext;

@@ -46,6 +46,18 @@ pub struct Envelope {
     /// The message's place in its ordering key's order, when it was
     /// published with one ([`Tx::publish_keyed`](crate::Tx::publish_keyed)).
     pub keyed: Option<Keyed>,
+    /// Where the message was published from in a trace (W3C trace
+    /// context): captured at publish from the current span, stored with
+    /// the outbox row, carried over the broker, and made the parent of the
+    /// span each handler processes it in. `None` when the publisher was in
+    /// no OpenTelemetry trace.
+    #[cfg(feature = "opentelemetry")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
+    pub trace_context: Option<crate::trace::context::TraceContext>,
+    /// The `messaging.system` of the spans it is processed in: tickbox's own
+    /// bus, or the broker that carried it.
+    #[cfg(feature = "opentelemetry")]
+    pub(crate) messaging_system: &'static str,
 }
 
 /// Where a keyed message stands in its key's order.
@@ -105,6 +117,10 @@ impl Envelope {
             causation_id: cause.map(|c| c.id),
             created_at_us: now_us(),
             keyed: None,
+            #[cfg(feature = "opentelemetry")]
+            trace_context: None,
+            #[cfg(feature = "opentelemetry")]
+            messaging_system: crate::trace::spans::TICKBOX,
         }
     }
 }

@@ -168,6 +168,20 @@ impl<B: Backend> Tx<B> {
             publisher: self.outbox.module.to_string(),
             previous_at_us: None,
         });
+        #[cfg(feature = "opentelemetry")]
+        {
+            // The message's `create` span, a child of the current one: its
+            // context goes with the message.
+            let create = crate::trace::spans::create(
+                &self.outbox.module,
+                crate::trace::spans::Identity {
+                    topic: M::TOPIC,
+                    id: envelope.id,
+                    correlation_id: envelope.correlation_id,
+                },
+            );
+            envelope.trace_context = crate::trace::context::TraceContext::of_span(&create);
+        }
         let id = envelope.id;
         self.published.push(envelope);
         Ok(id)

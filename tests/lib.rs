@@ -94,6 +94,10 @@ macro_rules! amqp_suite {
         case!(effects::a_batch_that_falls_back_calls_no_effect_twice);
         case!(kit::a_flow_whose_last_message_follows_a_retry_is_not_finished_early);
         case!(kit::injected_failures_and_duplicates_change_nothing_in_the_end);
+        #[cfg(feature = "opentelemetry")]
+        case!(trace_context::one_flow_is_one_trace_from_the_publisher_through_every_handler);
+        #[cfg(feature = "opentelemetry")]
+        case!(trace_context::a_dead_letter_keeps_its_trace);
     };
 }
 
@@ -192,6 +196,19 @@ macro_rules! suite {
         case!(observability::counters_move_exactly_as_deliveries_happen);
         case!(observability::lag_rises_while_the_bus_is_stopped_and_returns_to_zero);
         case!(observability::mailbox_depth_rises_under_a_slow_handler_and_falls_back);
+
+        #[cfg(feature = "opentelemetry")]
+        case!(trace_context::one_flow_is_one_trace_from_the_publisher_through_every_handler);
+        #[cfg(feature = "opentelemetry")]
+        case!(trace_context::the_context_comes_back_from_the_outbox_row_after_a_restart);
+        #[cfg(feature = "opentelemetry")]
+        case!(trace_context::a_duplicate_is_skipped_in_its_own_span);
+        #[cfg(feature = "opentelemetry")]
+        case!(trace_context::a_dead_letter_keeps_its_trace);
+        #[cfg(feature = "opentelemetry")]
+        case!(trace_context::a_batch_s_process_span_links_every_message_s_context);
+        #[cfg(feature = "opentelemetry")]
+        case!(trace_context::an_effect_is_a_span_inside_its_delivery);
     };
 }
 

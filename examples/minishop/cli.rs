@@ -144,6 +144,13 @@ pub struct Args {
     #[arg(long, value_name = "HOST:PORT", value_parser = socket_addr)]
     pub metrics_addr: Option<SocketAddr>,
 
+    /// Export this process's spans (each order's, and tickbox's create,
+    /// send and process spans) over OTLP/HTTP to the collector's traces URL,
+    /// e.g. http://127.0.0.1:4318/v1/traces (needs the `opentelemetry`
+    /// feature): one order is one trace across every process of the shop
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+
     /// Print the result as one JSON object on stdout, and nothing else
     #[arg(long)]
     pub json: bool,

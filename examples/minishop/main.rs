@@ -26,6 +26,8 @@ mod flow; // when the flow is done, as far as a process can tell
 mod flow_test; // `cargo test --example minishop`
 mod mail; // `--smtp`, `--crash-at`: the e-mail through the effects journal
 mod messages; // the messages the modules send each other
+#[cfg(feature = "opentelemetry")]
+mod otlp; // `--otlp-endpoint`: the spans exported over OTLP/HTTP
 mod placing; // `--orders`, `--order-interval`: placing the run's orders
 mod progress; // logs and the progress bar
 mod queries; // every query on the modules' tables, each a named type
@@ -49,6 +51,7 @@ use tickbox::diesel::result::{DatabaseErrorKind::UniqueViolation, Error::Databas
 use tickbox::{Bus, BusBuilder, Delivery, Handler, HandlerError, HandlerOptions};
 use tickbox::{ModuleBuilder, ModuleHandle, RetryPolicy, Tx};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 // ---------------------------------------------------------------------------
 // 1. Handlers. Each delivery runs in a transaction that already holds the
@@ -225,6 +228,9 @@ fn bus<B: ShopDb>(shop: &Shop<B>, args: &Args) -> BusBuilder<B> {
 /// Places `order`: its row and its `OrderPlaced` commit together, or
 /// neither does. (A retry after a lost COMMIT may find the row there.)
 async fn place_order<B: ShopDb>(orders: &ModuleHandle<B>, order: NewOrder) -> tickbox::Result<()> {
+    // The order's trace begins here (`--otlp-endpoint`): what it publishes
+    // is created in this span.
+    let span = tracing::info_span!("place_order", order_id = %order.id);
     let mut tried = false;
     faults::retrying("placing an order", || {
         let (order, retry) = (order.clone(), std::mem::replace(&mut tried, true));
@@ -237,6 +243,7 @@ async fn place_order<B: ShopDb>(orders: &ModuleHandle<B>, order: NewOrder) -> ti
             tx.publish(&placed).map(drop)
         })
     })
+    .instrument(span)
     .await
 }
 
@@ -288,7 +295,13 @@ async fn run<B: ShopDb>(
 #[actix::main]
 async fn main() -> std::process::ExitCode {
     let args = Args::parse_or_exit();
-    progress::init_logging();
+    let exporting = match progress::init_logging(&args) {
+        Ok(exporting) => exporting,
+        Err((error, code)) => {
+            report::print_error(&error, args.json);
+            return std::process::ExitCode::from(code);
+        }
+    };
     // From here on Ctrl-C asks the run to stop; a second one quits.
     let stop = shutdown::on_ctrl_c();
     if let Err((error, code)) = report::serve_metrics(&args).and_then(|()| args.transport_built()) {
@@ -296,5 +309,9 @@ async fn main() -> std::process::ExitCode {
         return std::process::ExitCode::from(code);
     }
     let result = stores::run(&args, &stop).await; // `run`, on the databases the arguments name
+                                                  // The last spans are sent before the process ends.
+    if let Some(exporting) = exporting {
+        exporting.finish();
+    }
     report::finish(result, args.json, stop.is_cancelled())
 }

@@ -36,15 +36,56 @@ pub fn say(text: &str) {
 /// `warn,lapin=off,minishop=info` (`minishop=debug` shows every e-mail
 /// sent). lapin, the RabbitMQ client, logs a broker's refusal at error level
 /// itself; tickbox reports every broker failure in its own words.
-pub fn init_logging() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,lapin=off,minishop=info".into()),
-        )
+pub fn init_logging(args: &crate::cli::Args) -> Result<Option<Exporting>, (String, u8)> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let log = tracing_subscriber::fmt::layer()
         .with_writer(LogWriter::default)
         .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,lapin=off,minishop=info".into()),
+        );
+    let logging = tracing_subscriber::registry().with(log);
+    let Some(endpoint) = &args.otlp_endpoint else {
+        logging.init();
+        return Ok(None);
+    };
+    #[cfg(feature = "opentelemetry")]
+    {
+        let service = format!("minishop-{}", args.module_names().join("-"));
+        let (spans, exporting) =
+            crate::otlp::layer(endpoint, service).map_err(|error| (error, 2))?;
+        logging.with(spans).init();
+        Ok(Some(exporting))
+    }
+    #[cfg(not(feature = "opentelemetry"))]
+    {
+        let _ = (endpoint, logging);
+        Err((
+            "--otlp-endpoint needs the `opentelemetry` feature: cargo run --release --features \
+             opentelemetry --example minishop -- --otlp-endpoint URL"
+                .to_string(),
+            2,
+        ))
+    }
+}
+
+/// The span exporter of `--otlp-endpoint`, or nothing (without the
+/// `opentelemetry` feature, the flag is refused).
+#[cfg(feature = "opentelemetry")]
+pub use crate::otlp::Exporting;
+/// Nothing to export without the `opentelemetry` feature.
+#[cfg(not(feature = "opentelemetry"))]
+pub enum Exporting {}
+
+#[cfg(not(feature = "opentelemetry"))]
+impl Exporting {
+    /// Never called: there is no exporter.
+    pub fn finish(self) {
+        match self {}
+    }
 }
 
 /// The log's writer: one formatted event per writer, written out above the

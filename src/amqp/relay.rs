@@ -182,11 +182,23 @@ impl Relay {
                 .await?
                 .await
         };
+        #[cfg(feature = "opentelemetry")]
+        let span = crate::trace::spans::send(
+            self.exchange.as_str(),
+            crate::trace::spans::Identity {
+                topic: &envelope.topic,
+                id: envelope.id,
+                correlation_id: envelope.correlation_id,
+            },
+            envelope.trace_context.as_ref(),
+        );
+        #[cfg(feature = "opentelemetry")]
+        let published = tracing::Instrument::instrument(published, span.clone());
         let doing = Publishing {
             module,
             topic: &envelope.topic,
         };
-        match self
+        let sent = match self
             .caller
             .within(self.amqp.confirm_timeout, doing, published)
             .await
@@ -198,7 +210,19 @@ impl Relay {
             Ok(Confirmation::NotRequested) => Err(NotSent::Fault(Fault::Refused(
                 "the channel is not in confirm mode".into(),
             ))),
+        };
+        #[cfg(feature = "opentelemetry")]
+        if let Err(not_sent) = &sent {
+            let (error_type, reason) = match not_sent {
+                NotSent::Unroutable => ("unroutable", "no queue is bound to the topic".into()),
+                NotSent::Nacked => ("nacked", "the broker did not take it".into()),
+                NotSent::Fault(
+                    Fault::Unreachable(reason) | Fault::TimedOut(reason) | Fault::Refused(reason),
+                ) => ("broker_fault", reason.clone()),
+            };
+            crate::trace::spans::failed(&span, error_type, &reason);
         }
+        sent
     }
 
     /// The confirm-mode channel, connecting first if needed (no sooner than

@@ -22,6 +22,13 @@ const KEY_PUBLISHER: &str = "tickbox-key-publisher";
 /// When the key's previous message was published, µs since the Unix epoch.
 const KEY_PREVIOUS_AT_US: &str = "tickbox-key-previous-at-us";
 
+/// W3C Trace Context's headers, as any OpenTelemetry-instrumented consumer
+/// of the queue reads them (AMQP 0-9-1 header-table strings).
+#[cfg(feature = "opentelemetry")]
+const TRACEPARENT: &str = "traceparent";
+#[cfg(feature = "opentelemetry")]
+const TRACESTATE: &str = "tracestate";
+
 /// A persistent message (survives a broker restart in a durable queue).
 const PERSISTENT: u8 = 2;
 
@@ -50,6 +57,16 @@ pub(crate) fn properties(envelope: &Envelope) -> BasicProperties {
         );
         if let Some(at) = keyed.previous_at_us {
             headers.insert(KEY_PREVIOUS_AT_US.into(), AMQPValue::LongLongInt(at));
+        }
+    }
+    #[cfg(feature = "opentelemetry")]
+    if let Some(context) = &envelope.trace_context {
+        headers.insert(
+            TRACEPARENT.into(),
+            AMQPValue::LongString(context.traceparent().into()),
+        );
+        if let Some(state) = context.tracestate() {
+            headers.insert(TRACESTATE.into(), AMQPValue::LongString(state.into()));
         }
     }
     BasicProperties::default()
@@ -93,6 +110,10 @@ pub(crate) fn envelope(delivery: &Delivery) -> Result<Envelope, Box<Undecodable>
                 causation_id: None,
                 created_at_us: crate::message::now_us(),
                 keyed: None,
+                #[cfg(feature = "opentelemetry")]
+                trace_context: None,
+                #[cfg(feature = "opentelemetry")]
+                messaging_system: crate::trace::spans::RABBITMQ,
             },
         })
     };
@@ -151,6 +172,12 @@ pub(crate) fn envelope(delivery: &Delivery) -> Result<Envelope, Box<Undecodable>
             )))
         }
     };
+    // A context that is not W3C's is left out (W3C: the receiver starts a
+    // new trace), never a reason to refuse the message.
+    #[cfg(feature = "opentelemetry")]
+    let trace_context = text(TRACEPARENT).and_then(|parent| {
+        crate::trace::context::TraceContext::from_headers(&parent, text(TRACESTATE).as_deref())
+    });
     Ok(Envelope {
         id,
         topic,
@@ -159,5 +186,9 @@ pub(crate) fn envelope(delivery: &Delivery) -> Result<Envelope, Box<Undecodable>
         causation_id,
         created_at_us,
         keyed,
+        #[cfg(feature = "opentelemetry")]
+        trace_context,
+        #[cfg(feature = "opentelemetry")]
+        messaging_system: crate::trace::spans::RABBITMQ,
     })
 }

@@ -64,14 +64,40 @@ async fn handle_batch<B: Backend>(handlers: Arc<Handlers<B>>, mut batch: Vec<Wai
     // same messages wait for each other instead of deadlocking.
     batch.sort_by_key(|waiting| waiting.attempt.envelope.id);
     let started = Instant::now();
+    #[cfg(feature = "opentelemetry")]
+    let batch_span = {
+        let first = &batch[0].attempt;
+        let entry = handlers.get(first.handler);
+        crate::trace::spans::process_batch(
+            &first.envelope.topic,
+            crate::trace::spans::Processing {
+                module: &handlers.module,
+                handler: &entry.name,
+                attempt: 1,
+                system: first.envelope.messaging_system,
+                causation_id: None,
+            },
+            batch
+                .iter()
+                .map(|waiting| waiting.attempt.envelope.trace_context.as_ref()),
+            batch.len(),
+        )
+    };
+    #[cfg(feature = "opentelemetry")]
+    let in_batch = Some(&batch_span);
+    #[cfg(not(feature = "opentelemetry"))]
+    let in_batch = None;
     let spans: Vec<Span> = batch
         .iter()
-        .map(|waiting| delivery_span(&handlers, &waiting.attempt))
+        .map(|waiting| delivery_span(&handlers, &waiting.attempt, in_batch))
         .collect();
     let counters = &handlers.get(batch[0].attempt.handler).counters;
     let deadline = handlers.deadline(batch[0].attempt.handler);
     let in_one = {
-        let transaction = std::pin::pin!(in_one_transaction(&handlers, &batch, &spans));
+        let transaction = in_one_transaction(&handlers, &batch, &spans);
+        #[cfg(feature = "opentelemetry")]
+        let transaction = transaction.instrument(batch_span.clone());
+        let transaction = std::pin::pin!(transaction);
         handlers
             .db
             .watch

@@ -25,7 +25,7 @@ pub(crate) async fn guard<B: Backend>(
     handlers: Arc<Handlers<B>>,
     attempt: Attempt,
 ) -> Result<Outcome, DeliveryError> {
-    let span = delivery_span(&handlers, &attempt);
+    let span = delivery_span(&handlers, &attempt, None);
     let started = Instant::now();
     let label = attempt.clone();
     let deadline = handlers.deadline(attempt.handler);
@@ -43,11 +43,34 @@ pub(crate) async fn guard<B: Backend>(
 }
 
 /// The span one delivery runs in, with what identifies it; counts a retry.
-pub(crate) fn delivery_span<B: Backend>(handlers: &Handlers<B>, attempt: &Attempt) -> Span {
+/// With the `opentelemetry` feature, the delivery's `process` span: a child
+/// of the message's `create` span, linked to `batch`'s span when it runs in
+/// a batch.
+pub(crate) fn delivery_span<B: Backend>(
+    handlers: &Handlers<B>,
+    attempt: &Attempt,
+    batch: Option<&Span>,
+) -> Span {
     let entry = &handlers.get(attempt.handler);
     if attempt.attempt > 1 {
         entry.counters.retried();
     }
+    #[cfg(feature = "opentelemetry")]
+    return crate::trace::spans::process(
+        identity(&attempt.envelope),
+        attempt.envelope.trace_context.as_ref(),
+        crate::trace::spans::Processing {
+            module: &handlers.module,
+            handler: &entry.name,
+            attempt: attempt.attempt,
+            system: attempt.envelope.messaging_system,
+            causation_id: attempt.envelope.causation_id,
+        },
+        batch,
+    );
+    #[cfg(not(feature = "opentelemetry"))]
+    let _ = batch;
+    #[cfg(not(feature = "opentelemetry"))]
     tracing::info_span!(
         "deliver",
         message_id = %attempt.envelope.id,
@@ -59,6 +82,16 @@ pub(crate) fn delivery_span<B: Backend>(handlers: &Handlers<B>, attempt: &Attemp
         causation_id = ?attempt.envelope.causation_id,
         outcome = tracing::field::Empty,
     )
+}
+
+/// What identifies `envelope` in its spans.
+#[cfg(feature = "opentelemetry")]
+pub(crate) fn identity(envelope: &crate::message::Envelope) -> crate::trace::spans::Identity<'_> {
+    crate::trace::spans::Identity {
+        topic: &envelope.topic,
+        id: envelope.id,
+        correlation_id: envelope.correlation_id,
+    }
 }
 
 /// Counts how a delivery ended and reports it in its span. A failure is
@@ -96,6 +129,10 @@ pub(crate) fn observe<B: Backend>(
     match result {
         Ok(outcome) => {
             span.record("outcome", tracing::field::debug(outcome));
+            #[cfg(feature = "opentelemetry")]
+            if *outcome == Outcome::Duplicate {
+                crate::trace::spans::skipped_duplicate(span);
+            }
             tracing::debug!("delivery finished");
         }
         Err(error) if error.kind == FailureKind::Early => {
@@ -104,6 +141,8 @@ pub(crate) fn observe<B: Backend>(
         }
         Err(error) => {
             span.record("outcome", tracing::field::debug(error.kind));
+            #[cfg(feature = "opentelemetry")]
+            crate::trace::spans::failed(span, &format!("{:?}", error.kind), &error.reason);
             tracing::warn!(
                 module = %handlers.module,
                 handler = %entry.name,

@@ -345,7 +345,12 @@ impl Delivery {
         F: FnOnce(String) -> Fut + Send,
         Fut: Future<Output = Result<T, E>> + Send,
     {
-        effect::run(self, name, policy, call).await
+        #[cfg(feature = "opentelemetry")]
+        let span = crate::trace::spans::effect(name, policy.name());
+        let run = effect::run(self, name, policy, call);
+        #[cfg(feature = "opentelemetry")]
+        let run = tracing::Instrument::instrument(run, span);
+        run.await
     }
 }
 

@@ -327,7 +327,20 @@ impl<B: Backend> ModuleBuilder<B> {
                         url: self.settings.url.redacted(),
                     })
                 }
-                crate::store::catalog::TABLES => {}
+                crate::store::catalog::TABLES => {
+                    let latest = crate::store::catalog::LATEST_MIGRATION;
+                    let migrated = db
+                        .call("reading tickbox's schema version", async |conn| {
+                            Ok(B::has_migration(conn, latest).await?)
+                        })
+                        .await?;
+                    if !migrated {
+                        return Err(Error::SchemaVersion {
+                            module: name.to_string(),
+                            reason: format!("was migrated by an older version of tickbox (migration {latest} is missing); start the application once with this version (it migrates its databases), then try again"),
+                        });
+                    }
+                }
                 _ => {
                     return Err(Error::SchemaVersion {
                         module: name.to_string(),

@@ -50,6 +50,12 @@ pub struct DeadLetter {
     /// fail itself but arrived while its key was parked: it is delivered
     /// when that one is replayed or skipped.
     pub parked_behind: Option<Uuid>,
+    /// The trace the message was published in, so that an operator goes
+    /// from the dead letter to its trace (`tickbox dead-letters show`
+    /// prints its id).
+    #[cfg(feature = "opentelemetry")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
+    pub trace_context: Option<crate::trace::context::TraceContext>,
 }
 
 impl DeadLetter {
@@ -63,6 +69,10 @@ impl DeadLetter {
             causation_id: self.causation_id,
             created_at_us: self.created_at_us,
             keyed: self.keyed.clone(),
+            #[cfg(feature = "opentelemetry")]
+            trace_context: self.trace_context.clone(),
+            #[cfg(feature = "opentelemetry")]
+            messaging_system: crate::trace::spans::TICKBOX,
         }
     }
 }
@@ -87,6 +97,11 @@ impl From<DeadLetterRow> for DeadLetter {
                 row.key_previous_at_us,
             ),
             parked_behind: row.parked_behind.map(|id| id.0),
+            #[cfg(feature = "opentelemetry")]
+            trace_context: row
+                .trace_context
+                .as_deref()
+                .and_then(crate::trace::context::TraceContext::from_stored),
         }
     }
 }
@@ -112,6 +127,19 @@ pub(crate) async fn record<B: Backend>(
     reason: &str,
     parked_behind: Option<Uuid>,
 ) -> Result<()> {
+    #[cfg(feature = "opentelemetry")]
+    let span = crate::trace::spans::dead_letter(
+        crate::trace::spans::Identity {
+            topic: &envelope.topic,
+            id: envelope.id,
+            correlation_id: envelope.correlation_id,
+        },
+        envelope.trace_context.as_ref(),
+        handler,
+        reason,
+    );
+    #[cfg(feature = "opentelemetry")]
+    let _entered = span.enter();
     tracing::error!(
         module = %module.name(),
         handler,
@@ -137,7 +165,14 @@ pub(crate) async fn record<B: Backend>(
         key_publisher: envelope.keyed.as_ref().map(|k| k.publisher.clone()),
         key_previous_at_us: envelope.keyed.as_ref().and_then(|k| k.previous_at_us),
         parked_behind: parked_behind.map(Id),
+        #[cfg(feature = "opentelemetry")]
+        trace_context: envelope
+            .trace_context
+            .as_ref()
+            .map(|context| context.stored()),
     };
+    #[cfg(feature = "opentelemetry")]
+    drop(_entered);
     module
         .core
         .db

@@ -220,7 +220,7 @@ impl<B: Backend> ModuleHandle<B> {
         E: From<Error> + Send + 'static,
     {
         let core = self.core.clone();
-        let task = tokio::spawn(Box::pin(async move {
+        let transaction = async move {
             let db = core.db.clone();
             let operation = match mode {
                 Mode::Write => "a transaction",
@@ -233,7 +233,12 @@ impl<B: Backend> ModuleHandle<B> {
                 .within(operation, db.deadlines.transaction, transaction)
                 .await
                 .unwrap_or_else(|missed| Err(missed.into()))
-        }));
+        };
+        // In the caller's span, so that what it publishes is created in the
+        // caller's trace.
+        #[cfg(feature = "opentelemetry")]
+        let transaction = tracing::Instrument::in_current_span(transaction);
+        let task = tokio::spawn(Box::pin(transaction));
         match task.await {
             Ok(result) => result,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),

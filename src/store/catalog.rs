@@ -13,6 +13,11 @@ use std::future::Future;
 /// tickbox's tables, as [`CatalogStatements::count_tables`] counts them.
 pub(crate) const TABLES: i64 = 10;
 
+/// The version of tickbox's latest migration (the same on every backend):
+/// a database that has not recorded it lacks what this version reads and
+/// writes (a column added to a table, which [`TABLES`] does not see).
+pub(crate) const LATEST_MIGRATION: &str = "20261209000000";
+
 /// Their names, as the catalog lists them: a string literal for `concat!`,
 /// the list of an `IN (…)`.
 macro_rules! table_names {
@@ -71,6 +76,19 @@ pub trait CatalogStatements: Store + DeadLetterStatements {
     /// date, fewer when an older version of tickbox made them, none when it
     /// is not a module's database. Read from the backend's catalog.
     fn count_tables(conn: &mut Self::Conn) -> impl Future<Output = QueryResult<i64>> + Send;
+
+    /// Whether the database recorded tickbox's migration `version` (in
+    /// `tickbox_schema_version`).
+    fn has_migration(
+        conn: &mut Self::Conn,
+        version: &'static str,
+    ) -> impl Future<Output = QueryResult<bool>> + Send {
+        let statement = sql!(
+            "SELECT count(*) AS n FROM tickbox_schema_version WHERE version = ?",
+            version
+        );
+        async move { Ok(Count::of(Self::load(conn, statement).await?) > 0) }
+    }
 
     /// Whether this connection to the database server is encrypted (TLS),
     /// as the server sees it; `None` where there is no server (SQLite).

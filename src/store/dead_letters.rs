@@ -2,7 +2,7 @@
 //! their reason until an operator replays, skips or discards them.
 
 use crate::store::contract::Store;
-use crate::store::schema::{Count, DeadLetterRow, MessageIdRow};
+use crate::store::schema::{if_traced, Count, DeadLetterRow, MessageIdRow};
 use crate::store::sql::{sql, Sql};
 use diesel::QueryResult;
 use std::future::Future;
@@ -12,12 +12,31 @@ use uuid::Uuid;
 /// string literal for `concat!`.
 macro_rules! dead_letter_columns {
     () => {
-        "message_id, handler, topic, payload, correlation_id, causation_id, created_at_us, \
+        concat!(
+            "message_id, handler, topic, payload, correlation_id, causation_id, created_at_us, \
          attempts, reason, dead_at_us, ordering_key, key_seq, key_publisher, \
-         key_previous_at_us, parked_behind"
+         key_previous_at_us, parked_behind",
+            if_traced!(", trace_context")
+        )
+    };
+}
+
+/// The values of a dead letter row's insert, one `?` per
+/// [`dead_letter_columns!`] column, as a string literal for `concat!`.
+macro_rules! dead_letter_values {
+    () => {
+        concat!(
+            "?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?",
+            if_traced!(", ?")
+        )
     };
 }
 pub(crate) use dead_letter_columns;
+#[allow(
+    unused_imports,
+    reason = "a backend that spells the insert itself (MariaDB's) uses it"
+)]
+pub(crate) use dead_letter_values;
 
 /// The dead letters' statements. The defaults are written in the SQL that
 /// SQLite and PostgreSQL share; a backend overrides what its dialect spells
@@ -34,8 +53,9 @@ pub trait DeadLetterStatements: Store {
             concat!(
                 "INSERT INTO tickbox_dead_letters (",
                 dead_letter_columns!(),
-                ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
-                 ON CONFLICT (message_id, handler) DO UPDATE SET attempts = excluded.attempts, \
+                ") VALUES (",
+                dead_letter_values!(),
+                ") ON CONFLICT (message_id, handler) DO UPDATE SET attempts = excluded.attempts, \
                  reason = excluded.reason, dead_at_us = excluded.dead_at_us, \
                  parked_behind = excluded.parked_behind"
             ),
@@ -55,6 +75,8 @@ pub trait DeadLetterStatements: Store {
             row.key_previous_at_us,
             row.parked_behind
         );
+        #[cfg(feature = "opentelemetry")]
+        let statement = statement.and_bind(row.trace_context);
         async move { Self::execute(conn, statement).await.map(drop) }
     }
 

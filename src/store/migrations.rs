@@ -117,6 +117,31 @@ pub(crate) struct SchemaVersionRow {
 mod tests {
     use super::*;
 
+    /// A database that lacks tickbox's latest migration is refused when a
+    /// tool attaches to it: keep the latest's version named.
+    #[test]
+    fn the_latest_migration_is_the_one_attaching_checks_for() {
+        let latest = EVERY_BACKEND
+            .iter()
+            .flat_map(|(_, migrations)| {
+                versions::<diesel::sqlite::Sqlite>(migrations, "tickbox").expect("names")
+            })
+            .map(|(version, _)| version)
+            .max()
+            .expect("tickbox has migrations");
+        assert_eq!(latest, crate::store::catalog::LATEST_MIGRATION);
+        for (folder, migrations) in EVERY_BACKEND {
+            if *folder == "sqlite-effects" {
+                continue;
+            }
+            let names = versions::<diesel::sqlite::Sqlite>(migrations, "tickbox").expect("names");
+            assert!(
+                names.iter().any(|(version, _)| version == &latest),
+                "migrations/{folder} lacks migration {latest}"
+            );
+        }
+    }
+
     /// The documentation tells applications that every version tickbox
     /// reserves is at midnight, so a folder named at the time it was
     /// written never clashes: keep it true.

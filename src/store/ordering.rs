@@ -7,6 +7,7 @@
 
 use crate::store::contract::Store;
 use crate::store::dead_letters::dead_letter_columns;
+use crate::store::schema::if_traced;
 use crate::store::schema::{DeadLetterRow, MessageIdRow};
 use crate::store::sql::{sql, Sql};
 use diesel::sql_types::{BigInt, Text};

@@ -12,7 +12,7 @@
 
 use crate::store::contract::Store;
 use crate::store::ids::IdLists;
-use crate::store::schema::{ClaimedRow, DbUuid, Id, Lenient, OutboxRow};
+use crate::store::schema::{if_traced, ClaimedRow, DbUuid, Id, Lenient, OutboxRow};
 use crate::store::sql::{sql, Bind, Sql};
 use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::QueryResult;
@@ -46,11 +46,13 @@ where
         mut out: diesel::query_builder::AstPass<'_, 'b, DB>,
     ) -> QueryResult<()> {
         let row = self.0;
-        out.push_sql(
+        out.push_sql(concat!(
             "INSERT INTO tickbox_outbox (id, topic, payload, correlation_id, causation_id, \
              created_at_us, claimed_by, claimed_until_us, ordering_key, key_seq, \
-             key_publisher, key_previous_at_us) VALUES (",
-        );
+             key_publisher, key_previous_at_us",
+            if_traced!(", trace_context"),
+            ") VALUES ("
+        ));
         out.push_bind_param::<DbUuid, _>(&row.id)?;
         out.push_sql(", ");
         out.push_bind_param::<Text, _>(&row.topic)?;
@@ -74,6 +76,11 @@ where
         out.push_bind_param::<Nullable<Text>, _>(&row.key_publisher)?;
         out.push_sql(", ");
         out.push_bind_param::<Nullable<BigInt>, _>(&row.key_previous_at_us)?;
+        #[cfg(feature = "opentelemetry")]
+        {
+            out.push_sql(", ");
+            out.push_bind_param::<Nullable<Text>, _>(&row.trace_context)?;
+        }
         out.push_sql(")");
         Ok(())
     }
@@ -622,11 +629,15 @@ pub trait OutboxStatements: Store + IdLists {
         row: OutboxRow,
     ) -> impl Future<Output = QueryResult<()>> + Send {
         let insert = sql!(
-            "INSERT INTO tickbox_outbox (id, topic, payload, correlation_id, causation_id, \
-             created_at_us, ordering_key, key_seq, key_publisher, key_previous_at_us) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
-             ON CONFLICT (id) DO UPDATE SET delivered_at_us = NULL, claimed_by = NULL, \
-             claimed_until_us = NULL",
+            concat!(
+                "INSERT INTO tickbox_outbox (id, topic, payload, correlation_id, causation_id, \
+                 created_at_us, ordering_key, key_seq, key_publisher, key_previous_at_us",
+                if_traced!(", trace_context"),
+                ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?",
+                if_traced!(", ?"),
+                ") ON CONFLICT (id) DO UPDATE SET delivered_at_us = NULL, claimed_by = NULL, \
+             claimed_until_us = NULL"
+            ),
             row.id,
             row.topic,
             row.payload,
@@ -638,6 +649,8 @@ pub trait OutboxStatements: Store + IdLists {
             row.key_publisher,
             row.key_previous_at_us
         );
+        #[cfg(feature = "opentelemetry")]
+        let insert = insert.and_bind(row.trace_context.clone());
         let forget = sql!(
             "DELETE FROM tickbox_outbox_done WHERE message_id = ?",
             row.id

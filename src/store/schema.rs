@@ -60,6 +60,7 @@ diesel::table! {
         key_seq -> Nullable<BigInt>,
         key_publisher -> Nullable<Text>,
         key_previous_at_us -> Nullable<BigInt>,
+        trace_context -> Nullable<Text>,
     }
 }
 
@@ -96,6 +97,7 @@ diesel::table! {
         key_publisher -> Nullable<Text>,
         key_previous_at_us -> Nullable<BigInt>,
         parked_behind -> Nullable<DbUuid>,
+        trace_context -> Nullable<Text>,
     }
 }
 
@@ -255,6 +257,10 @@ pub struct DeadLetterRow {
     pub(crate) key_previous_at_us: Option<i64>,
     /// The keyed dead letter this message waits for (it parks the key).
     pub(crate) parked_behind: Option<Id>,
+    /// The message's trace context, as stored
+    /// ([`TraceContext`](crate::trace::context::TraceContext)).
+    #[cfg(feature = "opentelemetry")]
+    pub(crate) trace_context: Option<String>,
 }
 
 /// One outbox row, as written at publish and read back for redelivery.
@@ -281,7 +287,29 @@ pub struct OutboxRow {
     pub(crate) key_publisher: Option<String>,
     /// When the key's previous message was published.
     pub(crate) key_previous_at_us: Option<i64>,
+    /// The trace context it was published in, as stored
+    /// ([`TraceContext`](crate::trace::context::TraceContext)); read and
+    /// written only with the `opentelemetry` feature.
+    #[cfg(feature = "opentelemetry")]
+    pub(crate) trace_context: Option<String>,
 }
+
+/// `$text` with the `opentelemetry` feature, nothing without it: the
+/// trace context's column in a statement's text, for `concat!`.
+#[cfg(feature = "opentelemetry")]
+macro_rules! if_traced {
+    ($text:literal) => {
+        $text
+    };
+}
+/// `$text` with the `opentelemetry` feature, nothing without it.
+#[cfg(not(feature = "opentelemetry"))]
+macro_rules! if_traced {
+    ($text:literal) => {
+        ""
+    };
+}
+pub(crate) use if_traced;
 
 /// A column value read without failing: what diesel decoded, or why it
 /// could not. A scan reads rows one by one through this, so one row that
@@ -333,6 +361,11 @@ pub struct ClaimedRow {
     pub(crate) key_publisher: Lenient<Option<String>>,
     #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
     pub(crate) key_previous_at_us: Lenient<Option<i64>>,
+    /// The trace context, as stored; a value that is not one is left out
+    /// (the message goes on in a trace of its own).
+    #[cfg(feature = "opentelemetry")]
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    pub(crate) trace_context: Lenient<Option<String>>,
 }
 
 /// An outbox row a scan could not turn into an envelope: a dead letter in
@@ -430,6 +463,15 @@ impl ClaimedRow {
             causation_id,
             created_at_us,
             keyed,
+            #[cfg(feature = "opentelemetry")]
+            trace_context: self
+                .trace_context
+                .0
+                .ok()
+                .flatten()
+                .and_then(|text| crate::trace::context::TraceContext::from_stored(&text)),
+            #[cfg(feature = "opentelemetry")]
+            messaging_system: crate::trace::spans::TICKBOX,
         };
         if problems.is_empty() {
             Ok(envelope)
@@ -458,6 +500,13 @@ impl From<OutboxRow> for crate::message::Envelope {
                 row.key_publisher,
                 row.key_previous_at_us,
             ),
+            #[cfg(feature = "opentelemetry")]
+            trace_context: row
+                .trace_context
+                .as_deref()
+                .and_then(crate::trace::context::TraceContext::from_stored),
+            #[cfg(feature = "opentelemetry")]
+            messaging_system: crate::trace::spans::TICKBOX,
         }
     }
 }
@@ -492,6 +541,8 @@ impl From<&crate::message::Envelope> for OutboxRow {
             key_seq: e.keyed.as_ref().map(|k| k.sequence),
             key_publisher: e.keyed.as_ref().map(|k| k.publisher.clone()),
             key_previous_at_us: e.keyed.as_ref().and_then(|k| k.previous_at_us),
+            #[cfg(feature = "opentelemetry")]
+            trace_context: e.trace_context.as_ref().map(|context| context.stored()),
         }
     }
 }

@@ -109,6 +109,14 @@ impl Sql {
             binds: Vec::new(),
         }
     }
+
+    /// The statement with one more value, for a `?` its text ends its
+    /// values with only in some builds (the trace context's column).
+    #[cfg(feature = "opentelemetry")]
+    pub(crate) fn and_bind(mut self, value: impl Into<Bind>) -> Sql {
+        self.binds.push(value.into());
+        self
+    }
 }
 
 /// `sql!(TEXT, a, b…)`: the statement [`Sql`] `TEXT` with the values `a`,

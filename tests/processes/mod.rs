@@ -802,6 +802,8 @@ fn a_process_alone_times_out_naming_what_is_unfinished() {
 // ---------------------------------------------------------------------------
 // Three processes over RabbitMQ, each with its own databases
 
+mod traces;
+
 /// minishop split over a RabbitMQ broker (`--transport amqp`): one process
 /// per module, each with its own databases, sharing nothing but the broker.
 /// Each is given the other two's databases with the check flags, so each
@@ -821,6 +823,9 @@ mod amqp_split {
         orders: u64,
         /// The broker: the shared one, or the TLS node (`over_tls`).
         amqp_url: String,
+        /// Where each process exports its spans (`--otlp-endpoint`), if
+        /// anywhere.
+        otlp_endpoint: Option<String>,
     }
 
     impl Split {
@@ -862,6 +867,7 @@ mod amqp_split {
                 namespace,
                 orders,
                 amqp_url: crate::support::amqp_url(),
+                otlp_endpoint: None,
             }
         }
 
@@ -928,6 +934,9 @@ mod amqp_split {
             ]
             .map(String::from)
             .to_vec();
+            if let Some(endpoint) = &self.otlp_endpoint {
+                args.extend(["--otlp-endpoint".to_string(), endpoint.clone()]);
+            }
             if PARTS[i] == "orders" && placing {
                 args.extend(["--orders".to_string(), orders]);
             } else if PARTS[i] == "orders" {
@@ -1061,6 +1070,21 @@ mod amqp_split {
         let _broker = broker_shared();
         let children = split.spawn_all();
         split.finish(children, true, "three processes over amqp");
+    }
+
+    /// [`share_the_work`] on `backend` (`sqlite`, `postgres`, `mysql`),
+    /// each process exporting its spans to `endpoint`.
+    #[cfg(feature = "opentelemetry")]
+    pub(super) fn share_the_work_exporting(backend: &str, orders: u64, endpoint: &str) {
+        let mut split = match backend {
+            #[cfg(feature = "postgres")]
+            "postgres" => Split::postgres("traces", orders),
+            #[cfg(feature = "mysql")]
+            "mysql" => Split::mysql("traces", orders),
+            _ => Split::sqlite("traces", orders),
+        };
+        split.otlp_endpoint = Some(endpoint.to_string());
+        share_the_work(split);
     }
 
     /// Kills the processes with SIGKILL at seeded random moments and

@@ -10,6 +10,8 @@ pub mod kit;
 pub mod observability;
 pub mod ordering;
 pub mod shared_outbox;
+#[cfg(feature = "opentelemetry")]
+pub mod trace_context;
 
 use crate::support::*;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};

@@ -7,6 +7,7 @@
 pub mod fault_proxy;
 #[cfg(feature = "mysql")]
 pub mod mysql;
+pub mod otlp_receiver;
 pub mod panics;
 pub mod smtp_sink;
 

@@ -3,7 +3,8 @@
 
 use super::{check_width, Mysql, KEY_BYTES, NAME_BYTES};
 use crate::store::contract::Store;
-use crate::store::dead_letters::{dead_letter_columns, DeadLetterStatements};
+use crate::store::dead_letters::{dead_letter_columns, dead_letter_values, DeadLetterStatements};
+use crate::store::schema::if_traced;
 use crate::store::schema::DeadLetterRow;
 use crate::store::sql::sql;
 use diesel::QueryResult;
@@ -19,8 +20,9 @@ impl DeadLetterStatements for Mysql {
             concat!(
                 "INSERT INTO tickbox_dead_letters (",
                 dead_letter_columns!(),
-                ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
-                 ON DUPLICATE KEY UPDATE attempts = VALUES(attempts), \
+                ") VALUES (",
+                dead_letter_values!(),
+                ") ON DUPLICATE KEY UPDATE attempts = VALUES(attempts), \
                  reason = VALUES(reason), dead_at_us = VALUES(dead_at_us), \
                  parked_behind = VALUES(parked_behind)"
             ),
@@ -40,6 +42,8 @@ impl DeadLetterStatements for Mysql {
             row.key_previous_at_us,
             row.parked_behind
         );
+        #[cfg(feature = "opentelemetry")]
+        let statement = statement.and_bind(row.trace_context);
         Self::execute(conn, statement).await.map(drop)
     }
 }

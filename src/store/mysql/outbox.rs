@@ -12,7 +12,7 @@ use crate::store::outbox::{
     claimable_text, numbering_order, outbox_texts, owed_elsewhere_text, Claim, InsertOutboxRow,
     OutboxStatements, OutboxTexts, Owed,
 };
-use crate::store::schema::{tickbox_outbox, ClaimedRow, OutboxRow};
+use crate::store::schema::{if_traced, tickbox_outbox, ClaimedRow, OutboxRow};
 use crate::store::sql::sql;
 use diesel::sql_types::{BigInt, Nullable};
 use diesel::QueryResult;
@@ -23,11 +23,14 @@ use uuid::Uuid;
 /// decoded, and dead-lettered, on its own).
 macro_rules! claimed_columns {
     () => {
-        "o.id AS id, o.topic AS topic, o.payload AS payload, \
+        concat!(
+            "o.id AS id, o.topic AS topic, o.payload AS payload, \
          o.correlation_id AS correlation_id, o.causation_id AS causation_id, \
          o.created_at_us AS created_at_us, o.ordering_key AS ordering_key, \
          o.key_seq AS key_seq, o.key_publisher AS key_publisher, \
-         o.key_previous_at_us AS key_previous_at_us"
+         o.key_previous_at_us AS key_previous_at_us",
+            if_traced!(", o.trace_context AS trace_context")
+        )
     };
 }
 
@@ -329,11 +332,15 @@ impl OutboxStatements for Mysql {
 
     async fn requeue_or_insert(conn: &mut Self::Conn, row: OutboxRow) -> QueryResult<()> {
         let insert = sql!(
-            "INSERT INTO tickbox_outbox (id, topic, payload, correlation_id, causation_id, \
-             created_at_us, ordering_key, key_seq, key_publisher, key_previous_at_us) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
-             ON DUPLICATE KEY UPDATE delivered_at_us = NULL, claimed_by = NULL, \
-             claimed_until_us = NULL",
+            concat!(
+                "INSERT INTO tickbox_outbox (id, topic, payload, correlation_id, causation_id, \
+                 created_at_us, ordering_key, key_seq, key_publisher, key_previous_at_us",
+                if_traced!(", trace_context"),
+                ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?",
+                if_traced!(", ?"),
+                ") ON DUPLICATE KEY UPDATE delivered_at_us = NULL, claimed_by = NULL, \
+             claimed_until_us = NULL"
+            ),
             row.id,
             row.topic,
             row.payload,
@@ -345,6 +352,8 @@ impl OutboxStatements for Mysql {
             row.key_publisher,
             row.key_previous_at_us
         );
+        #[cfg(feature = "opentelemetry")]
+        let insert = insert.and_bind(row.trace_context.clone());
         let forget = sql!(
             "DELETE FROM tickbox_outbox_done WHERE message_id = ?",
             row.id

@@ -10,7 +10,7 @@ use crate::store::outbox::{
     bump_sequence_statement, claim_owed_text, first_sequence_statement, numbering_order,
     outbox_texts, Claim, InsertOutboxRow, OutboxStatements, OutboxTexts,
 };
-use crate::store::schema::{tickbox_outbox, ClaimedRow, OutboxRow};
+use crate::store::schema::{if_traced, tickbox_outbox, ClaimedRow, OutboxRow};
 use diesel::QueryResult;
 
 /// The `RETURNING` list of a claim, read as a [`ClaimedRow`]: text columns
@@ -18,9 +18,12 @@ use diesel::QueryResult;
 /// is decoded (and dead-lettered) on its own.
 macro_rules! claimed_columns {
     () => {
-        "id, convert_to(topic, 'UTF8') AS topic, convert_to(payload, 'UTF8') AS payload, \
+        concat!(
+            "id, convert_to(topic, 'UTF8') AS topic, convert_to(payload, 'UTF8') AS payload, \
          correlation_id, causation_id, created_at_us, ordering_key, key_seq, key_publisher, \
-         key_previous_at_us"
+         key_previous_at_us",
+            if_traced!(", trace_context")
+        )
     };
 }
 

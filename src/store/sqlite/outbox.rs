@@ -10,7 +10,7 @@ use crate::store::outbox::{
     bump_sequence_statement, claim_owed_text, first_sequence_statement, numbering_order,
     outbox_texts, Claim, InsertOutboxRow, OutboxStatements, OutboxTexts,
 };
-use crate::store::schema::{tickbox_outbox, ClaimedRow, OutboxRow};
+use crate::store::schema::{if_traced, tickbox_outbox, ClaimedRow, OutboxRow};
 use diesel::QueryResult;
 
 /// The `RETURNING` list of a claim, read as a [`ClaimedRow`]: text columns
@@ -19,10 +19,13 @@ use diesel::QueryResult;
 /// decoded (and dead-lettered) on its own.
 macro_rules! claimed_columns {
     () => {
-        "id, CAST(topic AS BLOB) AS topic, CAST(payload AS BLOB) AS payload, \
+        concat!(
+            "id, CAST(topic AS BLOB) AS topic, CAST(payload AS BLOB) AS payload, \
          correlation_id, causation_id, \
          CASE WHEN typeof(created_at_us) = 'integer' THEN created_at_us END AS created_at_us, \
-         ordering_key, key_seq, key_publisher, key_previous_at_us"
+         ordering_key, key_seq, key_publisher, key_previous_at_us",
+            if_traced!(", trace_context")
+        )
     };
 }
 
@@ -123,6 +126,8 @@ mod tests {
             key_seq: None,
             key_publisher: None,
             key_previous_at_us: None,
+            #[cfg(feature = "opentelemetry")]
+            trace_context: None,
         }
     }
 

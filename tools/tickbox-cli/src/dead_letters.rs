@@ -202,6 +202,18 @@ pub(crate) async fn show(
             .causation_id
             .map_or_else(|| "- (none)".to_string(), |id| id.to_string())
     ));
+    #[cfg(feature = "opentelemetry")]
+    out.push_str(&format!(
+        "trace id         {}\n",
+        letter.trace_context.as_ref().map_or_else(
+            || "- (none: published outside any trace)".to_string(),
+            |context| format!(
+                "{} (published in span {})",
+                context.trace_id(),
+                context.span_id()
+            )
+        )
+    ));
     out.push_str("reason\n");
     out.push_str(&indent(&letter.reason));
     match pretty_json(&letter.payload) {

@@ -272,6 +272,42 @@ async fn dead_letters_are_listed_and_shown<B: CliBackend>(db: Db) {
     assert!(out.contains("not valid JSON"), "{out}");
     assert!(out.contains("    not json at all\n"), "{out}");
 
+    // The trace the message was published in: its id, to search for.
+    #[cfg(feature = "opentelemetry")]
+    {
+        let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        execute(
+            &module,
+            format!(
+                "UPDATE tickbox_dead_letters SET trace_context = '{traceparent}' \
+                 WHERE message_id = {}",
+                B::uuid_literal(first.id)
+            ),
+        )
+        .await;
+        let show = on::<B>(&db, &["dead-letters", "show", &first_id, "orders.ping"]).await;
+        let out = show.ok();
+        assert!(
+            out.contains(
+                "trace id         4bf92f3577b34da6a3ce929d0e0e4736 (published in span 00f067aa0ba902b7)\n"
+            ),
+            "{out}"
+        );
+        let json = on::<B>(
+            &db,
+            &["--json", "dead-letters", "show", &first_id, "orders.ping"],
+        )
+        .await
+        .json();
+        assert_eq!(json["trace_context"]["traceparent"], traceparent, "{json}");
+        let show = on::<B>(&db, &["dead-letters", "show", &unknown_id, "-"]).await;
+        let out = show.ok();
+        assert!(
+            out.contains("trace id         - (none: published outside any trace)\n"),
+            "{out}"
+        );
+    }
+
     // Not there: the wrong handler, an unknown id.
     on::<B>(&db, &["dead-letters", "show", &first_id, "orders.other"])
         .await
