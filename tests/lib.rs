@@ -94,6 +94,8 @@ macro_rules! amqp_suite {
         case!(effects::a_batch_that_falls_back_calls_no_effect_twice);
         case!(kit::a_flow_whose_last_message_follows_a_retry_is_not_finished_early);
         case!(kit::injected_failures_and_duplicates_change_nothing_in_the_end);
+        case!(scheduled::a_scheduled_message_is_delivered_when_due_never_before);
+        case!(scheduled::a_scheduled_keyed_message_takes_its_place_in_its_key_when_due);
     };
 }
 
@@ -192,6 +194,12 @@ macro_rules! suite {
         case!(observability::counters_move_exactly_as_deliveries_happen);
         case!(observability::lag_rises_while_the_bus_is_stopped_and_returns_to_zero);
         case!(observability::mailbox_depth_rises_under_a_slow_handler_and_falls_back);
+
+        case!(scheduled::a_scheduled_message_is_delivered_when_due_never_before);
+        case!(scheduled::a_cancelled_message_is_never_delivered_and_a_due_one_is_not_cancelled);
+        case!(scheduled::a_scheduled_message_waits_through_a_stop_and_a_start);
+        case!(scheduled::processes_sharing_the_outbox_deliver_each_scheduled_message_once);
+        case!(scheduled::a_scheduled_keyed_message_takes_its_place_in_its_key_when_due);
     };
 }
 

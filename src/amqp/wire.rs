@@ -93,6 +93,7 @@ pub(crate) fn envelope(delivery: &Delivery) -> Result<Envelope, Box<Undecodable>
                 causation_id: None,
                 created_at_us: crate::message::now_us(),
                 keyed: None,
+                due_at_us: None,
             },
         })
     };
@@ -159,5 +160,8 @@ pub(crate) fn envelope(delivery: &Delivery) -> Result<Envelope, Box<Undecodable>
         causation_id,
         created_at_us,
         keyed,
+        // The relay publishes a scheduled message once it is due: on the
+        // broker it is a message like any other.
+        due_at_us: None,
     })
 }

@@ -63,6 +63,7 @@ impl DeadLetter {
             causation_id: self.causation_id,
             created_at_us: self.created_at_us,
             keyed: self.keyed.clone(),
+            due_at_us: None,
         }
     }
 }

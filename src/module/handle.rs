@@ -31,10 +31,13 @@ use uuid::Uuid;
 /// Sizes of a module's tickbox tables.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct StoreStats {
-    /// Outbox messages not yet delivered to all their subscribers.
+    /// Outbox messages due and not yet delivered to all their subscribers.
     pub outbox_pending: i64,
-    /// When the oldest of them was published (µs since the Unix epoch).
+    /// When the oldest of them was published, or was due if that is later
+    /// (µs since the Unix epoch).
     pub oldest_pending_us: Option<i64>,
+    /// Scheduled messages not yet due ([`Tx::publish_at`](crate::Tx::publish_at)).
+    pub outbox_scheduled: i64,
     /// Rows in the inbox (the duplicate-detection window).
     pub inbox_rows: i64,
     /// Dead letters waiting for an operator.
@@ -248,16 +251,11 @@ impl<B: Backend> ModuleHandle<B> {
     /// (every [`ModuleBuilder::metrics_interval`](crate::ModuleBuilder::metrics_interval)),
     /// for monitoring.
     pub async fn store_stats(&self) -> Result<StoreStats> {
-        let (
-            (outbox_pending, oldest_pending_us),
-            (inbox_rows, dead_letters),
-            parked_keys,
-            encrypted,
-        ) = self
+        let (backlog, (inbox_rows, dead_letters), parked_keys, encrypted) = self
             .core
             .db
             .call("reading the store's figures", async |conn| {
-                let backlog = B::outbox_backlog(conn).await?;
+                let backlog = B::outbox_backlog(conn, crate::message::now_us()).await?;
                 let sizes = B::table_sizes(conn).await?;
                 let parked = B::parked_keys(conn).await?;
                 let encrypted = B::connection_encrypted(conn).await?;
@@ -266,8 +264,9 @@ impl<B: Backend> ModuleHandle<B> {
             .await?;
         let unknown_effects = self.core.handlers.journal.unknown_per_handler().await?;
         Ok(StoreStats {
-            outbox_pending,
-            oldest_pending_us,
+            outbox_pending: backlog.pending,
+            oldest_pending_us: backlog.oldest_us,
+            outbox_scheduled: backlog.scheduled,
             inbox_rows,
             dead_letters,
             parked_keys: parked_keys

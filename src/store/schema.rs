@@ -60,6 +60,7 @@ diesel::table! {
         key_seq -> Nullable<BigInt>,
         key_publisher -> Nullable<Text>,
         key_previous_at_us -> Nullable<BigInt>,
+        due_at_us -> Nullable<BigInt>,
     }
 }
 
@@ -281,6 +282,8 @@ pub struct OutboxRow {
     pub(crate) key_publisher: Option<String>,
     /// When the key's previous message was published.
     pub(crate) key_previous_at_us: Option<i64>,
+    /// When a scheduled message is due (µs since the Unix epoch).
+    pub(crate) due_at_us: Option<i64>,
 }
 
 /// A column value read without failing: what diesel decoded, or why it
@@ -333,6 +336,10 @@ pub struct ClaimedRow {
     pub(crate) key_publisher: Lenient<Option<String>>,
     #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
     pub(crate) key_previous_at_us: Lenient<Option<i64>>,
+    /// When a scheduled message is due; NULL for one delivered at once
+    /// (and, on SQLite, unless it is an integer).
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
+    pub(crate) due_at_us: Lenient<Option<i64>>,
 }
 
 /// An outbox row a scan could not turn into an envelope: a dead letter in
@@ -404,6 +411,10 @@ impl ClaimedRow {
             problems.push(format!("key_previous_at_us cannot be read ({e})"));
             None
         });
+        let due_at_us = self.due_at_us.0.unwrap_or_else(|e| {
+            problems.push(format!("due_at_us cannot be read ({e})"));
+            None
+        });
         let keyed = match (self.ordering_key.0, self.key_seq.0, self.key_publisher.0) {
             (Ok(None), Ok(None), Ok(None)) => None,
             (Ok(Some(key)), Ok(Some(sequence)), Ok(Some(publisher))) => {
@@ -430,6 +441,7 @@ impl ClaimedRow {
             causation_id,
             created_at_us,
             keyed,
+            due_at_us,
         };
         if problems.is_empty() {
             Ok(envelope)
@@ -458,6 +470,7 @@ impl From<OutboxRow> for crate::message::Envelope {
                 row.key_publisher,
                 row.key_previous_at_us,
             ),
+            due_at_us: row.due_at_us,
         }
     }
 }
@@ -492,6 +505,7 @@ impl From<&crate::message::Envelope> for OutboxRow {
             key_seq: e.keyed.as_ref().map(|k| k.sequence),
             key_publisher: e.keyed.as_ref().map(|k| k.publisher.clone()),
             key_previous_at_us: e.keyed.as_ref().and_then(|k| k.previous_at_us),
+            due_at_us: e.due_at_us,
         }
     }
 }
