@@ -516,7 +516,7 @@
 //!   parts), `actor` (runs deliveries), `handle` ([`ModuleHandle`], its
 //!   whole API in one `impl`), and the work behind some of the handle's
 //!   methods: `subscriptions` (retiring one), `sweep` (retention),
-//!   `dead_letters` ([`DeadLetter`]). Uses: delivery, effects, error,
+//!   `dead_letters` ([`DeadLetter`]), `scheduled` ([`Scheduled`]). Uses: delivery, effects, error,
 //!   message, metrics, outbox, redact, retention, send_async_fn, store, tx.
 //! - `bus/` — [`Bus`]: `builder` ([`BusBuilder`]), `config`, `core`,
 //!   `actor`, `handle` ([`BusHandle`]), `dispatcher` (one per outbox),
@@ -611,6 +611,7 @@ pub use module::actor::Module;
 pub use module::builder::ModuleBuilder;
 pub use module::dead_letters::{DeadLetter, Replayed};
 pub use module::handle::{ModuleHandle, StoreStats};
+pub use module::scheduled::Scheduled;
 pub use retention::{Retention, SweepReport};
 pub use retry::RetryPolicy;
 pub use store::backend::{Backend, Schemas};

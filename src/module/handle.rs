@@ -11,6 +11,7 @@ use crate::metrics::ModuleMetrics;
 use crate::module::actor::{Deliver, Module};
 use crate::module::core::ModuleCore;
 use crate::module::dead_letters::{self, DeadLetter, Replayed};
+use crate::module::scheduled::{self, Scheduled};
 use crate::module::{subscriptions, sweep};
 use crate::outbox::subscription;
 use crate::outbox::Outbox;
@@ -378,6 +379,25 @@ impl<B: Backend> ModuleHandle<B> {
         let settled = self.core.handlers.journal.settle(id, settlement).await?;
         tracing::info!(module = %self.name(), %message_id, handler, effect, state = %settled.state, "effect settled");
         Ok(settled)
+    }
+
+    /// Scheduled messages of this module's outbox not yet due, soonest
+    /// first: `limit` of them from `offset` ([`Tx::publish_at`]).
+    pub async fn scheduled(&self, offset: u64, limit: u64) -> Result<Vec<Scheduled>> {
+        scheduled::list(self, offset, limit).await
+    }
+
+    /// Scheduled message `id` of this module's outbox, due or not, while it
+    /// is pending; `None` once delivered or cancelled, or for a message that
+    /// was not scheduled.
+    pub async fn scheduled_message(&self, id: Uuid) -> Result<Option<Scheduled>> {
+        scheduled::find(self, id).await
+    }
+
+    /// Cancels scheduled message `id` if it is not yet due, in a transaction
+    /// of its own ([`Tx::cancel_scheduled`]); returns whether it did.
+    pub async fn cancel_scheduled(&self, id: Uuid) -> Result<bool> {
+        scheduled::cancel(self, id).await
     }
 
     /// Dead letters of this module, oldest first: `limit` of them from

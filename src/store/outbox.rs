@@ -227,6 +227,38 @@ struct IdRow {
     id: Id,
 }
 
+/// The columns of a [`ScheduledRow`].
+macro_rules! scheduled_columns {
+    () => {
+        "id, topic, payload, correlation_id, causation_id, created_at_us, due_at_us, \
+         ordering_key, claimed_by"
+    };
+}
+
+/// A scheduled message as the outbox holds it.
+#[derive(Debug, diesel::QueryableByName)]
+pub struct ScheduledRow {
+    #[diesel(sql_type = DbUuid)]
+    pub(crate) id: Id,
+    #[diesel(sql_type = Text)]
+    pub(crate) topic: String,
+    #[diesel(sql_type = Text)]
+    pub(crate) payload: String,
+    #[diesel(sql_type = DbUuid)]
+    pub(crate) correlation_id: Id,
+    #[diesel(sql_type = Nullable<DbUuid>)]
+    pub(crate) causation_id: Option<Id>,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) created_at_us: i64,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) due_at_us: i64,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) ordering_key: Option<String>,
+    /// Set once a bus took it, due.
+    #[diesel(sql_type = Nullable<DbUuid>)]
+    pub(crate) claimed_by: Option<Id>,
+}
+
 /// A pending message ahead of now, and when it is due.
 #[derive(diesel::QueryableByName)]
 struct Ahead {
@@ -611,6 +643,49 @@ pub trait OutboxStatements: Store + IdLists {
                 now_us
             ),
         )
+    }
+
+    /// The scheduled messages not yet due at `now_us`, soonest first:
+    /// `limit` of them from `offset`. Read along the pending index from the
+    /// last id due by now (ids carry due times).
+    fn scheduled_messages(
+        conn: &mut Self::Conn,
+        now_us: i64,
+        offset: i64,
+        limit: i64,
+    ) -> impl Future<Output = QueryResult<Vec<ScheduledRow>>> + Send {
+        Self::load(
+            conn,
+            sql!(
+                concat!(
+                    "SELECT ",
+                    scheduled_columns!(),
+                    " FROM tickbox_outbox WHERE delivered_at_us IS NULL AND id > ? \
+                     AND due_at_us > ? ORDER BY id LIMIT ? OFFSET ?"
+                ),
+                crate::message::due_by(now_us),
+                now_us,
+                limit,
+                offset
+            ),
+        )
+    }
+
+    /// Scheduled message `id`, due or not, while it is pending.
+    fn scheduled_message(
+        conn: &mut Self::Conn,
+        id: Uuid,
+    ) -> impl Future<Output = QueryResult<Option<ScheduledRow>>> + Send {
+        let statement = sql!(
+            concat!(
+                "SELECT ",
+                scheduled_columns!(),
+                " FROM tickbox_outbox WHERE id = ? AND delivered_at_us IS NULL \
+                 AND due_at_us IS NOT NULL"
+            ),
+            id
+        );
+        async move { Ok(Self::load(conn, statement).await?.into_iter().next()) }
     }
 
     /// The first `limit` pending messages above `after` in id order, with
