@@ -31,7 +31,7 @@ pub(crate) async fn list(
         waiting.extend(found.into_iter().map(|s| (module.name.as_str(), s)));
         total += count;
     }
-    waiting.sort_by(|(_, a), (_, b)| (a.due_at_us, a.message_id).cmp(&(b.due_at_us, b.message_id)));
+    waiting.sort_by_key(|(_, s)| (s.due_at_us, s.message_id));
     let waiting: Vec<(&str, Scheduled)> = waiting
         .into_iter()
         .skip(usize::try_from(offset).unwrap_or(usize::MAX))
