@@ -502,7 +502,8 @@
 //!   Uses: effects, store.
 //! - `outbox/` — a module's outbox as this process sees it: what it may
 //!   publish, the hand-over of committed messages to a bus, who claims
-//!   them; `subscription` (whom it owes its messages to), `watchdog`.
+//!   them; `subscription` (whom it owes its messages to), `watchdog`,
+//!   `clock` (the time scheduled messages are due by).
 //!   Uses: error, message, metrics, store, tracking.
 //! - `tx` — [`Tx`], a module transaction: writes what it publishes to the
 //!   outbox at COMMIT. Uses: error, message, outbox, store.
@@ -534,7 +535,7 @@
 //! - `testing/` — the test kit (feature `testing`): `session`
 //!   ([`testing::Session`]), `report`, `databases`
 //!   ([`testing::TestDatabases`]). Uses: bus, error, message, module,
-//!   retry, store, tracking.
+//!   outbox, retry, store, tracking.
 //! - `prometheus` — the exporter (feature `prometheus`). Uses: error,
 //!   metrics.
 //!

@@ -114,16 +114,18 @@ impl Envelope {
     }
 
     /// Wraps an encoded payload in a new envelope due at `due_at_us`: its id
-    /// carries the due time (see [`scheduled_id`]).
+    /// carries the due time (see [`scheduled_id`]) unless that is not after
+    /// `now_us` (then it is due at once).
     pub(crate) fn scheduled(
         topic: &str,
         payload: String,
         cause: Option<&Envelope>,
         due_at_us: i64,
+        now_us: i64,
     ) -> Self {
         let mut envelope = Envelope::new(topic, payload, cause);
         envelope.due_at_us = Some(due_at_us);
-        if due_at_us > now_us() {
+        if due_at_us > now_us {
             envelope.id = scheduled_id(due_at_us);
             if cause.is_none() {
                 envelope.correlation_id = envelope.id;
@@ -193,10 +195,10 @@ mod tests {
         assert!(id > due_by(due - 1000), "not due a millisecond before");
         assert!(Uuid::now_v7() < id, "after every message published now");
         assert!(due_by_id(id) >= due && due_by_id(id) - due <= 1000);
-        let scheduled = Envelope::scheduled("t", "{}".into(), None, due);
+        let scheduled = Envelope::scheduled("t", "{}".into(), None, due, now_us());
         assert_eq!(scheduled.correlation_id, scheduled.id);
         assert_eq!(scheduled.due_at_us, Some(due));
-        let past = Envelope::scheduled("t", "{}".into(), None, 5);
+        let past = Envelope::scheduled("t", "{}".into(), None, 5, now_us());
         assert!(past.id <= due_by(now_us()), "a time past is due at once");
     }
 }

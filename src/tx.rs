@@ -159,9 +159,13 @@ impl<B: Backend> Tx<B> {
     }
 
     /// Publishes a message to be delivered `delay` from now, and returns
-    /// its id: [`Tx::publish_at`] at now plus `delay`.
+    /// its id: [`Tx::publish_at`] at now plus `delay`. Now is the wall
+    /// clock, or a test session's once it moved the clock ahead
+    /// ([`Session::advance`](crate::testing::Session::advance), feature
+    /// `testing`).
     pub fn publish_after<M: Message>(&mut self, delay: Duration, message: &M) -> Result<Uuid> {
-        self.publish_at(SystemTime::now() + delay, message)
+        let due = self.outbox.clock.now_us().saturating_add(micros(delay));
+        self.publish_with(message, None, Some(due))
     }
 
     /// Publishes a message with an ordering key to be delivered at `when`,
@@ -190,7 +194,8 @@ impl<B: Backend> Tx<B> {
         delay: Duration,
         message: &M,
     ) -> Result<Uuid> {
-        self.publish_keyed_at(key, SystemTime::now() + delay, message)
+        let due = self.outbox.clock.now_us().saturating_add(micros(delay));
+        self.publish_with(message, Some(key), Some(due))
     }
 
     /// Cancels scheduled message `id` ([`Tx::publish_at`]) if it is not
@@ -219,7 +224,8 @@ impl<B: Backend> Tx<B> {
             self.published.remove(at);
             return Ok(true);
         }
-        let cancelled = B::cancel_scheduled(self.conn(), id, now_us()).await?;
+        let now = self.outbox.clock.now_us();
+        let cancelled = B::cancel_scheduled(self.conn(), id, now).await?;
         Ok(cancelled > 0)
     }
 
@@ -255,7 +261,9 @@ impl<B: Backend> Tx<B> {
         }
         let cause = self.cause.as_deref();
         let mut envelope = match due_at_us {
-            Some(due) => Envelope::scheduled(M::TOPIC, payload, cause, due),
+            Some(due) => {
+                Envelope::scheduled(M::TOPIC, payload, cause, due, self.outbox.clock.now_us())
+            }
             None => Envelope::new(M::TOPIC, payload, cause),
         };
         // Numbered at commit.
@@ -306,11 +314,12 @@ impl<B: Backend> Tx<B> {
         // once due may be another process's) and, if keyed, unnumbered: it
         // takes its place in its key when due.
         let mut scheduled = false;
+        let due_now = self.outbox.clock.now_us();
         let rows = published
             .iter()
             .map(|envelope| {
                 let row = OutboxRow::from(envelope);
-                if envelope.due_at_us.is_some_and(|due| due > committing_us) {
+                if envelope.due_at_us.is_some_and(|due| due > due_now) {
                     scheduled = true;
                     OutboxRow {
                         key_seq: None,
@@ -359,7 +368,7 @@ impl<B: Backend> Tx<B> {
         }
         B::commit(self.conn()).await?;
         self.open = false;
-        self.outbox.announce(published, committing_us);
+        self.outbox.announce(published, due_now);
         Ok(())
     }
 
@@ -373,6 +382,11 @@ impl<B: Backend> Tx<B> {
             }
         }
     }
+}
+
+/// `duration` in microseconds, at most `i64::MAX`.
+fn micros(duration: Duration) -> i64 {
+    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
 }
 
 /// `when` in microseconds since the Unix epoch (0 before it).

@@ -200,6 +200,7 @@ macro_rules! suite {
         case!(scheduled::a_scheduled_message_waits_through_a_stop_and_a_start);
         case!(scheduled::processes_sharing_the_outbox_deliver_each_scheduled_message_once);
         case!(scheduled::a_scheduled_keyed_message_takes_its_place_in_its_key_when_due);
+        case!(scheduled::a_session_s_clock_tests_a_fifteen_minute_timeout_without_waiting_for_it);
     };
 }
 

@@ -514,9 +514,10 @@ impl<B: Backend> State<B> {
         } else {
             None
         };
+        let due_now = self.source.outbox().clock.now_us();
         let page = match (self.scan.filter(|_| room > 0), stray) {
             (Some(after), _) => Some((after, None)),
-            (None, Some(upto)) => Some((Some(due_by(now_us())), Some(upto))),
+            (None, Some(upto)) => Some((Some(due_by(due_now)), Some(upto))),
             (None, None) => None,
         };
         if let Some((after, stray)) = page {
@@ -530,7 +531,8 @@ impl<B: Backend> State<B> {
                         .max(self.bus.config.claim_lease * 10)
                         .as_micros() as i64,
                 after,
-                upto: stray.unwrap_or_else(|| due_by(now)),
+                upto: stray.unwrap_or_else(|| due_by(due_now)),
+                due_now_us: due_now,
                 limit: room.min(self.bus.config.sweep_page),
                 served: self.served_ids.clone(),
             };
@@ -556,7 +558,7 @@ impl<B: Backend> State<B> {
                 let next = source
                     .db()
                     .call("looking for the next scheduled message", async |conn| {
-                        Ok(B::look_ahead(conn, due_by(now_us()), LOOK_AHEAD).await?)
+                        Ok(B::look_ahead(conn, due_by(due_now), LOOK_AHEAD).await?)
                     })
                     .await;
                 Done::LookedAhead(next.map_err(|e| e.to_string()))
@@ -682,7 +684,7 @@ impl<B: Backend> State<B> {
                 tracing::warn!(%module, %error, "keeping up the subscriptions failed; will retry");
             }
             Done::LookedAhead(Ok(ahead)) => {
-                let now = now_us();
+                let now = self.source.outbox().clock.now_us();
                 let mut timer_set = false;
                 for (id, due) in ahead {
                     match due {
@@ -717,7 +719,8 @@ impl<B: Backend> State<B> {
     /// Sets the timer for a scheduled message due at `due_us` (µs since the
     /// Unix epoch), unless it is already set sooner.
     fn due_at(&mut self, due_us: i64) {
-        let wait = Duration::from_micros(due_us.saturating_sub(now_us()).max(0) as u64);
+        let now = self.source.outbox().clock.now_us();
+        let wait = Duration::from_micros(due_us.saturating_sub(now).max(0) as u64);
         let due = Instant::now() + wait;
         if self.next_due.is_none_or(|next| due < next) {
             self.next_due = Some(due);
@@ -955,7 +958,8 @@ async fn deliver_message<B: Backend>(
     // after it (a time already past when published).
     if let Some(due) = envelope.due_at_us.filter(|_| done) {
         let due = due.max(envelope.created_at_us);
-        let late = now_us().saturating_sub(due).max(0) as u64;
+        let now = source.outbox().clock.now_us();
+        let late = now.saturating_sub(due).max(0) as u64;
         source
             .outbox()
             .gauges

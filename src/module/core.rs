@@ -48,7 +48,7 @@ async fn sample_outbox<B: Backend>(core: Arc<ModuleCore<B>>) {
         let (backlog, dead, parked) = core
             .db
             .call("reading the outbox gauges", async |conn| {
-                let backlog = B::outbox_backlog(conn, now_us()).await?;
+                let backlog = B::outbox_backlog(conn, core.outbox.clock.now_us()).await?;
                 let dead = B::count_dead_letters(conn).await?;
                 let parked = B::parked_keys(conn).await?;
                 Ok((backlog, dead, parked))

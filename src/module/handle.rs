@@ -252,11 +252,12 @@ impl<B: Backend> ModuleHandle<B> {
     /// (every [`ModuleBuilder::metrics_interval`](crate::ModuleBuilder::metrics_interval)),
     /// for monitoring.
     pub async fn store_stats(&self) -> Result<StoreStats> {
+        let due_now = self.core.outbox.clock.now_us();
         let (backlog, (inbox_rows, dead_letters), parked_keys, encrypted) = self
             .core
             .db
             .call("reading the store's figures", async |conn| {
-                let backlog = B::outbox_backlog(conn, crate::message::now_us()).await?;
+                let backlog = B::outbox_backlog(conn, due_now).await?;
                 let sizes = B::table_sizes(conn).await?;
                 let parked = B::parked_keys(conn).await?;
                 let encrypted = B::connection_encrypted(conn).await?;

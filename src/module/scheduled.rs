@@ -3,7 +3,6 @@
 //! [`ModuleHandle::cancel_scheduled`].
 
 use crate::error::Result;
-use crate::message::now_us;
 use crate::module::handle::ModuleHandle;
 use crate::store::backend::Backend;
 use crate::store::outbox::ScheduledRow;
@@ -58,10 +57,11 @@ pub(crate) async fn list<B: Backend>(
     limit: u64,
 ) -> Result<Vec<Scheduled>> {
     let (offset, limit) = (clamp(offset), clamp(limit));
+    let now = module.outbox().clock.now_us();
     let rows = module
         .db()
         .call("listing scheduled messages", async move |conn| {
-            Ok(B::scheduled_messages(conn, now_us(), offset, limit).await?)
+            Ok(B::scheduled_messages(conn, now, offset, limit).await?)
         })
         .await?;
     Ok(rows.into_iter().map(Scheduled::from).collect())

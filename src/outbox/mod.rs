@@ -6,12 +6,14 @@
 //! Transactions write the rows ([`Tx`](crate::Tx), at commit); the bus's
 //! dispatcher takes them from here.
 
+pub(crate) mod clock;
 pub(crate) mod subscription;
 pub(crate) mod watchdog;
 
 use crate::error::{Error, Result};
 use crate::message::Envelope;
 use crate::metrics::OutboxGauges;
+use crate::outbox::clock::DueClock;
 use crate::store::settings::WakeupChannel;
 use crate::tracking::Trackers;
 use std::collections::HashSet;
@@ -68,6 +70,8 @@ pub(crate) struct Outbox {
     claimant: Mutex<Option<(Uuid, Duration)>>,
     /// The test sessions watching the module (feature `testing`).
     pub(crate) trackers: Trackers,
+    /// The time its scheduled messages are due by.
+    pub(crate) clock: DueClock,
 }
 
 impl Outbox {
@@ -94,20 +98,22 @@ impl Outbox {
             busy: AtomicUsize::new(0),
             claimant: Mutex::new(None),
             trackers: Trackers::default(),
+            clock: DueClock::default(),
         }
     }
 
-    /// Hands messages that just committed (at `committed_us`) to the bus,
-    /// and tells the module's trackers. A message due later is not handed
-    /// over: the bus sets its timer for it.
-    pub(crate) fn announce(&self, published: Vec<Envelope>, committed_us: i64) {
+    /// Hands messages that just committed to the bus, and tells the
+    /// module's trackers. A message due after `due_now_us` (the outbox's
+    /// clock at the commit) is not handed over: the bus sets its timer for
+    /// it.
+    pub(crate) fn announce(&self, published: Vec<Envelope>, due_now_us: i64) {
         self.gauges.published(published.len() as u64);
         let published: Vec<Arc<Envelope>> = published.into_iter().map(Arc::new).collect();
         self.trackers.published(&self.module, &published);
         let mut overflowed = false;
         let mut soonest_due = None;
         for envelope in published {
-            match envelope.due_at_us.filter(|&due| due > committed_us) {
+            match envelope.due_at_us.filter(|&due| due > due_now_us) {
                 Some(due) => soonest_due = Some(soonest_due.map_or(due, |s: i64| s.min(due))),
                 None => {
                     if self.announced.try_send(envelope).is_err() {
@@ -158,6 +164,15 @@ impl Outbox {
             None if claimant.is_some_and(|(id, _)| id == bus) => *claimant = None,
             None => {}
         }
+    }
+
+    /// Moves the clock for due times ahead by `by`, and asks the bus to
+    /// scan: what became due is delivered at once (a test session's
+    /// [`advance`](crate::testing::Session::advance)).
+    #[cfg(feature = "testing")]
+    pub(crate) fn advance_clock(&self, by: Duration) {
+        self.clock.advance(by);
+        self.request_scan();
     }
 
     /// Asks the bus to scan the outbox table from the beginning. Requests

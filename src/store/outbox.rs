@@ -106,10 +106,13 @@ pub struct Claim {
     /// from the first row on.
     pub(crate) after: Option<Uuid>,
     /// Only rows with ids up to this are read: [`crate::message::due_by`]
-    /// the claim's time for a scan (ids carry due times, so the rows
-    /// scheduled for later are not even read), or the last of the stray
-    /// rows a bus takes beyond it (see [`OutboxStatements::look_ahead`]).
+    /// `due_now_us` for a scan (ids carry due times, so the rows scheduled
+    /// for later are not even read), or the last of the stray rows a bus
+    /// takes beyond it (see [`OutboxStatements::look_ahead`]).
     pub(crate) upto: Uuid,
+    /// Scheduled rows due by then are claimed: the outbox's clock for due
+    /// times, which is `now_us` unless a test session moved it ahead.
+    pub(crate) due_now_us: i64,
     /// The most rows one claim takes.
     pub(crate) limit: i64,
     /// The subscriptions the claiming bus serves: it claims only rows one of
@@ -158,7 +161,7 @@ impl Claim {
         };
         binds.extend([
             self.upto.into(),
-            self.now_us.into(),
+            self.due_now_us.into(),
             self.now_us.into(),
             self.beyond_us.into(),
             self.bus.into(),

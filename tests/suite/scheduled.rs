@@ -396,3 +396,70 @@ pub async fn a_scheduled_keyed_message_takes_its_place_in_its_key_when_due<B: Te
     crate::suite::drained(&bus).await;
     bus.stop().await;
 }
+
+pub async fn a_session_s_clock_tests_a_fifteen_minute_timeout_without_waiting_for_it<
+    B: TestBackend,
+>(
+    db: TestDb,
+) {
+    let stamp = Stamp::default();
+    let (orders, warehouse) = modules::<B>(&db, &stamp).await;
+    let bus = bus(&db, &orders, &warehouse, NO_SCAN).await;
+    let session = tickbox::testing::Session::start(&bus);
+    let started = std::time::Instant::now();
+    let timeout = orders
+        .transaction(async move |tx| tx.publish_after(Duration::from_secs(15 * 60), &Ping { n: 1 }))
+        .await
+        .expect("publish commits");
+
+    // Fourteen minutes on, it is not due: the bus, asked to look, leaves
+    // it, while a message published then goes through.
+    session.advance(Duration::from_secs(14 * 60));
+    assert_eq!(
+        orders.store_stats().await.expect("stats").outbox_scheduled,
+        1,
+        "not due after 14 minutes"
+    );
+    let marker = orders
+        .transaction(async move |tx| tx.publish(&Ping { n: 2 }))
+        .await
+        .expect("publish commits");
+    eventually(
+        "the message published meanwhile is handled",
+        WAIT,
+        || async { changes_of(&warehouse, marker).await == 1 },
+    )
+    .await;
+    assert!(stamp.first(1).is_none(), "the timeout waits for its time");
+
+    // One more minute: due, and delivered at once.
+    let before_due = SystemTime::now();
+    session.advance(Duration::from_secs(60));
+    let report = session.wait().await;
+    assert_eq!(report.handled(HANDLER).len(), 2, "{report}");
+    assert_eq!(changes_of(&warehouse, timeout).await, 1);
+    let seen = stamp.first(1).expect("handled");
+    assert!(
+        seen.at >= before_due,
+        "handled only once the clock reached it"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "a 15-minute timeout took {:?} to test",
+        started.elapsed()
+    );
+    let lateness = bus
+        .metrics()
+        .modules
+        .into_iter()
+        .find(|m| m.module == "orders")
+        .expect("orders' metrics")
+        .outbox
+        .lateness;
+    assert_eq!(
+        lateness.count, 1,
+        "its lateness is measured on the session's clock"
+    );
+    assert!(lateness.sum_seconds < 30.0, "{lateness:?}");
+    bus.stop().await;
+}
