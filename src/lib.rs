@@ -220,6 +220,35 @@
 //!   in order) or skipped ([`ModuleHandle::skip_dead_letter`]). Claims skip a
 //!   keyed row while another bus holds an earlier one of its key.
 //!
+//! # Scheduled messages
+//!
+//! [`Tx::publish_at`] and [`Tx::publish_after`] (and
+//! [`Tx::publish_keyed_at`], [`Tx::publish_keyed_after`]) publish a message
+//! to be delivered later — a saga's timeout — and [`Tx::cancel_scheduled`]
+//! cancels one that is not yet due.
+//!
+//! - **Storage**: the outbox row carries its due time (`due_at_us`) and an
+//!   id whose UUIDv7 time is the due time, so the pending index, in id
+//!   order, is also the index by due time. Claims read it only up to the
+//!   last id due by now (`message::due_by`): rows due later cost a
+//!   scan nothing. A scheduled row is written unclaimed and not announced.
+//! - **Timing**: each dispatcher keeps one timer for its outbox, set by
+//!   this process's commits and, after each scan, by a look along the
+//!   pending index at the next rows ahead of now; it scans when the timer
+//!   fires. The look also claims stray rows whose ids lie ahead of now
+//!   without being scheduled (written by hand, or by a process whose clock
+//!   runs ahead), which a bounded scan would not read.
+//! - **Exactness**: once due, the row is claimed like any other, so
+//!   restarts, several processes and the relay deliver it as they deliver
+//!   everything, never before it is due. A cancellation deletes only a row
+//!   that is neither due nor claimed.
+//! - **Ordering keys**: a scheduled keyed row is written without a number
+//!   and numbered when a bus first takes it after it is due (in a
+//!   transaction that fails, and leaves the row to the next scan, if
+//!   another bus numbered it meanwhile): it takes its place in its key
+//!   then, after every message committed before, and holds nothing back
+//!   while it waits.
+//!
 //! # Over RabbitMQ
 //!
 //! When modules move to services with databases of their own, the bus runs
@@ -487,7 +516,8 @@
 //!   Uses: effects, store.
 //! - `outbox/` — a module's outbox as this process sees it: what it may
 //!   publish, the hand-over of committed messages to a bus, who claims
-//!   them; `subscription` (whom it owes its messages to), `watchdog`.
+//!   them; `subscription` (whom it owes its messages to), `watchdog`,
+//!   `clock` (the time scheduled messages are due by).
 //!   Uses: error, message, metrics, store, tracking.
 //! - `tx` — [`Tx`], a module transaction: writes what it publishes to the
 //!   outbox at COMMIT. Uses: error, message, outbox, store, trace.
@@ -501,9 +531,9 @@
 //!   parts), `actor` (runs deliveries), `handle` ([`ModuleHandle`], its
 //!   whole API in one `impl`), and the work behind some of the handle's
 //!   methods: `subscriptions` (retiring one), `sweep` (retention),
-//!   `dead_letters` ([`DeadLetter`]). Uses: delivery, effects, error,
-//!   message, metrics, outbox, redact, retention, send_async_fn, store,
-//!   trace, tx.
+//!   `dead_letters` ([`DeadLetter`]), `scheduled` ([`Scheduled`]). Uses:
+//!   delivery, effects, error, message, metrics, outbox, redact,
+//!   retention, send_async_fn, store, trace, tx.
 //! - `bus/` — [`Bus`]: `builder` ([`BusBuilder`]), `config`, `core`,
 //!   `actor`, `handle` ([`BusHandle`]), `dispatcher` (one per outbox),
 //!   `attempts` (retries and dead letters along a route), `lanes` (a key's
@@ -520,7 +550,7 @@
 //! - `testing/` — the test kit (feature `testing`): `session`
 //!   ([`testing::Session`]), `report`, `databases`
 //!   ([`testing::TestDatabases`]). Uses: bus, error, message, module,
-//!   retry, store, tracking.
+//!   outbox, retry, store, tracking.
 //! - `prometheus` — the exporter (feature `prometheus`). Uses: error,
 //!   metrics.
 //!
@@ -599,6 +629,7 @@ pub use module::actor::Module;
 pub use module::builder::ModuleBuilder;
 pub use module::dead_letters::{DeadLetter, Replayed};
 pub use module::handle::{ModuleHandle, StoreStats};
+pub use module::scheduled::Scheduled;
 pub use retention::{Retention, SweepReport};
 pub use retry::RetryPolicy;
 pub use store::backend::{Backend, Schemas};

@@ -58,6 +58,10 @@ pub struct Envelope {
     /// bus, or the broker that carried it.
     #[cfg(feature = "opentelemetry")]
     pub(crate) messaging_system: &'static str,
+    /// When a scheduled message is due, in microseconds since the Unix
+    /// epoch ([`Tx::publish_at`](crate::Tx::publish_at)); `None` for a
+    /// message delivered as soon as it commits.
+    pub due_at_us: Option<i64>,
 }
 
 /// Where a keyed message stands in its key's order.
@@ -121,8 +125,59 @@ impl Envelope {
             trace_context: None,
             #[cfg(feature = "opentelemetry")]
             messaging_system: crate::trace::spans::TICKBOX,
+            due_at_us: None,
         }
     }
+
+    /// Wraps an encoded payload in a new envelope due at `due_at_us`: its id
+    /// carries the due time (see [`scheduled_id`]) unless that is not after
+    /// `now_us` (then it is due at once).
+    pub(crate) fn scheduled(
+        topic: &str,
+        payload: String,
+        cause: Option<&Envelope>,
+        due_at_us: i64,
+        now_us: i64,
+    ) -> Self {
+        let mut envelope = Envelope::new(topic, payload, cause);
+        envelope.due_at_us = Some(due_at_us);
+        if due_at_us > now_us {
+            envelope.id = scheduled_id(due_at_us);
+            if cause.is_none() {
+                envelope.correlation_id = envelope.id;
+            }
+        }
+        envelope
+    }
+}
+
+/// The id of a message due at `due_at_us`: a UUIDv7 whose time is the due
+/// time instead of the publication time. Ids order the outbox's pending
+/// rows (its pending index), so this puts a scheduled message where it
+/// will be due: a scan reads the rows up to [`due_by`] and stops there,
+/// and rows scheduled for later cost it nothing.
+pub(crate) fn scheduled_id(due_at_us: i64) -> Uuid {
+    let due = due_at_us.max(0) as u64;
+    Uuid::new_v7(uuid::Timestamp::from_unix(
+        uuid::NoContext,
+        due / 1_000_000,
+        (due % 1_000_000) as u32 * 1000,
+    ))
+}
+
+/// The largest id a message due by `now_us` can have: every UUIDv7 of that
+/// millisecond or before is below it, every one of a later millisecond
+/// above.
+pub(crate) fn due_by(now_us: i64) -> Uuid {
+    let millis = (now_us.max(0) / 1000) as u128;
+    Uuid::from_u128((millis << 80) | ((1u128 << 80) - 1))
+}
+
+/// The due time a message id carries (its UUIDv7 time), rounded up to
+/// the next millisecond: a message of that id is due by then.
+pub(crate) fn due_by_id(id: Uuid) -> i64 {
+    let millis = (id.as_u128() >> 80) as i64;
+    (millis + 1) * 1000
 }
 
 /// The current time in microseconds since the Unix epoch.
@@ -145,5 +200,21 @@ mod tests {
         assert_eq!(second.correlation_id, first.id);
         assert_eq!(second.causation_id, Some(first.id));
         assert!(second.id > first.id, "UUIDv7 ids are time-ordered");
+    }
+
+    #[test]
+    fn a_scheduled_id_lies_between_the_bounds_of_its_due_time() {
+        let due = now_us() + 3_600_000_000;
+        let id = scheduled_id(due);
+        assert_eq!(id.get_version_num(), 7);
+        assert!(id <= due_by(due), "due by its due time");
+        assert!(id > due_by(due - 1000), "not due a millisecond before");
+        assert!(Uuid::now_v7() < id, "after every message published now");
+        assert!(due_by_id(id) >= due && due_by_id(id) - due <= 1000);
+        let scheduled = Envelope::scheduled("t", "{}".into(), None, due, now_us());
+        assert_eq!(scheduled.correlation_id, scheduled.id);
+        assert_eq!(scheduled.due_at_us, Some(due));
+        let past = Envelope::scheduled("t", "{}".into(), None, 5, now_us());
+        assert!(past.id <= due_by(now_us()), "a time past is due at once");
     }
 }

@@ -24,6 +24,8 @@
 //! | `tickbox_mailbox_queued` | gauge | module |
 //! | `tickbox_mailbox_in_flight` | gauge | module |
 //! | `tickbox_outbox_pending` | gauge | module |
+//! | `tickbox_outbox_scheduled` | gauge | module |
+//! | `tickbox_scheduled_lateness_seconds` | histogram | module |
 //! | `tickbox_outbox_lag_seconds` | gauge | module |
 //! | `tickbox_outbox_published_total` | counter | module |
 //! | `tickbox_outbox_delivered_total` | counter | module |
@@ -44,6 +46,7 @@
 //! [`BusHandle::metrics`]: crate::BusHandle::metrics
 
 use crate::store::deadline::CallMetrics;
+use crate::store::outbox::Backlog;
 use crate::store::subscriptions::Subscription;
 use serde::Serialize;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
@@ -119,12 +122,21 @@ pub(crate) fn describe_to_recorder() {
         );
         describe_gauge!(
             "tickbox_outbox_pending",
-            "Outbox messages not yet delivered to all subscribers."
+            "Outbox messages due and not yet delivered to all subscribers."
+        );
+        describe_gauge!(
+            "tickbox_outbox_scheduled",
+            "Scheduled outbox messages not yet due."
+        );
+        describe_histogram!(
+            "tickbox_scheduled_lateness_seconds",
+            Unit::Seconds,
+            "Time from a scheduled message's due time to its delivery to every subscriber on the bus (or the broker's confirm)."
         );
         describe_gauge!(
             "tickbox_outbox_lag_seconds",
             Unit::Seconds,
-            "Age of the oldest pending outbox message."
+            "Age of the oldest pending outbox message (from its due time, for a scheduled one)."
         );
         describe_counter!(
             "tickbox_outbox_published_total",
@@ -438,6 +450,10 @@ impl Mailbox {
 /// What the bus last read from a module's outbox, and its delivered count.
 pub(crate) struct OutboxGauges {
     pending: AtomicI64,
+    /// Scheduled messages not yet due.
+    scheduled: AtomicI64,
+    /// Time from each scheduled message's due time to its delivery.
+    lateness: Latency,
     /// Creation time of the oldest pending message; 0 when none.
     oldest_pending_us: AtomicI64,
     dead_letters: AtomicI64,
@@ -450,6 +466,8 @@ pub(crate) struct OutboxGauges {
     subscriptions: Mutex<Vec<Subscription>>,
     module: String,
     pending_gauge: metrics::Gauge,
+    scheduled_gauge: metrics::Gauge,
+    lateness_histogram: metrics::Histogram,
     lag_gauge: metrics::Gauge,
     dead_letters_gauge: metrics::Gauge,
     published_counter: metrics::Counter,
@@ -463,6 +481,8 @@ impl OutboxGauges {
         let labels = [("module", module.to_string())];
         OutboxGauges {
             pending: AtomicI64::new(0),
+            scheduled: AtomicI64::new(0),
+            lateness: Latency::default(),
             oldest_pending_us: AtomicI64::new(0),
             dead_letters: AtomicI64::new(0),
             sampled_at_us: AtomicI64::new(0),
@@ -473,6 +493,8 @@ impl OutboxGauges {
             module: module.to_string(),
             stalled_gauge: metrics::gauge!("tickbox_outbox_stalled", &labels),
             pending_gauge: metrics::gauge!("tickbox_outbox_pending", &labels),
+            scheduled_gauge: metrics::gauge!("tickbox_outbox_scheduled", &labels),
+            lateness_histogram: metrics::histogram!("tickbox_scheduled_lateness_seconds", &labels),
             lag_gauge: metrics::gauge!("tickbox_outbox_lag_seconds", &labels),
             dead_letters_gauge: metrics::gauge!("tickbox_dead_letters", &labels),
             published_counter: metrics::counter!("tickbox_outbox_published_total", &labels),
@@ -490,16 +512,18 @@ impl OutboxGauges {
         self.delivered_counter.increment(n);
     }
 
+    /// A scheduled message was delivered `late` after its due time.
+    pub(crate) fn delivered_late(&self, late: Duration) {
+        self.lateness.record(late);
+        self.lateness_histogram.record(late.as_secs_f64());
+    }
+
     /// Stores a reading taken from the database at `now_us`.
-    pub(crate) fn sampled(
-        &self,
-        pending: i64,
-        oldest_pending_us: Option<i64>,
-        dead_letters: i64,
-        now_us: i64,
-    ) {
-        let oldest = oldest_pending_us.unwrap_or(0);
+    pub(crate) fn sampled(&self, backlog: &Backlog, dead_letters: i64, now_us: i64) {
+        let (pending, oldest) = (backlog.pending, backlog.oldest_us.unwrap_or(0));
         self.pending.store(pending, Relaxed);
+        self.scheduled.store(backlog.scheduled, Relaxed);
+        self.scheduled_gauge.set(backlog.scheduled as f64);
         self.oldest_pending_us.store(oldest, Relaxed);
         self.dead_letters.store(dead_letters, Relaxed);
         self.sampled_at_us.store(now_us, Relaxed);
@@ -549,6 +573,8 @@ impl OutboxGauges {
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
             pending: self.pending.load(Relaxed),
+            scheduled: self.scheduled.load(Relaxed),
+            lateness: self.lateness.snapshot(),
             lag_seconds: lag_seconds(self.oldest_pending_us.load(Relaxed), sampled_at_us),
             dead_letters: self.dead_letters.load(Relaxed),
             published: self.published.load(Relaxed),
@@ -606,9 +632,16 @@ pub struct HandlerMetrics {
 /// The outbox of one module, as last read by the bus.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct OutboxMetrics {
-    /// Messages not yet delivered to all their subscribers.
+    /// Messages due and not yet delivered to all their subscribers.
     pub pending: i64,
-    /// Age of the oldest of them when read, in seconds (0 when none).
+    /// Scheduled messages not yet due ([`Tx::publish_at`](crate::Tx::publish_at)).
+    pub scheduled: i64,
+    /// Time from each scheduled message's due time to its delivery to
+    /// every subscriber on this process's bus (or to the broker's
+    /// confirm), for the messages this process delivered.
+    pub lateness: LatencyMetrics,
+    /// Age of the oldest of the pending messages when read, in seconds (0
+    /// when none), counted from its due time for a scheduled one.
     pub lag_seconds: f64,
     /// Dead letters held by the module.
     pub dead_letters: i64,

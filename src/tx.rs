@@ -8,6 +8,7 @@ use crate::store::backend::Backend;
 use crate::store::database::Database;
 use crate::store::schema::{Id, OutboxRow};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use uuid::Uuid;
 
 /// An open transaction on a module's database.
@@ -112,7 +113,7 @@ impl<B: Backend> Tx<B> {
     /// Fails at once, before anything is written, when the module did not
     /// declare the topic or the encoded message is over the size limit.
     pub fn publish<M: Message>(&mut self, message: &M) -> Result<Uuid> {
-        self.publish_with(message, None)
+        self.publish_with(message, None, None)
     }
 
     /// Publishes a message with an ordering key (a product id, an account
@@ -131,11 +132,110 @@ impl<B: Backend> Tx<B> {
     /// commits ([`Keyed`](crate::Keyed) says what the number means, and
     /// handlers read it from [`Delivery::sequence`](crate::Delivery::sequence)).
     pub fn publish_keyed<M: Message>(&mut self, key: &str, message: &M) -> Result<Uuid> {
-        self.publish_with(message, Some(key))
+        self.publish_with(message, Some(key), None)
     }
 
-    /// Publishes, with or without an ordering key.
-    fn publish_with<M: Message>(&mut self, message: &M, key: Option<&str>) -> Result<Uuid> {
+    /// Publishes a message to be delivered at `when`, and returns its id.
+    ///
+    /// The message is written to the outbox when the transaction commits,
+    /// like any other, and waits there: no handler receives it before
+    /// `when`, and every subscribed handler receives it promptly after
+    /// (at least once, through the inbox), whichever process, after
+    /// whichever restarts, delivers it. A time already past delivers it as
+    /// soon as it commits. [`Tx::cancel_scheduled`], in a later
+    /// transaction, cancels it while it is not yet due.
+    ///
+    /// A saga's timeout is such a message: published with the step that
+    /// starts the wait, and ignored by its handler if the saga has moved on
+    /// by then (or cancelled by the step that ends the wait).
+    ///
+    /// Delivered at `when` by the bus's timer when this process committed
+    /// it; a message another process committed is found by the next scan
+    /// ([`BusBuilder::scan_interval`](crate::BusBuilder::scan_interval);
+    /// on PostgreSQL its commit wakes the buses, which set their timers for
+    /// it at once).
+    pub fn publish_at<M: Message>(&mut self, when: SystemTime, message: &M) -> Result<Uuid> {
+        self.publish_with(message, None, Some(unix_us(when)))
+    }
+
+    /// Publishes a message to be delivered `delay` from now, and returns
+    /// its id: [`Tx::publish_at`] at now plus `delay`. Now is the wall
+    /// clock, or a test session's once it moved the clock ahead
+    /// ([`Session::advance`](crate::testing::Session::advance), feature
+    /// `testing`).
+    pub fn publish_after<M: Message>(&mut self, delay: Duration, message: &M) -> Result<Uuid> {
+        let due = self.outbox.clock.now_us().saturating_add(micros(delay));
+        self.publish_with(message, None, Some(due))
+    }
+
+    /// Publishes a message with an ordering key to be delivered at `when`,
+    /// and returns its id.
+    ///
+    /// **Its place in the key** is taken when it is due, not when it
+    /// commits: the publishing module numbers it ([`Keyed`](crate::Keyed))
+    /// when a bus first takes it after `when`, after every message of its
+    /// key committed before then, and before every one committed later.
+    /// Until then it holds nothing back: the key's other messages flow as if
+    /// it did not exist (a timeout must not stop the flow it watches).
+    pub fn publish_keyed_at<M: Message>(
+        &mut self,
+        key: &str,
+        when: SystemTime,
+        message: &M,
+    ) -> Result<Uuid> {
+        self.publish_with(message, Some(key), Some(unix_us(when)))
+    }
+
+    /// Publishes a message with an ordering key to be delivered `delay`
+    /// from now: [`Tx::publish_keyed_at`] at now plus `delay`.
+    pub fn publish_keyed_after<M: Message>(
+        &mut self,
+        key: &str,
+        delay: Duration,
+        message: &M,
+    ) -> Result<Uuid> {
+        let due = self.outbox.clock.now_us().saturating_add(micros(delay));
+        self.publish_with(message, Some(key), Some(due))
+    }
+
+    /// Cancels scheduled message `id` ([`Tx::publish_at`]) if it is not
+    /// yet due: it is removed from the outbox when this transaction
+    /// commits, and no handler receives it. Returns whether it was
+    /// cancelled; `false` when it is due already (then it is delivered, or
+    /// being delivered), was delivered, was cancelled before, or is no
+    /// scheduled message of this module. A message published in this same
+    /// transaction is cancelled at once.
+    ///
+    /// A bus that takes the message as it becomes due and a cancellation at
+    /// that same moment never both win: a due message is only claimed
+    /// unclaimed, and only an unclaimed one is cancelled.
+    pub async fn cancel_scheduled(&mut self, id: Uuid) -> Result<bool> {
+        if self.mode == Mode::Read {
+            return Err(Error::CancelInReadOnly {
+                module: self.outbox.module.to_string(),
+                message_id: id,
+            });
+        }
+        if let Some(at) = self
+            .published
+            .iter()
+            .position(|e| e.id == id && e.due_at_us.is_some())
+        {
+            self.published.remove(at);
+            return Ok(true);
+        }
+        let now = self.outbox.clock.now_us();
+        let cancelled = B::cancel_scheduled(self.conn(), id, now).await?;
+        Ok(cancelled > 0)
+    }
+
+    /// Publishes, with or without an ordering key, at once or when due.
+    fn publish_with<M: Message>(
+        &mut self,
+        message: &M,
+        key: Option<&str>,
+        due_at_us: Option<i64>,
+    ) -> Result<Uuid> {
         if self.mode == Mode::Read {
             return Err(Error::ReadOnly {
                 module: self.outbox.module.to_string(),
@@ -160,7 +260,12 @@ impl<B: Backend> Tx<B> {
             });
         }
         let cause = self.cause.as_deref();
-        let mut envelope = Envelope::new(M::TOPIC, payload, cause);
+        let mut envelope = match due_at_us {
+            Some(due) => {
+                Envelope::scheduled(M::TOPIC, payload, cause, due, self.outbox.clock.now_us())
+            }
+            None => Envelope::new(M::TOPIC, payload, cause),
+        };
         // Numbered at commit.
         envelope.keyed = key.map(|key| Keyed {
             key: key.to_string(),
@@ -219,12 +324,28 @@ impl<B: Backend> Tx<B> {
             .outbox
             .claimant()
             .map(|(bus, lease)| (Id(bus), committing_us + lease.as_micros() as i64));
+        // A message due later is written unclaimed (the bus that claims it
+        // once due may be another process's) and, if keyed, unnumbered: it
+        // takes its place in its key when due.
+        let mut scheduled = false;
+        let due_now = self.outbox.clock.now_us();
         let rows = published
             .iter()
-            .map(|envelope| OutboxRow {
-                claimed_by: claim.map(|(bus, _)| bus),
-                claimed_until_us: claim.map(|(_, until)| until),
-                ..OutboxRow::from(envelope)
+            .map(|envelope| {
+                let row = OutboxRow::from(envelope);
+                if envelope.due_at_us.is_some_and(|due| due > due_now) {
+                    scheduled = true;
+                    OutboxRow {
+                        key_seq: None,
+                        ..row
+                    }
+                } else {
+                    OutboxRow {
+                        claimed_by: claim.map(|(bus, _)| bus),
+                        claimed_until_us: claim.map(|(_, until)| until),
+                        ..row
+                    }
+                }
             })
             .collect();
         // Keyed messages are numbered in their key's order as they are
@@ -247,7 +368,7 @@ impl<B: Backend> Tx<B> {
             .outbox
             .wakeup
             .as_ref()
-            .filter(|_| unclaimed || self.requeued)
+            .filter(|_| unclaimed || self.requeued || scheduled)
         {
             let channel = &wakeup.channel;
             let conn = self
@@ -261,7 +382,7 @@ impl<B: Backend> Tx<B> {
         }
         B::commit(self.conn()).await?;
         self.open = false;
-        self.outbox.announce(published);
+        self.outbox.announce(published, due_now);
         Ok(())
     }
 
@@ -275,6 +396,17 @@ impl<B: Backend> Tx<B> {
             }
         }
     }
+}
+
+/// `duration` in microseconds, at most `i64::MAX`.
+fn micros(duration: Duration) -> i64 {
+    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// `when` in microseconds since the Unix epoch (0 before it).
+fn unix_us(when: SystemTime) -> i64 {
+    when.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
 }
 
 impl<B: Backend> Drop for Tx<B> {

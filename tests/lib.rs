@@ -98,6 +98,8 @@ macro_rules! amqp_suite {
         case!(trace_context::one_flow_is_one_trace_from_the_publisher_through_every_handler);
         #[cfg(feature = "opentelemetry")]
         case!(trace_context::a_dead_letter_keeps_its_trace);
+        case!(scheduled::a_scheduled_message_is_delivered_when_due_never_before);
+        case!(scheduled::a_scheduled_keyed_message_takes_its_place_in_its_key_when_due);
     };
 }
 
@@ -209,6 +211,12 @@ macro_rules! suite {
         case!(trace_context::a_batch_s_process_span_links_every_message_s_context);
         #[cfg(feature = "opentelemetry")]
         case!(trace_context::an_effect_is_a_span_inside_its_delivery);
+        case!(scheduled::a_scheduled_message_is_delivered_when_due_never_before);
+        case!(scheduled::a_cancelled_message_is_never_delivered_and_a_due_one_is_not_cancelled);
+        case!(scheduled::a_scheduled_message_waits_through_a_stop_and_a_start);
+        case!(scheduled::processes_sharing_the_outbox_deliver_each_scheduled_message_once);
+        case!(scheduled::a_scheduled_keyed_message_takes_its_place_in_its_key_when_due);
+        case!(scheduled::a_session_s_clock_tests_a_fifteen_minute_timeout_without_waiting_for_it);
     };
 }
 

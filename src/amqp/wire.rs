@@ -114,6 +114,7 @@ pub(crate) fn envelope(delivery: &Delivery) -> Result<Envelope, Box<Undecodable>
                 trace_context: None,
                 #[cfg(feature = "opentelemetry")]
                 messaging_system: crate::trace::spans::RABBITMQ,
+                due_at_us: None,
             },
         })
     };
@@ -190,5 +191,8 @@ pub(crate) fn envelope(delivery: &Delivery) -> Result<Envelope, Box<Undecodable>
         trace_context,
         #[cfg(feature = "opentelemetry")]
         messaging_system: crate::trace::spans::RABBITMQ,
+        // The relay publishes a scheduled message once it is due: on the
+        // broker it is a message like any other.
+        due_at_us: None,
     })
 }

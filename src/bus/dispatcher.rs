@@ -12,6 +12,14 @@
 //! the dispatcher's listener task). A row a scan cannot decode becomes a
 //! dead letter of the outbox's module; the others keep flowing.
 //!
+//! Scheduled messages are not announced: a scan claims them once due. The
+//! dispatcher keeps one timer for the outbox, set for the soonest due time
+//! it knows of — a commit of this process tells it (the outbox's
+//! `schedule`), and after every scan it reads the next due message of any
+//! process from the pending index (ids carry due times) — and scans when
+//! it fires. A scheduled keyed message is numbered in its key as the scan
+//! takes it.
+//!
 //! Every scan interval the dispatcher also keeps up its subscriptions
 //! (says they are served, finishes what every subscription is done with,
 //! learns of other processes' subscriptions) and runs the watchdog.
@@ -23,13 +31,13 @@ use crate::bus::core::BusCore;
 #[cfg(feature = "testing")]
 use crate::bus::duplicates::maybe_inject_duplicate;
 use crate::bus::id_hash::{id_set, IdSet};
-use crate::message::{now_us, Envelope};
+use crate::message::{due_by, due_by_id, now_us, Envelope};
 use crate::module::handle::ModuleHandle;
 use crate::outbox::subscription::{self, Served};
 use crate::outbox::watchdog::{self, Stalled};
 use crate::store::backend::Backend;
 use crate::store::outbox::{Claim, Owed};
-use crate::store::schema::{ClaimedRow, MalformedRow};
+use crate::store::schema::{ClaimedRow, Id, Lenient, MalformedRow, OutboxRow};
 use futures_util::future::join_all;
 use std::collections::VecDeque;
 
@@ -47,6 +55,13 @@ const CLAIM_HORIZON: Duration = Duration::from_secs(24 * 3600);
 
 /// Messages marked delivered in one statement at most.
 const MARK_BATCH: usize = 512;
+
+/// Pending rows ahead of now read after each scan: the next scheduled one
+/// sets the timer; stray ones among them are claimed (see
+/// [`OutboxStatements::look_ahead`]).
+///
+/// [`OutboxStatements::look_ahead`]: crate::store::outbox::OutboxStatements::look_ahead
+const LOOK_AHEAD: i64 = 16;
 
 /// Delivers the outbox of one module.
 pub(crate) struct Dispatcher<B: Backend> {
@@ -128,6 +143,15 @@ struct State<B: Backend> {
     scan_again: bool,
     /// The claims of the messages in flight are due for renewal.
     renew_due: bool,
+    /// A scan ended: read when the next scheduled message is due.
+    look_ahead: bool,
+    /// When the soonest scheduled message known of is due: a scan then.
+    next_due: Option<Instant>,
+    /// Stray rows ahead of now to claim, up to this id.
+    stray: Option<Uuid>,
+    /// Stray rows claimed since the last periodic scan: not tried again
+    /// before the next (one another bus holds would be tried in a loop).
+    strays_tried: IdSet,
     /// The subscriptions' upkeep and the watchdog are due.
     upkeep_due: bool,
     /// The subscriptions this bus serves here.
@@ -180,6 +204,10 @@ impl<B: Backend> Dispatcher<B> {
             scan: Some(None),
             scan_again: false,
             renew_due: false,
+            look_ahead: false,
+            next_due: None,
+            stray: None,
+            strays_tried: id_set(0),
             upkeep_due: false,
             served_ids: served.iter().map(|s| s.id).collect(),
             served,
@@ -198,16 +226,18 @@ impl<B: Backend> Dispatcher<B> {
         });
         let stop = bus.stop.clone();
         let renew_every = bus.config.claim_lease / 3;
-        // Three timers, each registered once and moved only when its
+        // Four timers, each registered once and moved only when its
         // deadline moves: a timer made anew in every turn of the loop was
         // registered with the runtime and taken out again several times per
         // message.
         let scan_timer = sleep_until(Instant::now() + bus.config.scan_interval);
         let renewal_timer = sleep_until(Instant::now() + renew_every);
         let mark_timer = sleep_until(Instant::now() + bus.config.scan_interval);
-        tokio::pin!(scan_timer, renewal_timer, mark_timer);
-        // The deadline `mark_timer` is set to, when the marks are due.
+        let due_timer = sleep_until(Instant::now() + bus.config.scan_interval);
+        tokio::pin!(scan_timer, renewal_timer, mark_timer, due_timer);
+        // The deadlines `mark_timer` and `due_timer` are set to, while set.
         let mut mark_armed: Option<Instant> = None;
+        let mut due_armed: Option<Instant> = None;
         // One database statement at a time runs beside the loop, so marking,
         // scanning and renewing never hold up starting deliveries.
         let mut statement: Option<JoinHandle<Done>> = None;
@@ -223,6 +253,12 @@ impl<B: Backend> Dispatcher<B> {
                     mark_timer.as_mut().reset(due);
                 }
                 mark_armed = state.mark_due;
+            }
+            if state.next_due != due_armed {
+                if let Some(due) = state.next_due {
+                    due_timer.as_mut().reset(due);
+                }
+                due_armed = state.next_due;
             }
             tokio::select! {
                 biased;
@@ -250,6 +286,11 @@ impl<B: Backend> Dispatcher<B> {
                     }
                 }
                 _ = outbox.scan_request() => state.request_scan(),
+                due = outbox.scheduled() => state.due_at(due),
+                () = &mut due_timer, if state.next_due.is_some() => {
+                    state.next_due = None;
+                    state.request_scan();
+                }
                 () = &mut renewal_timer => {
                     renewal_timer.as_mut().reset(Instant::now() + renew_every);
                     state.renew_due = true;
@@ -257,6 +298,7 @@ impl<B: Backend> Dispatcher<B> {
                 () = &mut scan_timer => {
                     scan_timer.as_mut().reset(Instant::now() + bus.config.scan_interval);
                     state.upkeep_due = true;
+                    state.strays_tried.clear();
                     state.scan.get_or_insert(None);
                 }
                 () = &mut mark_timer, if state.mark_due.is_some() && statement.is_none() => {}
@@ -326,13 +368,17 @@ impl<B: Backend> Dispatcher<B> {
 enum Done {
     /// These ids were finished or handed over, or not (with the error).
     Marked(Result<Marked, (Vec<Uuid>, String)>),
-    /// Rows claimed by a scan page that asked for `limit` of them.
+    /// Rows claimed by a scan page that asked for `limit` of them, or
+    /// (`stray`) stray rows ahead of now.
     Claimed {
         rows: Result<Vec<ClaimedRow>, String>,
         limit: i64,
+        stray: bool,
     },
     /// Claims renewed.
     Renewed(Result<usize, String>),
+    /// The first pending rows ahead of now, and their due times.
+    LookedAhead(Result<Vec<(Uuid, Option<i64>)>, String>),
     /// The subscriptions kept up and the watchdog's look.
     Upkept(Result<Upkeep, String>),
 }
@@ -486,7 +532,18 @@ impl<B: Backend> State<B> {
             .config
             .max_messages_in_memory
             .saturating_sub(self.in_flight.len()) as i64;
-        if let Some(after) = self.scan.filter(|_| room > 0) {
+        let stray = if self.scan.is_none() && room > 0 {
+            self.stray.take()
+        } else {
+            None
+        };
+        let due_now = self.source.outbox().clock.now_us();
+        let page = match (self.scan.filter(|_| room > 0), stray) {
+            (Some(after), _) => Some((after, None)),
+            (None, Some(upto)) => Some((Some(due_by(due_now)), Some(upto))),
+            (None, None) => None,
+        };
+        if let Some((after, stray)) = page {
             let now = now_us();
             let claim = Claim {
                 bus: self.bus.id,
@@ -497,9 +554,12 @@ impl<B: Backend> State<B> {
                         .max(self.bus.config.claim_lease * 10)
                         .as_micros() as i64,
                 after,
+                upto: stray.unwrap_or_else(|| due_by(due_now)),
+                due_now_us: due_now,
                 limit: room.min(self.bus.config.sweep_page),
                 served: self.served_ids.clone(),
             };
+            let stray = stray.is_some();
             let limit = claim.limit;
             return Some(tokio::spawn(async move {
                 let rows = source
@@ -509,7 +569,22 @@ impl<B: Backend> State<B> {
                     })
                     .await
                     .map_err(|e| e.to_string());
-                Done::Claimed { rows, limit }
+                let rows = match rows {
+                    Ok(rows) => Ok(number_due(&source, rows).await),
+                    Err(error) => Err(error),
+                };
+                Done::Claimed { rows, limit, stray }
+            }));
+        }
+        if std::mem::take(&mut self.look_ahead) {
+            return Some(tokio::spawn(async move {
+                let next = source
+                    .db()
+                    .call("looking for the next scheduled message", async |conn| {
+                        Ok(B::look_ahead(conn, due_by(due_now), LOOK_AHEAD).await?)
+                    })
+                    .await;
+                Done::LookedAhead(next.map_err(|e| e.to_string()))
             }));
         }
         if std::mem::take(&mut self.renew_due) && !self.in_flight.is_empty() {
@@ -559,17 +634,21 @@ impl<B: Backend> State<B> {
             Done::Claimed {
                 rows: Ok(mut rows),
                 limit,
+                stray,
             } => {
                 let last = rows
                     .iter()
                     .filter_map(|row| row.id.0.as_ref().ok())
                     .map(|id| id.0)
                     .max();
-                self.scan = match last {
-                    Some(last) if rows.len() as i64 == limit => Some(Some(last)),
-                    _ if std::mem::take(&mut self.scan_again) => Some(None),
-                    _ => None,
-                };
+                if !stray {
+                    self.scan = match last {
+                        Some(last) if rows.len() as i64 == limit => Some(Some(last)),
+                        _ if std::mem::take(&mut self.scan_again) => Some(None),
+                        _ => None,
+                    };
+                }
+                self.look_ahead |= self.scan.is_none();
                 // RETURNING does not promise an order. A key's messages
                 // start in the key's order (its lanes take them as they
                 // come), which the order of their ids need not be.
@@ -583,6 +662,13 @@ impl<B: Backend> State<B> {
                         Err(malformed) => self.reject(*malformed),
                     }
                 }
+            }
+            Done::Claimed {
+                rows: Err(error),
+                stray: true,
+                ..
+            } => {
+                tracing::warn!(%module, %error, "claiming stray rows ahead of now failed; the next periodic scan tries again");
             }
             Done::Claimed {
                 rows: Err(error), ..
@@ -620,10 +706,47 @@ impl<B: Backend> State<B> {
             Done::Upkept(Err(error)) => {
                 tracing::warn!(%module, %error, "keeping up the subscriptions failed; will retry");
             }
+            Done::LookedAhead(Ok(ahead)) => {
+                let now = self.source.outbox().clock.now_us();
+                let mut timer_set = false;
+                for (id, due) in ahead {
+                    match due {
+                        // The next scheduled message: due when its time has
+                        // come and a scan bounded by now reads its id.
+                        Some(due) if due > now => {
+                            if !timer_set {
+                                self.due_at(due.max(due_by_id(id)));
+                                timer_set = true;
+                            }
+                        }
+                        // A stray row: claimed past the bound, once per
+                        // periodic scan.
+                        _ => {
+                            if self.strays_tried.insert(id) {
+                                self.stray = Some(self.stray.map_or(id, |s| s.max(id)));
+                            }
+                        }
+                    }
+                }
+            }
+            Done::LookedAhead(Err(error)) => {
+                tracing::warn!(%module, %error, "looking for the next scheduled message failed; the next scan looks again");
+            }
             Done::Renewed(Ok(_)) => {}
             Done::Renewed(Err(error)) => {
                 tracing::warn!(%module, %error, "renewing claims failed; will retry");
             }
+        }
+    }
+
+    /// Sets the timer for a scheduled message due at `due_us` (µs since the
+    /// Unix epoch), unless it is already set sooner.
+    fn due_at(&mut self, due_us: i64) {
+        let now = self.source.outbox().clock.now_us();
+        let wait = Duration::from_micros(due_us.saturating_sub(now).max(0) as u64);
+        let due = Instant::now() + wait;
+        if self.next_due.is_none_or(|next| due < next) {
+            self.next_due = Some(due);
         }
     }
 
@@ -750,6 +873,70 @@ impl<B: Backend> State<B> {
     }
 }
 
+/// Gives the scheduled keyed messages among a scan's claimed rows their
+/// place in their keys, now that they are due, in one transaction of the
+/// module (see [`OutboxStatements::number_due`]). If that fails, they are
+/// left out of this scan (still claimed by this bus, they are taken again
+/// by the next).
+///
+/// [`OutboxStatements::number_due`]: crate::store::outbox::OutboxStatements::number_due
+async fn number_due<B: Backend>(
+    source: &ModuleHandle<B>,
+    mut rows: Vec<ClaimedRow>,
+) -> Vec<ClaimedRow> {
+    let unnumbered = |row: &ClaimedRow| {
+        matches!(row.ordering_key.0, Ok(Some(_))) && matches!(row.key_seq.0, Ok(None))
+    };
+    let now = now_us();
+    let numbering: Vec<OutboxRow> = rows
+        .iter()
+        .filter(|row| unnumbered(row))
+        .filter_map(|row| {
+            Some(OutboxRow {
+                id: Id(row.id.0.as_ref().ok()?.0),
+                topic: String::from_utf8(row.topic.0.as_ref().ok()?.clone()).ok()?,
+                payload: String::new(),
+                correlation_id: Id(Uuid::nil()),
+                causation_id: None,
+                created_at_us: now,
+                claimed_by: None,
+                claimed_until_us: None,
+                ordering_key: row.ordering_key.0.as_ref().ok()?.clone(),
+                key_seq: None,
+                key_publisher: None,
+                key_previous_at_us: None,
+                due_at_us: None,
+                #[cfg(feature = "opentelemetry")]
+                trace_context: None,
+            })
+        })
+        .collect();
+    if numbering.is_empty() {
+        return rows;
+    }
+    let numbered = source
+        .transaction(async move |tx| {
+            Ok::<_, crate::error::Error>(B::number_due(tx.conn(), numbering).await?)
+        })
+        .await;
+    match numbered {
+        Ok(numbered) => {
+            for row in rows.iter_mut().filter(|row| unnumbered(row)) {
+                let id = row.id.0.as_ref().ok().map(|id| id.0);
+                if let Some(place) = numbered.iter().find(|n| Some(n.id.0) == id) {
+                    row.key_seq = Lenient(Ok(place.key_seq));
+                    row.key_previous_at_us = Lenient(Ok(place.key_previous_at_us));
+                }
+            }
+        }
+        Err(error) => {
+            tracing::warn!(module = %source.name(), %error, "numbering scheduled keyed messages that are due failed; the next scan takes them again");
+            rows.retain(|row| !unnumbered(row));
+        }
+    }
+    rows
+}
+
 /// Delivers one message to every subscriber and reports how it ended.
 async fn deliver_message<B: Backend>(
     bus: Arc<BusCore<B>>,
@@ -792,6 +979,17 @@ async fn deliver_message<B: Backend>(
         }
     };
     bus.forget_retry(id);
+    // Lateness counts from the due time, or from the commit when that came
+    // after it (a time already past when published).
+    if let Some(due) = envelope.due_at_us.filter(|_| done) {
+        let due = due.max(envelope.created_at_us);
+        let now = source.outbox().clock.now_us();
+        let late = now.saturating_sub(due).max(0) as u64;
+        source
+            .outbox()
+            .gauges
+            .delivered_late(Duration::from_micros(late));
+    }
     let _ = finished.send(if done {
         Finished::Delivered(id)
     } else {

@@ -112,7 +112,11 @@ pub(crate) fn observe<B: Backend>(
         &attempt.envelope,
         result,
     );
-    let published_us = attempt.envelope.created_at_us;
+    // A scheduled message's end-to-end time counts from its due time.
+    let published_us = attempt
+        .envelope
+        .created_at_us
+        .max(attempt.envelope.due_at_us.unwrap_or(i64::MIN));
     let counters = &entry.counters;
     match result {
         Ok(Outcome::Handled) => {

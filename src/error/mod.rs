@@ -29,6 +29,17 @@ pub enum Error {
         topic: String,
     },
 
+    /// A scheduled message was cancelled in a read-only transaction
+    /// ([`ModuleHandle::read`](crate::ModuleHandle::read)), which cannot
+    /// write the outbox.
+    #[error("module `{module}`: cannot cancel scheduled message {message_id} from a read-only transaction; cancel it in ModuleHandle::transaction")]
+    CancelInReadOnly {
+        /// The module whose transaction it was.
+        module: String,
+        /// The scheduled message.
+        message_id: uuid::Uuid,
+    },
+
     /// A task tickbox runs in the background (opening a database, a
     /// transaction's own task) panicked or was cancelled.
     #[error("{what}: the task running it failed: {reason}")]

@@ -45,10 +45,10 @@ pub(crate) async fn sample_outbox_periodically<B: Backend>(
 /// parked keys and unknown effects into the module's gauges.
 async fn sample_outbox<B: Backend>(core: Arc<ModuleCore<B>>) {
     let sampled = async {
-        let ((pending, oldest), dead, parked) = core
+        let (backlog, dead, parked) = core
             .db
             .call("reading the outbox gauges", async |conn| {
-                let backlog = B::outbox_backlog(conn).await?;
+                let backlog = B::outbox_backlog(conn, core.outbox.clock.now_us()).await?;
                 let dead = B::count_dead_letters(conn).await?;
                 let parked = B::parked_keys(conn).await?;
                 Ok((backlog, dead, parked))
@@ -74,7 +74,7 @@ async fn sample_outbox<B: Backend>(core: Arc<ModuleCore<B>>) {
             entry.counters.unknown_effects(effects);
         }
         let now = now_us();
-        core.outbox.gauges.sampled(pending, oldest, dead, now);
+        core.outbox.gauges.sampled(&backlog, dead, now);
         let subscriptions = subscription::read(&core.db).await?;
         core.outbox.gauges.subscriptions_sampled(subscriptions, now);
         Ok::<_, Error>(())

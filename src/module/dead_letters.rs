@@ -73,6 +73,7 @@ impl DeadLetter {
             trace_context: self.trace_context.clone(),
             #[cfg(feature = "opentelemetry")]
             messaging_system: crate::trace::spans::TICKBOX,
+            due_at_us: None,
         }
     }
 }

@@ -11,6 +11,7 @@ use crate::metrics::ModuleMetrics;
 use crate::module::actor::{Deliver, Module};
 use crate::module::core::ModuleCore;
 use crate::module::dead_letters::{self, DeadLetter, Replayed};
+use crate::module::scheduled::{self, Scheduled};
 use crate::module::{subscriptions, sweep};
 use crate::outbox::subscription;
 use crate::outbox::Outbox;
@@ -31,10 +32,13 @@ use uuid::Uuid;
 /// Sizes of a module's tickbox tables.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct StoreStats {
-    /// Outbox messages not yet delivered to all their subscribers.
+    /// Outbox messages due and not yet delivered to all their subscribers.
     pub outbox_pending: i64,
-    /// When the oldest of them was published (µs since the Unix epoch).
+    /// When the oldest of them was published, or was due if that is later
+    /// (µs since the Unix epoch).
     pub oldest_pending_us: Option<i64>,
+    /// Scheduled messages not yet due ([`Tx::publish_at`](crate::Tx::publish_at)).
+    pub outbox_scheduled: i64,
     /// Rows in the inbox (the duplicate-detection window).
     pub inbox_rows: i64,
     /// Dead letters waiting for an operator.
@@ -253,16 +257,12 @@ impl<B: Backend> ModuleHandle<B> {
     /// (every [`ModuleBuilder::metrics_interval`](crate::ModuleBuilder::metrics_interval)),
     /// for monitoring.
     pub async fn store_stats(&self) -> Result<StoreStats> {
-        let (
-            (outbox_pending, oldest_pending_us),
-            (inbox_rows, dead_letters),
-            parked_keys,
-            encrypted,
-        ) = self
+        let due_now = self.core.outbox.clock.now_us();
+        let (backlog, (inbox_rows, dead_letters), parked_keys, encrypted) = self
             .core
             .db
             .call("reading the store's figures", async |conn| {
-                let backlog = B::outbox_backlog(conn).await?;
+                let backlog = B::outbox_backlog(conn, due_now).await?;
                 let sizes = B::table_sizes(conn).await?;
                 let parked = B::parked_keys(conn).await?;
                 let encrypted = B::connection_encrypted(conn).await?;
@@ -271,8 +271,9 @@ impl<B: Backend> ModuleHandle<B> {
             .await?;
         let unknown_effects = self.core.handlers.journal.unknown_per_handler().await?;
         Ok(StoreStats {
-            outbox_pending,
-            oldest_pending_us,
+            outbox_pending: backlog.pending,
+            oldest_pending_us: backlog.oldest_us,
+            outbox_scheduled: backlog.scheduled,
             inbox_rows,
             dead_letters,
             parked_keys: parked_keys
@@ -384,6 +385,25 @@ impl<B: Backend> ModuleHandle<B> {
         let settled = self.core.handlers.journal.settle(id, settlement).await?;
         tracing::info!(module = %self.name(), %message_id, handler, effect, state = %settled.state, "effect settled");
         Ok(settled)
+    }
+
+    /// Scheduled messages of this module's outbox not yet due, soonest
+    /// first: `limit` of them from `offset` ([`Tx::publish_at`]).
+    pub async fn scheduled(&self, offset: u64, limit: u64) -> Result<Vec<Scheduled>> {
+        scheduled::list(self, offset, limit).await
+    }
+
+    /// Scheduled message `id` of this module's outbox, due or not, while it
+    /// is pending; `None` once delivered or cancelled, or for a message that
+    /// was not scheduled.
+    pub async fn scheduled_message(&self, id: Uuid) -> Result<Option<Scheduled>> {
+        scheduled::find(self, id).await
+    }
+
+    /// Cancels scheduled message `id` if it is not yet due, in a transaction
+    /// of its own ([`Tx::cancel_scheduled`]); returns whether it did.
+    pub async fn cancel_scheduled(&self, id: Uuid) -> Result<bool> {
+        scheduled::cancel(self, id).await
     }
 
     /// Dead letters of this module, oldest first: `limit` of them from

@@ -6,5 +6,6 @@ pub(crate) mod builder;
 pub(crate) mod core;
 pub(crate) mod dead_letters;
 pub(crate) mod handle;
+pub(crate) mod scheduled;
 pub(crate) mod subscriptions;
 pub(crate) mod sweep;

@@ -6,16 +6,18 @@
 //! Transactions write the rows ([`Tx`](crate::Tx), at commit); the bus's
 //! dispatcher takes them from here.
 
+pub(crate) mod clock;
 pub(crate) mod subscription;
 pub(crate) mod watchdog;
 
 use crate::error::{Error, Result};
 use crate::message::Envelope;
 use crate::metrics::OutboxGauges;
+use crate::outbox::clock::DueClock;
 use crate::store::settings::WakeupChannel;
 use crate::tracking::Trackers;
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, Notify};
@@ -47,6 +49,12 @@ pub(crate) struct Outbox {
     scan_requested: AtomicBool,
     /// Wakes the bus after a scan is requested.
     wake: Notify,
+    /// The earliest due time (µs since the Unix epoch) of the scheduled
+    /// messages committed since the bus last looked; `i64::MAX` for none.
+    soonest_due_us: AtomicI64,
+    /// Wakes the bus when a scheduled message is committed, to set its
+    /// timer.
+    scheduled: Notify,
     /// PostgreSQL: the channel that wakes buses when messages no bus of the
     /// committing process will deliver are committed, and the URL a bus
     /// listens on it with. `None` on SQLite.
@@ -62,6 +70,8 @@ pub(crate) struct Outbox {
     claimant: Mutex<Option<(Uuid, Duration)>>,
     /// The test sessions watching the module (feature `testing`).
     pub(crate) trackers: Trackers,
+    /// The time its scheduled messages are due by.
+    pub(crate) clock: DueClock,
 }
 
 impl Outbox {
@@ -82,27 +92,61 @@ impl Outbox {
             announcements: Mutex::new(Some(announcements)),
             scan_requested: AtomicBool::new(false),
             wake: Notify::new(),
+            soonest_due_us: AtomicI64::new(i64::MAX),
+            scheduled: Notify::new(),
             wakeup,
             busy: AtomicUsize::new(0),
             claimant: Mutex::new(None),
             trackers: Trackers::default(),
+            clock: DueClock::default(),
         }
     }
 
     /// Hands messages that just committed to the bus, and tells the
-    /// module's trackers.
-    pub(crate) fn announce(&self, published: Vec<Envelope>) {
+    /// module's trackers. A message due after `due_now_us` (the outbox's
+    /// clock at the commit) is not handed over: the bus sets its timer for
+    /// it.
+    pub(crate) fn announce(&self, published: Vec<Envelope>, due_now_us: i64) {
         self.gauges.published(published.len() as u64);
         let published: Vec<Arc<Envelope>> = published.into_iter().map(Arc::new).collect();
         self.trackers.published(&self.module, &published);
         let mut overflowed = false;
+        let mut soonest_due = None;
         for envelope in published {
-            if self.announced.try_send(envelope).is_err() {
-                overflowed = true;
+            match envelope.due_at_us.filter(|&due| due > due_now_us) {
+                Some(due) => soonest_due = Some(soonest_due.map_or(due, |s: i64| s.min(due))),
+                None => {
+                    if self.announced.try_send(envelope).is_err() {
+                        overflowed = true;
+                    }
+                }
             }
+        }
+        if let Some(due) = soonest_due {
+            self.schedule(due);
         }
         if overflowed {
             self.request_scan();
+        }
+    }
+
+    /// Tells the bus that scheduled messages committed, the first of them
+    /// due at `due_at_us`: it sets its timer for them (they are not
+    /// announced; a scan claims them once due).
+    pub(crate) fn schedule(&self, due_at_us: i64) {
+        self.soonest_due_us.fetch_min(due_at_us, Relaxed);
+        self.scheduled.notify_one();
+    }
+
+    /// Waits until scheduled messages are committed, and returns when the
+    /// first of them is due.
+    pub(crate) async fn scheduled(&self) -> i64 {
+        loop {
+            self.scheduled.notified().await;
+            let due = self.soonest_due_us.swap(i64::MAX, Relaxed);
+            if due != i64::MAX {
+                return due;
+            }
         }
     }
 
@@ -120,6 +164,15 @@ impl Outbox {
             None if claimant.is_some_and(|(id, _)| id == bus) => *claimant = None,
             None => {}
         }
+    }
+
+    /// Moves the clock for due times ahead by `by`, and asks the bus to
+    /// scan: what became due is delivered at once (a test session's
+    /// [`advance`](crate::testing::Session::advance)).
+    #[cfg(feature = "testing")]
+    pub(crate) fn advance_clock(&self, by: Duration) {
+        self.clock.advance(by);
+        self.request_scan();
     }
 
     /// Asks the bus to scan the outbox table from the beginning. Requests

@@ -118,7 +118,7 @@ pub(crate) async fn read<B: Backend>(outbox: &Database<B>) -> Result<Vec<Subscri
     let (rows, oldest) = outbox
         .call("reading subscriptions", async |conn| {
             let rows = B::subscriptions(conn).await?;
-            let oldest = B::oldest_owed(conn).await?;
+            let oldest = B::oldest_owed(conn, crate::message::now_us()).await?;
             Ok((rows, oldest))
         })
         .await?;

@@ -49,7 +49,7 @@ where
         out.push_sql(concat!(
             "INSERT INTO tickbox_outbox (id, topic, payload, correlation_id, causation_id, \
              created_at_us, claimed_by, claimed_until_us, ordering_key, key_seq, \
-             key_publisher, key_previous_at_us",
+             key_publisher, key_previous_at_us, due_at_us",
             if_traced!(", trace_context"),
             ") VALUES ("
         ));
@@ -76,6 +76,8 @@ where
         out.push_bind_param::<Nullable<Text>, _>(&row.key_publisher)?;
         out.push_sql(", ");
         out.push_bind_param::<Nullable<BigInt>, _>(&row.key_previous_at_us)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Nullable<BigInt>, _>(&row.due_at_us)?;
         #[cfg(feature = "opentelemetry")]
         {
             out.push_sql(", ");
@@ -110,6 +112,14 @@ pub struct Claim {
     /// Only rows with ids above this are read (a scan's cursor); `None`
     /// from the first row on.
     pub(crate) after: Option<Uuid>,
+    /// Only rows with ids up to this are read: [`crate::message::due_by`]
+    /// `due_now_us` for a scan (ids carry due times, so the rows scheduled
+    /// for later are not even read), or the last of the stray rows a bus
+    /// takes beyond it (see [`OutboxStatements::look_ahead`]).
+    pub(crate) upto: Uuid,
+    /// Scheduled rows due by then are claimed: the outbox's clock for due
+    /// times, which is `now_us` unless a test session moved it ahead.
+    pub(crate) due_now_us: i64,
     /// The most rows one claim takes.
     pub(crate) limit: i64,
     /// The subscriptions the claiming bus serves: it claims only rows one of
@@ -157,6 +167,8 @@ impl Claim {
             None => first_page,
         };
         binds.extend([
+            self.upto.into(),
+            self.due_now_us.into(),
             self.now_us.into(),
             self.beyond_us.into(),
             self.bus.into(),
@@ -225,6 +237,50 @@ struct IdRow {
     id: Id,
 }
 
+/// The columns of a [`ScheduledRow`].
+macro_rules! scheduled_columns {
+    () => {
+        "id, topic, payload, correlation_id, causation_id, created_at_us, due_at_us, \
+         ordering_key, claimed_by"
+    };
+}
+
+/// A scheduled message as the outbox holds it.
+#[derive(Debug, diesel::QueryableByName)]
+pub struct ScheduledRow {
+    #[diesel(sql_type = DbUuid)]
+    pub(crate) id: Id,
+    #[diesel(sql_type = Text)]
+    pub(crate) topic: String,
+    #[diesel(sql_type = Text)]
+    pub(crate) payload: String,
+    #[diesel(sql_type = DbUuid)]
+    pub(crate) correlation_id: Id,
+    #[diesel(sql_type = Nullable<DbUuid>)]
+    pub(crate) causation_id: Option<Id>,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) created_at_us: i64,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) due_at_us: i64,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) ordering_key: Option<String>,
+    /// Set once a bus took it, due.
+    #[diesel(sql_type = Nullable<DbUuid>)]
+    pub(crate) claimed_by: Option<Id>,
+}
+
+/// A pending message ahead of now, and when it is due.
+#[derive(diesel::QueryableByName)]
+struct Ahead {
+    /// Its id.
+    #[diesel(sql_type = DbUuid)]
+    id: Id,
+    /// When it is due; NULL (or, on SQLite, not an integer) for a message
+    /// that is not scheduled.
+    #[diesel(sql_type = Nullable<BigInt>)]
+    due_at_us: Lenient<Option<i64>>,
+}
+
 /// A count.
 #[derive(diesel::QueryableByName)]
 struct Counted {
@@ -233,12 +289,28 @@ struct Counted {
     n: i64,
 }
 
-/// When a message was published.
+/// When a message was published, and when it was due.
 #[derive(diesel::QueryableByName)]
 struct Published {
     /// Microseconds since the Unix epoch.
     #[diesel(sql_type = Nullable<BigInt>)]
     created_at_us: Option<i64>,
+    /// Microseconds since the Unix epoch; NULL unless it was scheduled.
+    #[diesel(sql_type = Nullable<BigInt>)]
+    due_at_us: Option<i64>,
+}
+
+/// The outbox's pending messages, as [`OutboxStatements::outbox_backlog`]
+/// reads them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Backlog {
+    /// Messages due and not yet finished.
+    pub(crate) pending: i64,
+    /// When the oldest of them became deliverable (µs since the Unix
+    /// epoch): when it was published, or when it was due if that is later.
+    pub(crate) oldest_us: Option<i64>,
+    /// Scheduled messages not yet due.
+    pub(crate) scheduled: i64,
 }
 
 /// The texts of the outbox statements that take lists of ids, in one
@@ -306,6 +378,58 @@ pub trait OutboxStatements: Store + IdLists {
         conn: &mut Self::Conn,
         rows: Vec<OutboxRow>,
     ) -> impl Future<Output = QueryResult<Vec<OutboxRow>>> + Send;
+
+    /// Inside a transaction: numbers the keyed rows among `rows` that
+    /// carry a number to replace (`key_seq` set), in [`numbering_order`],
+    /// at their `created_at_us`, as [`OutboxStatements::insert_outbox`]
+    /// does. Writes no outbox row.
+    fn number_keys(
+        conn: &mut Self::Conn,
+        rows: Vec<OutboxRow>,
+    ) -> impl Future<Output = QueryResult<Vec<OutboxRow>>> + Send;
+
+    /// Inside a transaction: gives scheduled keyed messages that just
+    /// became due their place in their keys ([`Tx::publish_keyed_at`]),
+    /// numbered at `created_at_us` (when they are taken). `rows` hold the
+    /// id, topic, key and publisher. Fails, and the transaction must roll
+    /// back, if one of them was numbered meanwhile (by another bus whose
+    /// claim overlapped): a number is never given twice, nor skipped.
+    ///
+    /// [`Tx::publish_keyed_at`]: crate::Tx::publish_keyed_at
+    fn number_due(
+        conn: &mut Self::Conn,
+        rows: Vec<OutboxRow>,
+    ) -> impl Future<Output = QueryResult<Vec<OutboxRow>>> + Send {
+        async move {
+            let rows: Vec<OutboxRow> = rows
+                .into_iter()
+                .map(|row| OutboxRow {
+                    key_seq: Some(0),
+                    ..row
+                })
+                .collect();
+            let rows = Self::number_keys(conn, rows).await?;
+            for row in &rows {
+                let statement = sql!(
+                    "UPDATE tickbox_outbox SET key_seq = ?, key_previous_at_us = ? \
+                     WHERE id = ? AND key_seq IS NULL",
+                    row.key_seq,
+                    row.key_previous_at_us,
+                    row.id
+                );
+                if Self::execute(conn, statement).await? != 1 {
+                    return Err(diesel::result::Error::QueryBuilderError(
+                        format!(
+                            "scheduled message {} was numbered in its key by another bus",
+                            row.id.0
+                        )
+                        .into(),
+                    ));
+                }
+            }
+            Ok(rows)
+        }
+    }
 
     /// A scan's page: claims, for `claim.bus`, up to `claim.limit` pending
     /// rows past the cursor, in id order, that are unclaimed, claimed by it,
@@ -515,6 +639,98 @@ pub trait OutboxStatements: Store + IdLists {
         async move { Ok(Self::load::<Finished>(conn, statement).await?.len()) }
     }
 
+    /// Inside a transaction: deletes scheduled message `id` if it is not due
+    /// at `now_us` (nor claimed: a scheduled row is claimed only once due,
+    /// so a claim that got there first wins). Returns how many rows it
+    /// deleted: 1, or 0 when there is no such message, it is not a
+    /// scheduled one, or it is due. PostgreSQL and MariaDB check the row
+    /// again once a claim that holds it commits.
+    fn cancel_scheduled(
+        conn: &mut Self::Conn,
+        id: Uuid,
+        now_us: i64,
+    ) -> impl Future<Output = QueryResult<usize>> + Send {
+        Self::execute(
+            conn,
+            sql!(
+                "DELETE FROM tickbox_outbox WHERE id = ? AND delivered_at_us IS NULL \
+                 AND due_at_us > ? AND claimed_by IS NULL",
+                id,
+                now_us
+            ),
+        )
+    }
+
+    /// The scheduled messages not yet due at `now_us`, soonest first:
+    /// `limit` of them from `offset`. Read along the pending index from the
+    /// last id due by now (ids carry due times).
+    fn scheduled_messages(
+        conn: &mut Self::Conn,
+        now_us: i64,
+        offset: i64,
+        limit: i64,
+    ) -> impl Future<Output = QueryResult<Vec<ScheduledRow>>> + Send {
+        Self::load(
+            conn,
+            sql!(
+                concat!(
+                    "SELECT ",
+                    scheduled_columns!(),
+                    " FROM tickbox_outbox WHERE delivered_at_us IS NULL AND id > ? \
+                     AND due_at_us > ? ORDER BY id LIMIT ? OFFSET ?"
+                ),
+                crate::message::due_by(now_us),
+                now_us,
+                limit,
+                offset
+            ),
+        )
+    }
+
+    /// Scheduled message `id`, due or not, while it is pending.
+    fn scheduled_message(
+        conn: &mut Self::Conn,
+        id: Uuid,
+    ) -> impl Future<Output = QueryResult<Option<ScheduledRow>>> + Send {
+        let statement = sql!(
+            concat!(
+                "SELECT ",
+                scheduled_columns!(),
+                " FROM tickbox_outbox WHERE id = ? AND delivered_at_us IS NULL \
+                 AND due_at_us IS NOT NULL"
+            ),
+            id
+        );
+        async move { Ok(Self::load(conn, statement).await?.into_iter().next()) }
+    }
+
+    /// The first `limit` pending messages above `after` in id order, with
+    /// their due times: when `after` is [`crate::message::due_by`] now, the
+    /// next scheduled ones (ids carry due times), and any stray row among
+    /// them — one due now, or not scheduled at all, whose id lies ahead
+    /// all the same (written by hand, or by a process whose clock runs
+    /// ahead), which a scan bounded by now would not read. Read along the
+    /// pending index from `after`: as many rows as asked for.
+    fn look_ahead(
+        conn: &mut Self::Conn,
+        after: Uuid,
+        limit: i64,
+    ) -> impl Future<Output = QueryResult<Vec<(Uuid, Option<i64>)>>> + Send {
+        let statement = sql!(
+            "SELECT id, due_at_us FROM tickbox_outbox WHERE delivered_at_us IS NULL AND id > ? \
+             ORDER BY id LIMIT ?",
+            after,
+            limit
+        );
+        async move {
+            let rows: Vec<Ahead> = Self::load(conn, statement).await?;
+            Ok(rows
+                .into_iter()
+                .map(|row| (row.id.0, row.due_at_us.0.ok().flatten()))
+                .collect())
+        }
+    }
+
     /// Marks message `id` delivered at `now_us` (a malformed row, once it
     /// is recorded as a dead letter). Returns how many rows it changed.
     fn mark_delivered(
@@ -556,34 +772,53 @@ pub trait OutboxStatements: Store + IdLists {
         }
     }
 
-    /// For the gauges: the number of pending outbox rows and the
-    /// publication time of the oldest. The count reads only the partial
-    /// index of pending ids; the oldest message is the first of them (ids
-    /// are UUIDv7s, ordered by time): one more row, not a scan of all
-    /// pending rows.
+    /// For the gauges, at `now_us`: the pending outbox rows that are due
+    /// and when the oldest of them became due, and the scheduled rows not
+    /// yet due. The counts read only the partial index of pending ids, on
+    /// either side of the last id due by now (ids carry due times); the
+    /// oldest message is the first of them (ids are UUIDv7s, ordered by
+    /// time): one more row, not a scan of all pending rows.
     fn outbox_backlog(
         conn: &mut Self::Conn,
-    ) -> impl Future<Output = QueryResult<(i64, Option<i64>)>> + Send {
+        now_us: i64,
+    ) -> impl Future<Output = QueryResult<Backlog>> + Send {
+        let due_by = crate::message::due_by(now_us);
         async move {
             let pending: Vec<Counted> = Self::load(
                 conn,
-                Sql::plain(
-                    "SELECT count(*) AS n FROM tickbox_outbox WHERE delivered_at_us IS NULL",
+                sql!(
+                    "SELECT count(*) AS n FROM tickbox_outbox \
+                     WHERE delivered_at_us IS NULL AND id <= ?",
+                    due_by
                 ),
             )
             .await?;
             let oldest: Vec<Published> = Self::load(
                 conn,
-                Sql::plain(
-                    "SELECT created_at_us FROM tickbox_outbox \
-                     WHERE delivered_at_us IS NULL ORDER BY id LIMIT 1",
+                sql!(
+                    "SELECT created_at_us, due_at_us FROM tickbox_outbox \
+                     WHERE delivered_at_us IS NULL AND id <= ? ORDER BY id LIMIT 1",
+                    due_by
                 ),
             )
             .await?;
-            Ok((
-                pending.into_iter().next().map_or(0, |c| c.n),
-                oldest.into_iter().next().and_then(|p| p.created_at_us),
-            ))
+            let scheduled: Vec<Counted> = Self::load(
+                conn,
+                sql!(
+                    "SELECT count(*) AS n FROM tickbox_outbox \
+                     WHERE delivered_at_us IS NULL AND id > ?",
+                    due_by
+                ),
+            )
+            .await?;
+            Ok(Backlog {
+                pending: pending.into_iter().next().map_or(0, |c| c.n),
+                oldest_us: oldest
+                    .into_iter()
+                    .next()
+                    .and_then(|p| p.created_at_us.map(|c| c.max(p.due_at_us.unwrap_or(c)))),
+                scheduled: scheduled.into_iter().next().map_or(0, |c| c.n),
+            })
         }
     }
 
@@ -668,8 +903,11 @@ pub trait OutboxStatements: Store + IdLists {
 /// for the next ones, `$among` the backend's test of a list bound as one
 /// value, `$lock` what the selection ends with (`FOR UPDATE SKIP LOCKED`
 /// where concurrent claims must skip each other's rows). Values, in order:
-/// the cursor (if `$after` has it), now, the implausible horizon, the bus,
-/// the served subscriptions, the bus, now, the horizon, the limit (see
+/// the cursor (if `$after` has it), the last id to read and now (a
+/// scheduled message is claimed once due: its id carries its due time, so
+/// the pending index is read up to now and no further, see
+/// [`crate::message::scheduled_id`]), now, the implausible horizon, the
+/// bus, the served subscriptions, the bus, now, the horizon, the limit (see
 /// [`Claim::selection`]).
 macro_rules! claimable_text {
     ($columns:expr, $after:literal, $among:ident, $lock:literal) => {
@@ -678,7 +916,8 @@ macro_rules! claimable_text {
             $columns,
             " FROM tickbox_outbox o WHERE o.delivered_at_us IS NULL ",
             $after,
-            "AND (o.claimed_until_us IS NULL OR o.claimed_until_us < ? \
+            "AND o.id <= ? AND (o.due_at_us IS NULL OR o.due_at_us <= ?) \
+             AND (o.claimed_until_us IS NULL OR o.claimed_until_us < ? \
                   OR o.claimed_until_us > ? OR o.claimed_by = ?) \
              AND (NOT EXISTS (SELECT 1 FROM tickbox_subscriptions s WHERE s.topic = o.topic) \
                   OR EXISTS (SELECT 1 FROM tickbox_subscriptions s \
@@ -895,8 +1134,10 @@ pub(crate) use first_sequence_statement;
 /// the same keys lock their counters in one order and never wait for each
 /// other crosswise.
 pub(crate) fn numbering_order(rows: &[OutboxRow]) -> Vec<usize> {
+    // A scheduled keyed row is written without a number and numbered once
+    // due ([`OutboxStatements::number_due`]).
     let mut keyed: Vec<usize> = (0..rows.len())
-        .filter(|&i| rows[i].ordering_key.is_some())
+        .filter(|&i| rows[i].ordering_key.is_some() && rows[i].key_seq.is_some())
         .collect();
     keyed.sort_by(|&a, &b| {
         (&rows[a].topic, &rows[a].ordering_key).cmp(&(&rows[b].topic, &rows[b].ordering_key))

@@ -61,6 +61,7 @@ diesel::table! {
         key_publisher -> Nullable<Text>,
         key_previous_at_us -> Nullable<BigInt>,
         trace_context -> Nullable<Text>,
+        due_at_us -> Nullable<BigInt>,
     }
 }
 
@@ -292,6 +293,8 @@ pub struct OutboxRow {
     /// written only with the `opentelemetry` feature.
     #[cfg(feature = "opentelemetry")]
     pub(crate) trace_context: Option<String>,
+    /// When a scheduled message is due (µs since the Unix epoch).
+    pub(crate) due_at_us: Option<i64>,
 }
 
 /// `$text` with the `opentelemetry` feature, nothing without it: the
@@ -366,6 +369,10 @@ pub struct ClaimedRow {
     #[cfg(feature = "opentelemetry")]
     #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
     pub(crate) trace_context: Lenient<Option<String>>,
+    /// When a scheduled message is due; NULL for one delivered at once
+    /// (and, on SQLite, unless it is an integer).
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
+    pub(crate) due_at_us: Lenient<Option<i64>>,
 }
 
 /// An outbox row a scan could not turn into an envelope: a dead letter in
@@ -437,6 +444,10 @@ impl ClaimedRow {
             problems.push(format!("key_previous_at_us cannot be read ({e})"));
             None
         });
+        let due_at_us = self.due_at_us.0.unwrap_or_else(|e| {
+            problems.push(format!("due_at_us cannot be read ({e})"));
+            None
+        });
         let keyed = match (self.ordering_key.0, self.key_seq.0, self.key_publisher.0) {
             (Ok(None), Ok(None), Ok(None)) => None,
             (Ok(Some(key)), Ok(Some(sequence)), Ok(Some(publisher))) => {
@@ -472,6 +483,7 @@ impl ClaimedRow {
                 .and_then(|text| crate::trace::context::TraceContext::from_stored(&text)),
             #[cfg(feature = "opentelemetry")]
             messaging_system: crate::trace::spans::TICKBOX,
+            due_at_us,
         };
         if problems.is_empty() {
             Ok(envelope)
@@ -507,6 +519,7 @@ impl From<OutboxRow> for crate::message::Envelope {
                 .and_then(crate::trace::context::TraceContext::from_stored),
             #[cfg(feature = "opentelemetry")]
             messaging_system: crate::trace::spans::TICKBOX,
+            due_at_us: row.due_at_us,
         }
     }
 }
@@ -543,6 +556,7 @@ impl From<&crate::message::Envelope> for OutboxRow {
             key_previous_at_us: e.keyed.as_ref().and_then(|k| k.previous_at_us),
             #[cfg(feature = "opentelemetry")]
             trace_context: e.trace_context.as_ref().map(|context| context.stored()),
+            due_at_us: e.due_at_us,
         }
     }
 }

@@ -152,20 +152,24 @@ pub trait SubscriptionStatements: Store + IdLists {
         Self::execute(conn, statement)
     }
 
-    /// Each subscription's id and the publication time of the oldest
-    /// message it still owes (pending, of its topic, not recorded done).
+    /// Each subscription's id and when the oldest message it still owes at
+    /// `now_us` (pending, due, of its topic, not recorded done) became
+    /// deliverable: its publication time, or its due time if later.
     fn oldest_owed(
         conn: &mut Self::Conn,
+        now_us: i64,
     ) -> impl Future<Output = QueryResult<Vec<OldestOwed>>> + Send {
         Self::load(
             conn,
-            Sql::plain(
-                "SELECT s.id AS id, (SELECT o.created_at_us FROM tickbox_outbox o \
-                     WHERE o.delivered_at_us IS NULL AND o.topic = s.topic \
+            sql!(
+                "SELECT s.id AS id, (SELECT CASE WHEN o.due_at_us > o.created_at_us \
+                         THEN o.due_at_us ELSE o.created_at_us END FROM tickbox_outbox o \
+                     WHERE o.delivered_at_us IS NULL AND o.id <= ? AND o.topic = s.topic \
                      AND NOT EXISTS (SELECT 1 FROM tickbox_outbox_done d \
                          WHERE d.message_id = o.id AND d.subscription = s.id) \
                      ORDER BY o.id LIMIT 1) AS oldest \
                  FROM tickbox_subscriptions s",
+                crate::message::due_by(now_us)
             ),
         )
     }

@@ -18,6 +18,9 @@
 //!   unless the session [allows failures](Session::allow_failures);
 //!   [`Session::inject_failures`] and [`Session::inject_duplicates`] disturb
 //!   the flow on purpose.
+//! - [`Session::advance`] moves the clock the modules' scheduled messages
+//!   are due by: a 15-minute timeout is tested in milliseconds, without
+//!   sleeping.
 //!
 //! A whole test of a flow:
 //!

@@ -6,6 +6,7 @@ use crate::bus::handle::BusHandle;
 use crate::error::outcome::{DeliveryError, Outcome};
 use crate::message::Envelope;
 use crate::module::handle::ModuleHandle;
+use crate::outbox::Outbox;
 use crate::store::backend::Backend;
 use crate::testing::report::Report;
 use crate::tracking::{Event, Happened, Tracker};
@@ -61,6 +62,9 @@ pub struct Session<B: Backend> {
     backend: PhantomData<fn() -> B>,
     /// How long [`Session::wait`] waits.
     timeout: Duration,
+    /// The outboxes of the modules it watches, whose clocks
+    /// [`Session::advance`] moves.
+    outboxes: Vec<Arc<Outbox>>,
 }
 
 /// What a session saw, and what it still waits for.
@@ -221,6 +225,48 @@ impl<B: Backend> Session<B> {
             state,
             backend: PhantomData,
             timeout: DEFAULT_TIMEOUT,
+            outboxes: modules.iter().map(|m| m.outbox().clone()).collect(),
+        }
+    }
+
+    /// Moves the clock of the watched modules ahead by `by`, for their
+    /// scheduled messages: what was due within `by` from now is due at
+    /// once, and the bus delivers it without waiting. A test of a
+    /// 15-minute timeout publishes it, advances 15 minutes and waits for
+    /// the session, in milliseconds:
+    ///
+    /// ```no_run
+    /// # use tickbox::{Sqlite, ModuleHandle, BusHandle};
+    /// # use serde::{Deserialize, Serialize};
+    /// # use std::time::Duration;
+    /// # #[derive(Debug, Serialize, Deserialize)] struct OrderTimedOut { order_id: i64 }
+    /// # impl tickbox::Message for OrderTimedOut { const TOPIC: &'static str = "orders.timed_out"; }
+    /// # async fn example(orders: ModuleHandle<Sqlite>, bus: BusHandle<Sqlite>) -> tickbox::Result<()> {
+    /// use tickbox::testing::Session;
+    ///
+    /// let session = Session::start(&bus);
+    /// orders
+    ///     .transaction(async move |tx| {
+    ///         tx.publish_after(Duration::from_secs(15 * 60), &OrderTimedOut { order_id: 7 })
+    ///     })
+    ///     .await?;
+    /// session.advance(Duration::from_secs(15 * 60));
+    /// let report = session.wait().await; // the timeout was handled
+    /// assert_eq!(report.handled("orders.cancel_unconfirmed").len(), 1);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// The clock starts at the wall clock and only moves ahead; it decides
+    /// when scheduled messages are due ([`Tx::publish_after`] counts from
+    /// it), and nothing else: retries, leases and deadlines keep the wall
+    /// clock. Modules outside the session keep theirs. A scheduled message
+    /// is part of the flow that published it: [`Session::wait`] waits for
+    /// it, so advance past it first.
+    ///
+    /// [`Tx::publish_after`]: crate::Tx::publish_after
+    pub fn advance(&self, by: Duration) {
+        for outbox in &self.outboxes {
+            outbox.advance_clock(by);
         }
     }
 

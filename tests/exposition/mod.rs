@@ -173,5 +173,34 @@ async fn the_prometheus_endpoint_passes_promtool() {
     if let Err(findings) = promtool_check(&body) {
         panic!("promtool check metrics failed:\n{findings}\n--- exposition ---\n{body}");
     }
+
+    // A scheduled message: the gauge of those waiting and the histogram of
+    // how late they were delivered.
+    orders
+        .transaction(async move |tx| {
+            tx.publish_after(std::time::Duration::from_millis(100), &Ping { n: 2 })
+        })
+        .await
+        .expect("publish");
+    eventually("the scheduled message is delivered", WAIT, || async {
+        bus.metrics()
+            .modules
+            .iter()
+            .any(|m| m.module == "orders" && m.outbox.lateness.count == 1)
+    })
+    .await;
+    let body = tokio::task::spawn_blocking(move || http_get(port))
+        .await
+        .expect("GET");
+    for line in [
+        r#"tickbox_scheduled_lateness_seconds_count{module="orders"} 1"#,
+        "# TYPE tickbox_scheduled_lateness_seconds histogram",
+        "# TYPE tickbox_outbox_scheduled gauge",
+    ] {
+        assert!(body.contains(line), "missing `{line}` in:\n{body}");
+    }
+    if let Err(findings) = promtool_check(&body) {
+        panic!("promtool check metrics failed:\n{findings}\n--- exposition ---\n{body}");
+    }
     bus.stop().await;
 }

@@ -9,6 +9,7 @@ pub mod hostile;
 pub mod kit;
 pub mod observability;
 pub mod ordering;
+pub mod scheduled;
 pub mod shared_outbox;
 #[cfg(feature = "opentelemetry")]
 pub mod trace_context;

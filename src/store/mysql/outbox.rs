@@ -28,7 +28,7 @@ macro_rules! claimed_columns {
          o.correlation_id AS correlation_id, o.causation_id AS causation_id, \
          o.created_at_us AS created_at_us, o.ordering_key AS ordering_key, \
          o.key_seq AS key_seq, o.key_publisher AS key_publisher, \
-         o.key_previous_at_us AS key_previous_at_us",
+         o.key_previous_at_us AS key_previous_at_us, o.due_at_us AS due_at_us",
             if_traced!(", o.trace_context AS trace_context")
         )
     };
@@ -84,7 +84,7 @@ impl OutboxStatements for Mysql {
 
     async fn insert_outbox(
         conn: &mut Self::Conn,
-        mut rows: Vec<OutboxRow>,
+        rows: Vec<OutboxRow>,
     ) -> QueryResult<Vec<OutboxRow>> {
         use diesel_async::RunQueryDsl;
         for row in &rows {
@@ -96,6 +96,22 @@ impl OutboxStatements for Mysql {
                 check_width("publisher name", publisher, NAME_BYTES)?;
             }
         }
+        let rows = Self::number_keys(conn, rows).await?;
+        // One row (the common case) is a statement of its own type, prepared
+        // once per connection and found by that type ([`InsertOutboxRow`]).
+        let insert = diesel::insert_into(tickbox_outbox::table);
+        match rows.as_slice() {
+            [] => 0,
+            [row] => InsertOutboxRow(row).execute(conn).await?,
+            many => insert.values(many).execute(conn).await?,
+        };
+        Ok(rows)
+    }
+
+    async fn number_keys(
+        conn: &mut Self::Conn,
+        mut rows: Vec<OutboxRow>,
+    ) -> QueryResult<Vec<OutboxRow>> {
         for i in numbering_order(&rows) {
             let row = &rows[i];
             let (topic, key, at) = (
@@ -140,14 +156,6 @@ impl OutboxStatements for Mysql {
             };
             (rows[i].key_seq, rows[i].key_previous_at_us) = (Some(numbered.0), numbered.1);
         }
-        // One row (the common case) is a statement of its own type, prepared
-        // once per connection and found by that type ([`InsertOutboxRow`]).
-        let insert = diesel::insert_into(tickbox_outbox::table);
-        match rows.as_slice() {
-            [] => 0,
-            [row] => InsertOutboxRow(row).execute(conn).await?,
-            many => insert.values(many).execute(conn).await?,
-        };
         Ok(rows)
     }
 

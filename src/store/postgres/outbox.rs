@@ -21,7 +21,7 @@ macro_rules! claimed_columns {
         concat!(
             "id, convert_to(topic, 'UTF8') AS topic, convert_to(payload, 'UTF8') AS payload, \
          correlation_id, causation_id, created_at_us, ordering_key, key_seq, key_publisher, \
-         key_previous_at_us",
+         key_previous_at_us, due_at_us",
             if_traced!(", trace_context")
         )
     };
@@ -31,6 +31,23 @@ impl OutboxStatements for Postgres {
     const TEXTS: OutboxTexts = outbox_texts!(id_rows, among);
 
     async fn insert_outbox(
+        conn: &mut Self::Conn,
+        rows: Vec<OutboxRow>,
+    ) -> QueryResult<Vec<OutboxRow>> {
+        use diesel_async::RunQueryDsl;
+        let rows = Self::number_keys(conn, rows).await?;
+        // One row (the common case) is a statement of its own type, prepared
+        // once per connection and found by that type ([`InsertOutboxRow`]).
+        let insert = diesel::insert_into(tickbox_outbox::table);
+        match rows.as_slice() {
+            [] => 0,
+            [row] => InsertOutboxRow(row).execute(conn).await?,
+            many => insert.values(many).execute(conn).await?,
+        };
+        Ok(rows)
+    }
+
+    async fn number_keys(
         conn: &mut Self::Conn,
         mut rows: Vec<OutboxRow>,
     ) -> QueryResult<Vec<OutboxRow>> {
@@ -64,14 +81,6 @@ impl OutboxStatements for Postgres {
             };
             (rows[i].key_seq, rows[i].key_previous_at_us) = (Some(numbered.0), numbered.1);
         }
-        // One row (the common case) is a statement of its own type, prepared
-        // once per connection and found by that type ([`InsertOutboxRow`]).
-        let insert = diesel::insert_into(tickbox_outbox::table);
-        match rows.as_slice() {
-            [] => 0,
-            [row] => InsertOutboxRow(row).execute(conn).await?,
-            many => insert.values(many).execute(conn).await?,
-        };
         Ok(rows)
     }
 

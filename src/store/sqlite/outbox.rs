@@ -23,7 +23,8 @@ macro_rules! claimed_columns {
             "id, CAST(topic AS BLOB) AS topic, CAST(payload AS BLOB) AS payload, \
          correlation_id, causation_id, \
          CASE WHEN typeof(created_at_us) = 'integer' THEN created_at_us END AS created_at_us, \
-         ordering_key, key_seq, key_publisher, key_previous_at_us",
+         ordering_key, key_seq, key_publisher, key_previous_at_us, \
+         CASE WHEN typeof(due_at_us) = 'integer' THEN due_at_us END AS due_at_us",
             if_traced!(", trace_context")
         )
     };
@@ -44,32 +45,24 @@ impl OutboxStatements for Sqlite {
         // (the async wrapper would render them for every call), and batches
         // multi-row inserts: the keys' numbers and the rows in one visit.
         conn.spawn_blocking(move |c| {
-            use diesel::{OptionalExtension, RunQueryDsl};
-            for i in numbering_order(&rows) {
-                let row = &rows[i];
-                let (topic, key, at) = (
-                    &row.topic,
-                    row.ordering_key.as_deref().unwrap_or_default(),
-                    row.created_at_us,
-                );
-                let numbered = match bump_sequence_statement!(topic, key, at)
-                    .get_result::<(i64, Option<i64>)>(c)
-                    .optional()?
-                {
-                    Some(numbered) => numbered,
-                    None => {
-                        // One writer at a time: nobody started it meanwhile.
-                        first_sequence_statement!(topic, key, at).execute(c)?;
-                        (1, None)
-                    }
-                };
-                (rows[i].key_seq, rows[i].key_previous_at_us) = (Some(numbered.0), numbered.1);
-            }
+            use diesel::RunQueryDsl;
+            number_keys(c, &mut rows)?;
             let insert = diesel::insert_into(tickbox_outbox::table);
             match rows.as_slice() {
                 [row] => InsertOutboxRow(row).execute(c)?,
                 rows => insert.values(rows).execute(c)?,
             };
+            Ok(rows)
+        })
+        .await
+    }
+
+    async fn number_keys(
+        conn: &mut Self::Conn,
+        mut rows: Vec<OutboxRow>,
+    ) -> QueryResult<Vec<OutboxRow>> {
+        conn.spawn_blocking(move |c| {
+            number_keys(c, &mut rows)?;
             Ok(rows)
         })
         .await
@@ -83,6 +76,32 @@ impl OutboxStatements for Sqlite {
         );
         Self::load(conn, statement).await
     }
+}
+
+/// [`OutboxStatements::number_keys`] on the connection's blocking thread.
+fn number_keys(c: &mut diesel::SqliteConnection, rows: &mut [OutboxRow]) -> QueryResult<()> {
+    use diesel::{OptionalExtension, RunQueryDsl};
+    for i in numbering_order(rows) {
+        let row = &rows[i];
+        let (topic, key, at) = (
+            &row.topic,
+            row.ordering_key.as_deref().unwrap_or_default(),
+            row.created_at_us,
+        );
+        let numbered = match bump_sequence_statement!(topic, key, at)
+            .get_result::<(i64, Option<i64>)>(c)
+            .optional()?
+        {
+            Some(numbered) => numbered,
+            None => {
+                // One writer at a time: nobody started it meanwhile.
+                first_sequence_statement!(topic, key, at).execute(c)?;
+                (1, None)
+            }
+        };
+        (rows[i].key_seq, rows[i].key_previous_at_us) = (Some(numbered.0), numbered.1);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -128,6 +147,7 @@ mod tests {
             key_previous_at_us: None,
             #[cfg(feature = "opentelemetry")]
             trace_context: None,
+            due_at_us: None,
         }
     }
 
@@ -180,7 +200,13 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(deleted, 1);
-        assert_eq!(Sqlite::outbox_backlog(&mut conn).await.unwrap().0, 1);
+        assert_eq!(
+            Sqlite::outbox_backlog(&mut conn, crate::message::now_us())
+                .await
+                .unwrap()
+                .pending,
+            1
+        );
         // Serving every subscription, nothing is owed elsewhere.
         let changed = Sqlite::finish_delivered(&mut conn, &[owed], &[here, elsewhere], 8, false)
             .await

@@ -65,6 +65,19 @@ pub(crate) struct Args {
     #[arg(long, value_name = "R", default_value = "10000000", value_parser = number)]
     pub(crate) inbox_rows: u64,
 
+    /// scheduled: rows scheduled for tomorrow beside the immediate path
+    #[arg(long, value_name = "R", default_value = "1000000", value_parser = number)]
+    pub(crate) scheduled_rows: u64,
+
+    /// scheduled: messages whose lateness is measured, due spread over
+    /// --due-over
+    #[arg(long, value_name = "N", default_value = "100000", value_parser = number)]
+    pub(crate) scheduled_messages: u64,
+
+    /// scheduled: the seconds over which those messages fall due
+    #[arg(long, value_name = "S", default_value = "30", value_parser = number)]
+    pub(crate) due_over: u64,
+
     /// postgres: also run the same workload through the npm package
     /// pg-transactional-outbox (benches/peer/bench.js; installed with
     /// `npm ci` when needed)
@@ -252,6 +265,10 @@ pub(crate) enum Scenario {
     Backlog,
     /// tickbox with an empty inbox vs one holding --inbox-rows rows
     BigInbox,
+    /// Scheduled messages: the lateness of --scheduled-messages due over
+    /// --due-over seconds, and the immediate path with --scheduled-rows
+    /// rows scheduled for tomorrow vs none
+    Scheduled,
 }
 
 /// How the peer runs the workload.

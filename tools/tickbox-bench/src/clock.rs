@@ -110,6 +110,25 @@ impl Clock {
         }
     }
 
+    /// The handler's end against each message's due time (`due_ns[i]`, on
+    /// this clock's scale): the lateness of the messages stamped, and how
+    /// many ended before they were due.
+    pub(crate) fn lateness(&self, due_ns: &[u64]) -> (Option<Latency>, u64) {
+        let mut histogram = histogram();
+        let mut early = 0;
+        for (end, due) in self.handler_end.iter().zip(due_ns) {
+            let end = end.load(Relaxed);
+            if end == 0 {
+                continue;
+            }
+            match end.checked_sub(*due) {
+                Some(late) => histogram.saturating_record(late),
+                None => early += 1,
+            }
+        }
+        (Latency::of(&histogram), early)
+    }
+
     /// Producer commit to the handler's COMMIT done.
     pub(crate) fn commit_to_commit(&self) -> Option<Latency> {
         self.latencies(&self.committed)

@@ -17,7 +17,7 @@
 //! commit-to-handled latency, peak memory, a 1,000,000-message backlog drain
 //! and handling with a 10,000,000-row inbox.
 //!
-//! Other scenarios (`--scenario latency|backlog|big-inbox`), the peer
+//! Other scenarios (`--scenario latency|backlog|big-inbox|scheduled`), the peer
 //! comparison (`--peer`) and every flag are described by `--help` and in
 //! BENCHMARKS.md, which also records the results.
 //!
@@ -46,7 +46,7 @@
 //! - `baseline.rs` — the workload without tickbox (the database's limit).
 //! - `pair.rs` — the workload through tickbox: two modules and their bus.
 //! - `prefill.rs` — bulk loading of outbox and inbox rows.
-//! - `scenarios/` — throughput, latency, backlog, big-inbox.
+//! - `scenarios/` — throughput, latency, backlog, big-inbox, scheduled.
 //! - `peer.rs` — the peer, pg-transactional-outbox (benches/peer/bench.js).
 //! - `hexeract.rs` — the Rust peer, hexeract 0.6 (benches/hexeract, its own
 //!   crate outside the workspace), run as a subprocess.

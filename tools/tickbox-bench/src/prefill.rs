@@ -19,8 +19,20 @@ pub(crate) async fn prefill<B: BenchBackend>(
     sql: fn(u64, u64, i64) -> String,
     what: &str,
 ) -> Res<f64> {
-    let started = Instant::now();
     let base_ms = now_us() / 1000 - 3_600_000 - (rows / 10) as i64;
+    prefill_from(module, rows, sql, what, base_ms).await
+}
+
+/// [`prefill`] with ids (and times) from `base_ms` (ms since the Unix
+/// epoch) on, a thousand rows a millisecond.
+pub(crate) async fn prefill_from<B: BenchBackend>(
+    module: &ModuleHandle<B>,
+    rows: u64,
+    sql: fn(u64, u64, i64) -> String,
+    what: &str,
+    base_ms: i64,
+) -> Res<f64> {
+    let started = Instant::now();
     let mut lo = 0;
     while lo < rows {
         let hi = (lo + PREFILL_CHUNK).min(rows);

@@ -21,8 +21,9 @@
 //! whose handler is gone for good; it puts dead letters back in the outbox
 //! for redelivery or discards them; it lists the effects handlers recorded
 //! in the module's effects journal and settles one nobody can vouch for
-//! (then puts its message's dead letter back in the outbox); and it runs the
-//! retention sweep once.
+//! (then puts its message's dead letter back in the outbox); it lists,
+//! shows and cancels the scheduled messages waiting in the outboxes; and it
+//! runs the retention sweep once.
 //!
 //! It runs no bus, so what a bus would count itself it counts from the
 //! database: a message is stalled when it has been pending for longer than
@@ -67,6 +68,7 @@
 //! - `dead_letters.rs` — `dead-letters list`, `show`, `replay`, `skip`,
 //!   `discard`.
 //! - `effects.rs` — `effects list`, `done`, `retry`.
+//! - `scheduled.rs` — `scheduled list`, `show`, `cancel`.
 //! - `sweep.rs` — `sweep`.
 //! - `queues.rs` — `queues` (feature `amqp`): handlers' queues on a
 //!   RabbitMQ broker.
@@ -81,6 +83,7 @@ mod modules;
 mod output;
 #[cfg(feature = "amqp")]
 mod queues;
+mod scheduled;
 // Its value parser is for arguments checked as they are parsed; this
 // tool checks its URLs once it has them all (`Target`).
 #[allow(dead_code)]
@@ -257,6 +260,16 @@ enum Command {
     /// line.
     #[command(subcommand)]
     DeadLetters(DeadLettersCommand),
+
+    /// List, show or cancel scheduled messages.
+    ///
+    /// A scheduled message (Tx::publish_at, Tx::publish_after) waits in its
+    /// module's outbox until it is due; the application's bus then delivers
+    /// it to every subscriber, like any message. The commands acting on one
+    /// find the module whose outbox holds it (--module chooses when several
+    /// do).
+    #[command(subcommand)]
+    Scheduled(ScheduledCommand),
 
     /// List the effects handlers made, or settle one nobody can vouch for.
     ///
@@ -506,6 +519,61 @@ enum DeadLettersCommand {
     },
 }
 
+/// `scheduled …`.
+#[derive(Debug, PartialEq, Subcommand)]
+enum ScheduledCommand {
+    /// List the scheduled messages not yet due, soonest first.
+    ///
+    /// Lists the scheduled messages of every module that are not yet due,
+    /// soonest first: the module, message id, topic, ordering key, when it
+    /// is due (UTC, ISO 8601) and how long until then. `show` prints one in
+    /// full.
+    ///
+    /// With --json: an array of objects (module, message_id, topic,
+    /// payload, correlation_id, causation_id, created_at_us, due_at_us,
+    /// ordering_key, taken).
+    List {
+        /// Skip the first N scheduled messages
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        offset: u64,
+
+        /// Show at most N scheduled messages
+        #[arg(long, value_name = "N", default_value_t = 50)]
+        limit: u64,
+    },
+
+    /// Show one scheduled message in full, payload included.
+    ///
+    /// Shows a scheduled message while it is in the outbox, due or not:
+    /// ids, topic, key, when it is due and was published, and the payload
+    /// (pretty-printed when it is JSON).
+    ///
+    /// With --json: the message as one object, with module.
+    Show {
+        /// The message's id (a UUID, as `scheduled list` prints it)
+        #[arg(value_parser = message_id)]
+        message_id: Uuid,
+    },
+
+    /// Cancel a scheduled message that is not yet due (requires --yes).
+    ///
+    /// Removes a scheduled message from its outbox before it is due: no
+    /// handler will receive it. One that is due already is being delivered
+    /// and cannot be cancelled (exit 1).
+    ///
+    /// With --json: one object with module, message_id, topic, due_at_us
+    /// and cancelled.
+    Cancel {
+        /// The message's id (a UUID, as `scheduled list` prints it)
+        #[arg(value_parser = message_id)]
+        message_id: Uuid,
+
+        /// Confirm the cancellation
+        #[arg(short, long)]
+        yes: bool,
+    },
+}
+
 /// `effects …`.
 #[derive(Debug, PartialEq, Subcommand)]
 enum EffectsCommand {
@@ -734,6 +802,9 @@ impl Command {
             Command::DeadLetters(DeadLettersCommand::Discard { .. }) => {
                 &["dead-letters", "discard"]
             }
+            Command::Scheduled(ScheduledCommand::List { .. }) => &["scheduled", "list"],
+            Command::Scheduled(ScheduledCommand::Show { .. }) => &["scheduled", "show"],
+            Command::Scheduled(ScheduledCommand::Cancel { .. }) => &["scheduled", "cancel"],
             Command::Effects(EffectsCommand::List { .. }) => &["effects", "list"],
             Command::Effects(EffectsCommand::Done { .. }) => &["effects", "done"],
             Command::Effects(EffectsCommand::Retry { .. }) => &["effects", "retry"],
@@ -779,6 +850,13 @@ impl Command {
                  never be delivered to that handler; add --yes to confirm",
                 key.message_id,
                 handler_label(&key.handler)
+            ),
+            Command::Scheduled(ScheduledCommand::Cancel {
+                message_id,
+                yes: false,
+            }) => format!(
+                "refusing to cancel scheduled message {message_id} without --yes: no handler \
+                 would ever receive it; add --yes to confirm"
             ),
             Command::Effects(EffectsCommand::Done {
                 key, yes: false, ..
@@ -945,6 +1023,17 @@ async fn execute(invocation: &Invocation) -> Result<String, Failure> {
             }
             DeadLettersCommand::Discard { key, .. } => {
                 dead_letters::discard(modules, key, json, command).await
+            }
+        },
+        Command::Scheduled(sub) => match sub {
+            ScheduledCommand::List { offset, limit } => {
+                scheduled::list(modules, *offset, *limit, json).await
+            }
+            ScheduledCommand::Show { message_id } => {
+                scheduled::show(modules, *message_id, json, command).await
+            }
+            ScheduledCommand::Cancel { message_id, .. } => {
+                scheduled::cancel(modules, *message_id, json, command).await
             }
         },
         Command::Effects(sub) => match sub {

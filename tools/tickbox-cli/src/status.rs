@@ -178,6 +178,12 @@ impl Status {
             plural(stats.outbox_pending, "message")
         ));
         out.push_str(&format!("outbox lag       {outbox_lag}\n"));
+        if stats.outbox_scheduled > 0 {
+            out.push_str(&format!(
+                "outbox scheduled {} not yet due (see `tickbox scheduled list`)\n",
+                plural(stats.outbox_scheduled, "message")
+            ));
+        }
         out.push_str(&format!(
             "outbox stalled   {} pending longer than {}\n",
             plural(*stalled, "message"),

@@ -3,6 +3,7 @@
 mod backlog;
 mod big_inbox;
 mod latency;
+mod scheduled;
 mod throughput;
 
 use crate::backend::BenchBackend;
@@ -18,5 +19,6 @@ pub(crate) async fn run<B: BenchBackend>(place: &Place, args: &Args) -> Res<Json
         Scenario::Latency => latency::run::<B>(place, args).await,
         Scenario::Backlog => backlog::run::<B>(place, args).await,
         Scenario::BigInbox => big_inbox::run::<B>(place, args).await,
+        Scenario::Scheduled => scheduled::run::<B>(place, args).await,
     }
 }

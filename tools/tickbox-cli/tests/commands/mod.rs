@@ -1020,6 +1020,115 @@ async fn status_shows_subscriptions_and_stalled_messages<B: CliBackend>(db: Db) 
     );
 }
 
+async fn scheduled_messages_are_listed_shown_and_cancelled<B: CliBackend>(db: Db) {
+    let module = orders::<B>(&db).await;
+    assert_eq!(
+        on::<B>(&db, &["scheduled", "list"]).await.ok(),
+        "no scheduled messages\n"
+    );
+    let schedule = async |delay: Duration, n: u64| {
+        module
+            .transaction(async move |tx| tx.publish_after(delay, &CliPing::new(n)))
+            .await
+            .expect("publish commits")
+    };
+    let tomorrow = schedule(Duration::from_secs(86_400), 1).await;
+    let in_an_hour = schedule(Duration::from_secs(3600), 2).await;
+    let keyed = module
+        .transaction(async move |tx| {
+            tx.publish_keyed_after("order-7", Duration::from_secs(7200), &CliPing::new(3))
+        })
+        .await
+        .expect("publish commits");
+
+    // Soonest first.
+    let list = on::<B>(&db, &["scheduled", "list"]).await;
+    let out = list.ok();
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].contains("MESSAGE ID") && lines[0].contains("DUE AT (UTC)"),
+        "{out}"
+    );
+    assert!(lines[1].contains(&in_an_hour.to_string()), "{out}");
+    assert!(
+        lines[2].contains(&keyed.to_string()) && lines[2].contains("order-7"),
+        "{out}"
+    );
+    assert!(lines[3].contains(&tomorrow.to_string()), "{out}");
+    assert!(out.ends_with("3 scheduled messages\n"), "{out}");
+    let json = on::<B>(
+        &db,
+        &["--json", "scheduled", "list", "--offset=1", "--limit=1"],
+    )
+    .await
+    .json();
+    assert_eq!(json.as_array().map(Vec::len), Some(1), "{json}");
+    assert_eq!(json[0]["message_id"], keyed.to_string());
+    assert_eq!(json[0]["ordering_key"], "order-7");
+    assert_eq!(json[0]["module"], "orders");
+    let before = status::<B>(&db).await;
+    assert_eq!(before["outbox_scheduled"], 3, "{before}");
+    assert_eq!(
+        before["outbox_pending"], 0,
+        "waiting is not pending: {before}"
+    );
+
+    let show = on::<B>(&db, &["scheduled", "show", &tomorrow.to_string()]).await;
+    let out = show.ok();
+    assert!(
+        out.contains(&format!("message id       {tomorrow}\n")),
+        "{out}"
+    );
+    assert!(out.contains("topic            cli.ping\n"), "{out}");
+    assert!(
+        out.contains("(in 23h 59m") || out.contains("(in 1d"),
+        "{out}"
+    );
+    assert!(out.contains("payload (JSON)\n"), "{out}");
+
+    // Cancelling needs --yes, then removes it; a second time finds nothing.
+    let id = tomorrow.to_string();
+    on::<B>(&db, &["scheduled", "cancel", &id])
+        .await
+        .fails(2, "--yes");
+    assert_eq!(
+        status::<B>(&db).await["outbox_scheduled"],
+        3,
+        "nothing cancelled"
+    );
+    let cancel = on::<B>(&db, &["scheduled", "cancel", &id, "--yes"]).await;
+    assert!(
+        cancel
+            .ok()
+            .contains(&format!("cancelled scheduled message {id}")),
+        "{cancel:#?}"
+    );
+    assert_eq!(status::<B>(&db).await["outbox_scheduled"], 2);
+    on::<B>(&db, &["scheduled", "cancel", &id, "--yes"])
+        .await
+        .fails(1, "no scheduled message");
+    on::<B>(&db, &["scheduled", "show", &id])
+        .await
+        .fails(1, "no scheduled message");
+    let json = on::<B>(
+        &db,
+        &[
+            "--json",
+            "scheduled",
+            "cancel",
+            "-y",
+            &in_an_hour.to_string(),
+        ],
+    )
+    .await
+    .json();
+    assert_eq!(json["cancelled"], true, "{json}");
+    assert_eq!(status::<B>(&db).await["outbox_scheduled"], 1);
+    on::<B>(&db, &["scheduled", "show", "not-a-uuid"])
+        .await
+        .fails(2, "not-a-uuid");
+}
+
 /// Instantiates the generic tests for one backend.
 macro_rules! cli_tests {
     ($backend:ty, $db:expr) => {
@@ -1039,6 +1148,7 @@ macro_rules! cli_tests {
                 subscriptions_retire_with_json,
                 subscriptions_retire_is_refused_while_a_process_serves_it,
                 status_shows_subscriptions_and_stalled_messages,
+                scheduled_messages_are_listed_shown_and_cancelled,
             ]
         );
     };
