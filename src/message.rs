@@ -123,6 +123,16 @@ impl Envelope {
             messaging_system: crate::trace::spans::TICKBOX,
         }
     }
+
+    /// What identifies the message in its spans.
+    #[cfg(feature = "opentelemetry")]
+    pub(crate) fn span_identity(&self) -> crate::trace::spans::Identity<'_> {
+        crate::trace::spans::Identity {
+            topic: &self.topic,
+            id: self.id,
+            correlation_id: self.correlation_id,
+        }
+    }
 }
 
 /// The current time in microseconds since the Unix epoch.
