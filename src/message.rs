@@ -149,6 +149,16 @@ impl Envelope {
         }
         envelope
     }
+
+    /// What identifies the message in its spans.
+    #[cfg(feature = "opentelemetry")]
+    pub(crate) fn span_identity(&self) -> crate::trace::spans::Identity<'_> {
+        crate::trace::spans::Identity {
+            topic: &self.topic,
+            id: self.id,
+            correlation_id: self.correlation_id,
+        }
+    }
 }
 
 /// The id of a message due at `due_at_us`: a UUIDv7 whose time is the due

@@ -277,14 +277,7 @@ impl<B: Backend> Tx<B> {
         {
             // The message's `create` span, a child of the current one: its
             // context goes with the message.
-            let create = crate::trace::spans::create(
-                &self.outbox.module,
-                crate::trace::spans::Identity {
-                    topic: M::TOPIC,
-                    id: envelope.id,
-                    correlation_id: envelope.correlation_id,
-                },
-            );
+            let create = crate::trace::spans::create(&self.outbox.module, envelope.span_identity());
             envelope.trace_context = crate::trace::context::TraceContext::of_span(&create);
         }
         let id = envelope.id;

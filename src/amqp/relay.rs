@@ -185,11 +185,7 @@ impl Relay {
         #[cfg(feature = "opentelemetry")]
         let span = crate::trace::spans::send(
             self.exchange.as_str(),
-            crate::trace::spans::Identity {
-                topic: &envelope.topic,
-                id: envelope.id,
-                correlation_id: envelope.correlation_id,
-            },
+            envelope.span_identity(),
             envelope.trace_context.as_ref(),
         );
         #[cfg(feature = "opentelemetry")]

@@ -115,6 +115,8 @@ async fn handle_batch<B: Backend>(handlers: Arc<Handlers<B>>, mut batch: Vec<Wai
             }
         }
         Err(error) => {
+            #[cfg(feature = "opentelemetry")]
+            crate::trace::spans::failed(&batch_span, &format!("{:?}", error.kind), &error.reason);
             counters.batch_fell_back();
             tracing::debug!(module = %handlers.module, size = batch.len(), %error, "a batch rolled back; handling its messages one at a time");
             for waiting in batch {
@@ -141,6 +143,9 @@ async fn in_one_transaction<B: Backend>(
         match handled {
             Ok(outcome) => outcomes.push(outcome),
             Err(error) => {
+                // The message that failed its batch says so in its span.
+                #[cfg(feature = "opentelemetry")]
+                crate::trace::spans::failed(span, &format!("{:?}", error.kind), &error.reason);
                 tx.rollback().await;
                 return Err(error);
             }

@@ -57,7 +57,7 @@ pub(crate) fn delivery_span<B: Backend>(
     }
     #[cfg(feature = "opentelemetry")]
     return crate::trace::spans::process(
-        identity(&attempt.envelope),
+        attempt.envelope.span_identity(),
         attempt.envelope.trace_context.as_ref(),
         crate::trace::spans::Processing {
             module: &handlers.module,
@@ -82,16 +82,6 @@ pub(crate) fn delivery_span<B: Backend>(
         causation_id = ?attempt.envelope.causation_id,
         outcome = tracing::field::Empty,
     )
-}
-
-/// What identifies `envelope` in its spans.
-#[cfg(feature = "opentelemetry")]
-pub(crate) fn identity(envelope: &crate::message::Envelope) -> crate::trace::spans::Identity<'_> {
-    crate::trace::spans::Identity {
-        topic: &envelope.topic,
-        id: envelope.id,
-        correlation_id: envelope.correlation_id,
-    }
 }
 
 /// Counts how a delivery ended and reports it in its span. A failure is

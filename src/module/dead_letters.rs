@@ -130,11 +130,7 @@ pub(crate) async fn record<B: Backend>(
 ) -> Result<()> {
     #[cfg(feature = "opentelemetry")]
     let span = crate::trace::spans::dead_letter(
-        crate::trace::spans::Identity {
-            topic: &envelope.topic,
-            id: envelope.id,
-            correlation_id: envelope.correlation_id,
-        },
+        envelope.span_identity(),
         envelope.trace_context.as_ref(),
         handler,
         reason,
