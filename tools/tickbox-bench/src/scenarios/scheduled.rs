@@ -162,7 +162,10 @@ async fn beside_tomorrow<B: BenchBackend>(place: &Place, args: &Args, j: &mut Js
             Ok::<_, tickbox::Error>(())
         })
         .await?;
+    // Both outboxes as production's (statistics, checkpoint), so that only
+    // the scheduled rows tell them apart.
     after_prefill(place, &beside.shop).await?;
+    after_prefill(place, &plain.shop).await?;
     let waiting = beside.shop.store_stats().await?.outbox_scheduled;
     eprintln!("scheduled: {waiting} rows scheduled for tomorrow after {prefill_s:.0} s");
     if waiting as u64 != args.scheduled_rows {
