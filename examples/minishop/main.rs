@@ -32,6 +32,7 @@ mod placing; // `--orders`, `--order-interval`: placing the run's orders
 mod progress; // logs and the progress bar
 mod queries; // every query on the modules' tables, each a named type
 mod report; // what a run shows, and its exit code
+mod run; // a whole run: modules, bus, orders, the wait, the check
 mod safeguards; // the handlers' own checks, beyond the inbox
 mod shop; // which modules this process opens, and starting its bus
 mod shutdown; // Ctrl-C
@@ -41,16 +42,13 @@ mod tables; // the modules' own tables
 use cli::{Args, ModuleName};
 use db::ShopDb;
 use faults::flaky;
-use flow::Drain;
 use messages::{OrderConfirmed, OrderPlaced, StockReserved, StockShort};
-use report::Report;
-use shop::{start_bus, start_modules, Shop};
-use std::time::{Duration, Instant};
+use shop::Shop;
+use std::time::Duration;
 use tables::{NewEmail, NewOrder, NewReservation, NewShortage, OrderStatus};
 use tickbox::diesel::result::{DatabaseErrorKind::UniqueViolation, Error::DatabaseError};
 use tickbox::{Bus, BusBuilder, Delivery, Handler, HandlerError, HandlerOptions};
 use tickbox::{ModuleBuilder, ModuleHandle, RetryPolicy, Tx};
-use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 // ---------------------------------------------------------------------------
@@ -247,55 +245,16 @@ async fn place_order<B: ShopDb>(orders: &ModuleHandle<B>, order: NewOrder) -> ti
     .await
 }
 
-/// The run, on the backend whose builders `module` makes (`stores.rs`).
-async fn run<B: ShopDb>(
-    args: &Args,
-    module: impl Fn(&str) -> ModuleBuilder<B>,
-    elsewhere: impl AsyncFn(&'static str) -> Result<Option<ModuleBuilder<B>>, String>,
-    stop: &CancellationToken,
-) -> Result<Report, String> {
-    let (started, text) = (Instant::now(), |e: tickbox::Error| e.to_string());
-    let mut shop = start_modules(args, module).await.map_err(text)?;
-    shop::open_elsewhere(&mut shop, args, elsewhere).await?;
-    let deadline = args.timeout.map(|timeout| started + timeout);
-    let bus = start_bus(&shop, args, deadline, stop).await.map_err(text)?;
-    let mut figures = report::Figures::new(args, started);
-    let progress = &mut progress::Progress::new();
-    // Whatever happens in here, the bus is stopped after it.
-    let drain = async {
-        // A message committed while no handler subscribes reaches none.
-        let subscribed = flow::await_subscriptions(&shop, args, deadline, stop).await?;
-        if subscribed != Drain::Finished {
-            return Ok(subscribed);
-        }
-        if !placing::place_orders(&shop, &bus, args, stop, progress, &mut figures).await? {
-            return Ok(Drain::Interrupted);
-        }
-        let targets = disturb::Targets::place_if_asked(&shop, args).await?;
-        let drain = flow::wait_until_done(&shop, &bus, args, deadline, stop, progress).await?;
-        let Some(targets) = targets.filter(|_| drain == Drain::Finished) else {
-            return Ok(drain);
-        };
-        // `--disturb`, once the flow is done: messages that do not fit it.
-        figures.disturbed = Some(disturb::deliver(&shop, &targets).await?);
-        flow::wait_until_done(&shop, &bus, args, deadline, stop, progress).await
-    }
-    .await;
-    progress.finish();
-    if matches!(drain, Ok(Drain::Interrupted)) {
-        tracing::info!("stopping the bus: running deliveries finish, the rest stays pending");
-    }
-    bus.stop().await;
-    // The check reads the databases seen here, the bus stopped.
-    let drain = drain.map_err(text)?;
-    let report = Report::read(&shop, &bus, args, figures, drain).await;
-    report.map_err(text)
-}
-
 #[actix::main]
 async fn main() -> std::process::ExitCode {
     let args = Args::parse_or_exit();
-    let exporting = match progress::init_logging(&args) {
+    // Logs (with `--otlp-endpoint`, the spans' export too), the metrics
+    // endpoint, the transport: a setting that cannot be served ends the run.
+    let started = progress::init_logging(&args).and_then(|exporting| {
+        report::serve_metrics(&args).and_then(|()| args.transport_built())?;
+        Ok(exporting)
+    });
+    let exporting = match started {
         Ok(exporting) => exporting,
         Err((error, code)) => {
             report::print_error(&error, args.json);
@@ -304,14 +263,9 @@ async fn main() -> std::process::ExitCode {
     };
     // From here on Ctrl-C asks the run to stop; a second one quits.
     let stop = shutdown::on_ctrl_c();
-    if let Err((error, code)) = report::serve_metrics(&args).and_then(|()| args.transport_built()) {
-        report::print_error(&error, args.json);
-        return std::process::ExitCode::from(code);
-    }
-    let result = stores::run(&args, &stop).await; // `run`, on the databases the arguments name
-                                                  // The last spans are sent before the process ends.
-    if let Some(exporting) = exporting {
-        exporting.finish();
-    }
+    // `run`, on the databases the arguments name.
+    let result = stores::run(&args, &stop).await;
+    // The last spans are sent before the process ends.
+    exporting.map(progress::Exporting::finish);
     report::finish(result, args.json, stop.is_cancelled())
 }

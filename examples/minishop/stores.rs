@@ -3,7 +3,7 @@
 //! schema (PostgreSQL) or a database (MariaDB/MySQL) per module; and, over
 //! amqp, where to find the databases of the modules other processes run
 //! (`--check-data-dir`, `--check-database-url`, see `elsewhere.rs`). Each
-//! makes the module builders [`crate::run`] starts the run with.
+//! makes the module builders [`crate::run::run`] starts the run with.
 
 use crate::cli::{Args, CheckStore, Store};
 use crate::elsewhere;
@@ -38,7 +38,7 @@ pub async fn run(args: &Args, stop: &CancellationToken) -> Result<Report, String
                         )
                     }))
                 };
-                crate::run(args, module, elsewhere, stop).await
+                crate::run::run(args, module, elsewhere, stop).await
             }
             Err(e) => Err(format!(
                 "cannot create the data directory {}: {e}",
@@ -110,5 +110,5 @@ async fn run_in_schemas<B: crate::ShopDb + elsewhere::NamedSchemas>(
         let url = find_elsewhere(args, name, &looked_in, stop, found).await?;
         Ok(url.map(|url| module(name, url)))
     };
-    crate::run(args, |name| module(name, url), elsewhere, stop).await
+    crate::run::run(args, |name| module(name, url), elsewhere, stop).await
 }
