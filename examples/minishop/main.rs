@@ -44,6 +44,8 @@ use db::ShopDb;
 use faults::flaky;
 use messages::{OrderConfirmed, OrderPlaced, StockReserved, StockShort};
 use shop::Shop;
+#[cfg(test)]
+use shop::start_modules; // the flow test starts the modules as a run does
 use std::time::Duration;
 use tables::{NewEmail, NewOrder, NewReservation, NewShortage, OrderStatus};
 use tickbox::diesel::result::{DatabaseErrorKind::UniqueViolation, Error::DatabaseError};
@@ -266,6 +268,8 @@ async fn main() -> std::process::ExitCode {
     // `run`, on the databases the arguments name.
     let result = stores::run(&args, &stop).await;
     // The last spans are sent before the process ends.
-    exporting.map(progress::Exporting::finish);
+    if let Some(exporting) = exporting {
+        exporting.finish();
+    }
     report::finish(result, args.json, stop.is_cancelled())
 }
