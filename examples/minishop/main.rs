@@ -43,9 +43,9 @@ use cli::{Args, ModuleName};
 use db::ShopDb;
 use faults::flaky;
 use messages::{OrderConfirmed, OrderPlaced, StockReserved, StockShort};
-use shop::Shop;
 #[cfg(test)]
 use shop::start_modules; // the flow test starts the modules as a run does
+use shop::Shop;
 use std::time::Duration;
 use tables::{NewEmail, NewOrder, NewReservation, NewShortage, OrderStatus};
 use tickbox::diesel::result::{DatabaseErrorKind::UniqueViolation, Error::DatabaseError};
