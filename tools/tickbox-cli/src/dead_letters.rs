@@ -4,7 +4,7 @@
 
 use crate::modules::{on_module, Attached, Modules};
 use crate::output::{
-    indent, json_line, one_line, plural, pretty_json, table, timestamp, to_json, with_module,
+    indent, json_line, one_line, page_footer, pretty_json, table, timestamp, to_json, with_module,
 };
 use crate::{handler_label, Command, DeadLetterKey, Failure};
 use tickbox::{Backend, DeadLetter, ModuleHandle};
@@ -94,18 +94,13 @@ pub(crate) async fn list(
         ],
         rows,
     );
-    let first = offset + 1;
-    let last = offset + letters.len() as u64;
-    out.push('\n');
-    if first == 1 && last >= total {
-        out.push_str(&format!("{}\n", plural(total as i64, "dead letter")));
-    } else {
-        out.push_str(&format!("dead letters {first}-{last} of {total}"));
-        if last < total {
-            out.push_str(&format!("; next page: --offset {last} --limit {limit}"));
-        }
-        out.push('\n');
-    }
+    out.push_str(&page_footer(
+        "dead letter",
+        offset,
+        letters.len(),
+        limit,
+        total,
+    ));
     Ok(out)
 }
 

@@ -94,6 +94,22 @@ pub(crate) fn plural(n: i64, noun: &str) -> String {
     }
 }
 
+/// What follows a page of a list of `noun`s: a blank line, then how many
+/// there are when the page shows them all, or else which of them it shows
+/// (`offset` skipped, `shown` on it) and the options of the next page.
+pub(crate) fn page_footer(noun: &str, offset: u64, shown: usize, limit: u64, total: u64) -> String {
+    let (first, last) = (offset + 1, offset + shown as u64);
+    if first == 1 && last >= total {
+        return format!("\n{}\n", plural(total as i64, noun));
+    }
+    let mut footer = format!("\n{noun}s {first}-{last} of {total}");
+    if last < total {
+        footer.push_str(&format!("; next page: --offset {last} --limit {limit}"));
+    }
+    footer.push('\n');
+    footer
+}
+
 /// The first line of `text`, at most `width` characters, marked when cut.
 pub(crate) fn one_line(text: &str, width: usize) -> String {
     let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");

@@ -3,7 +3,8 @@
 
 use crate::modules::{on_module, Attached, Modules};
 use crate::output::{
-    indent, json_line, lag, now_us, plural, pretty_json, table, timestamp, to_json, with_module,
+    indent, json_line, lag, now_us, page_footer, pretty_json, table, timestamp, to_json,
+    with_module,
 };
 use crate::{Command, Failure};
 use tickbox::Scheduled;
@@ -78,18 +79,13 @@ pub(crate) async fn list(
         ],
         rows,
     );
-    let first = offset + 1;
-    let last = offset + waiting.len() as u64;
-    out.push('\n');
-    if first == 1 && last >= total {
-        out.push_str(&format!("{}\n", plural(total as i64, "scheduled message")));
-    } else {
-        out.push_str(&format!("scheduled messages {first}-{last} of {total}"));
-        if last < total {
-            out.push_str(&format!("; next page: --offset {last} --limit {limit}"));
-        }
-        out.push('\n');
-    }
+    out.push_str(&page_footer(
+        "scheduled message",
+        offset,
+        waiting.len(),
+        limit,
+        total,
+    ));
     Ok(out)
 }
 
