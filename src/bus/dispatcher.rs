@@ -248,18 +248,8 @@ impl<B: Backend> Dispatcher<B> {
                 statement = state.next_statement();
             }
             let room = state.in_flight.len() < capacity;
-            if state.mark_due != mark_armed {
-                if let Some(due) = state.mark_due {
-                    mark_timer.as_mut().reset(due);
-                }
-                mark_armed = state.mark_due;
-            }
-            if state.next_due != due_armed {
-                if let Some(due) = state.next_due {
-                    due_timer.as_mut().reset(due);
-                }
-                due_armed = state.next_due;
-            }
+            arm(mark_timer.as_mut(), &mut mark_armed, state.mark_due);
+            arm(due_timer.as_mut(), &mut due_armed, state.next_due);
             tokio::select! {
                 biased;
                 () = stop.cancelled() => {}
@@ -396,6 +386,22 @@ struct Upkeep {
     /// Whether the outbox has subscriptions this bus does not serve.
     others: bool,
     stalled: Stalled,
+}
+
+/// Moves `timer` to `wanted` when that changed since it was `armed` (a
+/// timer left alone stays registered; `None` leaves it where it was, its
+/// `select!` branch being off).
+fn arm(
+    timer: std::pin::Pin<&mut tokio::time::Sleep>,
+    armed: &mut Option<Instant>,
+    wanted: Option<Instant>,
+) {
+    if *armed != wanted {
+        if let Some(at) = wanted {
+            timer.reset(at);
+        }
+        *armed = wanted;
+    }
 }
 
 /// Finishes messages every subscriber on this bus is done with: marks them
