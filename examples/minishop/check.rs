@@ -18,6 +18,8 @@ use tickbox::{EffectPolicy, EffectState, ModuleHandle};
 pub struct Snapshot {
     /// (id, status, confirmations)
     pub orders: Option<Vec<(String, String, i32)>>,
+    /// Orders cancelled by a timeout before their deadline, or without one.
+    pub cancelled_early: Option<Vec<String>>,
     /// (order id, sku, quantity)
     pub reservations: Option<Vec<(String, String, i32)>>,
     /// (sku, seeded, available)
@@ -116,15 +118,17 @@ impl Snapshot {
     pub async fn read<B: ShopDb>(shop: &Shop<B>) -> tickbox::Result<Snapshot> {
         let mut snapshot = Snapshot::default();
         if let Some(orders) = &shop.orders {
-            let (loaded, ignored) = retrying("reading orders", || {
+            let (loaded, early, ignored) = retrying("reading orders", || {
                 orders.read(async |tx| {
                     let orders = B::load_orders(tx.conn()).await?;
+                    let early = B::load_cancelled_early(tx.conn()).await?;
                     let ignored = B::ignored_per_reason(tx.conn()).await?;
-                    Ok::<_, tickbox::Error>((orders, ignored))
+                    Ok::<_, tickbox::Error>((orders, early, ignored))
                 })
             })
             .await?;
             snapshot.orders = Some(loaded);
+            snapshot.cancelled_early = Some(early);
             snapshot.saga_ignored = Some(ignored);
         }
         if let Some(warehouse) = &shop.warehouse {
@@ -165,9 +169,18 @@ impl Snapshot {
 
     /// Orders rejected for want of stock.
     pub fn rejected(&self) -> Option<usize> {
+        self.with_status(OrderStatus::Rejected)
+    }
+
+    /// Orders cancelled by their timeout (`--confirm-within`).
+    pub fn timed_out(&self) -> Option<usize> {
+        self.with_status(OrderStatus::Cancelled)
+    }
+
+    fn with_status(&self, status: OrderStatus) -> Option<usize> {
         let orders = self.orders.as_ref()?;
-        let rejected = OrderStatus::Rejected.as_str();
-        Some(orders.iter().filter(|(_, s, _)| s == rejected).count())
+        let status = status.as_str();
+        Some(orders.iter().filter(|(_, s, _)| s == status).count())
     }
 }
 
@@ -181,16 +194,21 @@ pub struct Problem {
 }
 
 /// Work left to do, which `--resume` finishes.
-const UNFINISHED: [&str; 3] = [
+const UNFINISHED: [&str; 4] = [
     "orders without a reservation",
-    "orders never settled (confirmed or rejected)",
+    "orders never settled (confirmed, rejected or cancelled)",
     "orders without a confirmation e-mail",
+    "cancelled orders the warehouse has not answered",
 ];
 
 /// Checks the snapshot: every confirmed order has exactly one reservation,
 /// was confirmed exactly once and has exactly one e-mail; every rejected
 /// order was found short by the warehouse and has no reservation, no
-/// confirmation and no e-mail; nothing exists without its order; the stock
+/// confirmation and no e-mail; every order cancelled by its timeout
+/// (`--confirm-within`) was cancelled no earlier than its deadline, has no
+/// confirmation and no e-mail, and the warehouse answered it (reserved, its
+/// stock staying taken, or found short: the answer came late and the saga
+/// ignored it); nothing exists without its order; the stock
 /// taken matches the reservations. Only what the databases seen here can
 /// tell: without the orders database, that no order has two reservations
 /// or two e-mails, none is both reserved and found short, and that the
@@ -252,25 +270,36 @@ pub fn verify(snapshot: &Snapshot) -> Vec<Problem> {
         });
     }
     if let Some(orders) = &snapshot.orders {
-        let (confirmed, rejected) = (
+        let (confirmed, rejected, cancelled) = (
             OrderStatus::Confirmed.as_str(),
             OrderStatus::Rejected.as_str(),
+            OrderStatus::Cancelled.as_str(),
         );
+        for id in snapshot.cancelled_early.iter().flatten() {
+            problem("orders cancelled before their deadline", id);
+        }
         let mut known = HashSet::new();
         for (id, status, confirmations) in orders {
             known.insert(id.as_str());
             let id = id.as_str();
-            let is_rejected = status == rejected;
+            let (is_rejected, is_cancelled) = (status == rejected, status == cancelled);
             match (*confirmations, status.as_str()) {
                 (1, s) if s == confirmed => {}
-                (0, s) if s == rejected => {}
-                (0, _) => problem("orders never settled (confirmed or rejected)", id),
+                (0, s) if s == rejected || s == cancelled => {}
+                (0, _) => problem(
+                    "orders never settled (confirmed, rejected or cancelled)",
+                    id,
+                ),
                 (1, _) => problem("orders counted confirmed but not in status confirmed", id),
                 _ => problem("orders confirmed more than once", id),
             }
             let reserved = reservations.contains_key(id);
             if snapshot.reservations.is_some() {
-                if is_rejected && reserved {
+                if is_cancelled {
+                    if !reserved && !shortages.contains(id) {
+                        problem("cancelled orders the warehouse has not answered", id);
+                    }
+                } else if is_rejected && reserved {
                     problem("rejected orders with a reservation", id);
                 } else if is_rejected && !shortages.contains(id) {
                     problem("rejected orders the warehouse never found short", id);
@@ -279,7 +308,10 @@ pub fn verify(snapshot: &Snapshot) -> Vec<Problem> {
                 }
             }
             if snapshot.emails.is_some() {
-                match (is_rejected, emails.contains_key(id)) {
+                match (is_rejected || is_cancelled, emails.contains_key(id)) {
+                    (true, true) if is_cancelled => {
+                        problem("cancelled orders with a confirmation e-mail", id);
+                    }
                     (true, true) => problem("rejected orders with a confirmation e-mail", id),
                     // Unknown under at-most-once: no e-mail row, a person
                     // settles it.

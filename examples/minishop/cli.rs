@@ -56,8 +56,9 @@ While a crash point is armed the e-mails are sent one at a time, so that an abor
 the one e-mail it was placed after.
 
 Exit code: 0 when every order has exactly one reservation, one confirmation and one e-mail
-(or, rejected for want of stock, none of them), no message is pending, there are no dead
-letters and, with --disturb, every disturbing message was ignored; with --smtp, no e-mail is
+(or, rejected for want of stock, none of them; or, cancelled by its --confirm-within timeout,
+no confirmation and no e-mail, and not before its deadline), no message is pending, there are
+no dead letters and, with --disturb, every disturbing message was ignored; with --smtp, no e-mail is
 unknown under at-least-once-with-key and the journal's e-mails (sent and unknown) add up to
 the confirmed orders; an order whose e-mail is unknown under at-most-once needs no e-mail, and
 its delivery's dead letter (waiting for a person) does not count against the run; 1 otherwise;
@@ -75,6 +76,15 @@ pub struct Args {
     /// network is disturbed
     #[arg(long, value_name = "MILLIS", default_value = "0", value_parser = millis)]
     pub order_interval: Duration,
+
+    /// Give each order placed this long to be confirmed: the transaction
+    /// placing it also schedules an OrderTimedOut, due then, which cancels
+    /// the order if the warehouse has not answered by that time, and which
+    /// the saga ignores (saga_ignored) if it has. With the warehouse slow or
+    /// stopped (--modules without it, for a while), orders time out. A run
+    /// ends once every timeout it scheduled has come (default: no deadline)
+    #[arg(long, value_name = "SECONDS", value_parser = seconds)]
+    pub confirm_within: Option<Duration>,
 
     /// SQLite: one database file per module in DIR
     #[arg(long, value_name = "DIR", default_value = "./minishop-data")]

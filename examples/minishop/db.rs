@@ -67,6 +67,12 @@ pub trait ShopDb: Dialect {
         conn: &mut Self::Connection,
     ) -> impl Future<Output = QueryResult<Vec<(String, String, i32)>>> + Send;
 
+    /// The orders cancelled before their deadline, or without one: their
+    /// `OrderTimedOut` came early (none, when all is well).
+    fn load_cancelled_early(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = QueryResult<Vec<String>>> + Send;
+
     // orders: placing runs
 
     /// Records that run `id` starts placing `planned` orders.
@@ -180,6 +186,7 @@ where
     q::order_count: LoadQuery<'static, B::Connection, i64>,
     q::order_count_with_status: LoadQuery<'static, B::Connection, i64>,
     q::every_order: LoadQuery<'static, B::Connection, (String, String, i32)>,
+    q::cancelled_early: LoadQuery<'static, B::Connection, String>,
     q::insert_run: ExecuteDsl<B::Connection>,
     q::renew_run: ExecuteDsl<B::Connection>,
     q::end_run: ExecuteDsl<B::Connection>,
@@ -209,13 +216,14 @@ where
         order_id: &str,
         to: OrderStatus,
     ) -> QueryResult<bool> {
-        let confirmed = to == OrderStatus::Confirmed;
+        let (confirmed, cancelled) = (to == OrderStatus::Confirmed, to == OrderStatus::Cancelled);
         let settle = q::settle_order(
             order_id.to_owned(),
             OrderStatus::Placed.as_str(),
             to.as_str(),
             i32::from(confirmed),
             confirmed.then(now_us),
+            cancelled.then(now_us),
         );
         Ok(settle.execute(conn).await? == 1)
     }
@@ -239,11 +247,18 @@ where
             all: q::order_count().get_result(conn).await?,
             confirmed: with_status(OrderStatus::Confirmed).get_result(conn).await?,
             rejected: with_status(OrderStatus::Rejected).get_result(conn).await?,
+            cancelled: with_status(OrderStatus::Cancelled).get_result(conn).await?,
         })
     }
 
     async fn load_orders(conn: &mut B::Connection) -> QueryResult<Vec<(String, String, i32)>> {
         q::every_order().load(conn).await
+    }
+
+    async fn load_cancelled_early(conn: &mut B::Connection) -> QueryResult<Vec<String>> {
+        q::cancelled_early(OrderStatus::Cancelled.as_str())
+            .load(conn)
+            .await
     }
 
     async fn start_run(conn: &mut B::Connection, id: &str, planned: i64) -> QueryResult<()> {

@@ -20,7 +20,7 @@ use crate::db::ShopDb;
 use crate::faults::retrying;
 use crate::progress::Progress;
 use crate::tables::{self, PlacingRun};
-use crate::{Shop, CONFIRM_ORDER, REJECT_ORDER, RESERVE_STOCK, SEND_CONFIRMATION};
+use crate::{Shop, CONFIRM_ORDER, REJECT_ORDER, RESERVE_STOCK, SEND_CONFIRMATION, TIME_OUT_ORDER};
 use std::time::{Duration, Instant};
 use tickbox::{BusHandle, ModuleHandle, StoreStats, Subscription};
 use tokio_util::sync::CancellationToken;
@@ -43,9 +43,10 @@ pub enum Drain {
 /// Done, when the orders database is seen here (always over the local
 /// transport): the bus is idle (`BusHandle::wait_idle`: nothing in memory,
 /// pending in its outboxes or, over amqp, in its handlers' queues), nothing
-/// is pending in any outbox seen, every order is confirmed (and e-mailed, if
-/// the notifications database is seen) or rejected, and no run is still placing
-/// orders. Without the orders database (over amqp, the warehouse or the
+/// is pending or scheduled in any outbox seen (a run waits for the last
+/// order's timeout, `--confirm-within`), every order is confirmed (and
+/// e-mailed, if the notifications database is seen), rejected or cancelled,
+/// and no run is still placing orders. Without the orders database (over amqp, the warehouse or the
 /// notifications alone): the bus has been idle for `--settle` on end since
 /// its database holds work (`Settle`).
 ///
@@ -89,7 +90,7 @@ pub async fn wait_until_done<B: ShopDb>(
             None => None,
         };
         counts = Counts::read(shop).await?;
-        let idle = bus_idle(bus, over_amqp).await? && counts.pending == 0;
+        let idle = bus_idle(bus, over_amqp).await? && counts.pending + counts.scheduled == 0;
         let runs = match &shop.orders {
             Some(orders) => Some(placing_runs(orders).await?),
             None => None,
@@ -136,10 +137,11 @@ pub async fn wait_until_done<B: ShopDb>(
 
 /// The handlers of the whole flow, each with the outbox it receives from:
 /// (outbox, module, handler).
-const FLOW: [(&str, &str, &str); 4] = [
+const FLOW: [(&str, &str, &str); 5] = [
     ("orders", "warehouse", RESERVE_STOCK),
     ("warehouse", "orders", CONFIRM_ORDER),
     ("warehouse", "orders", REJECT_ORDER),
+    ("orders", "orders", TIME_OUT_ORDER),
     ("orders", "notifications", SEND_CONFIRMATION),
 ];
 
@@ -299,11 +301,16 @@ pub struct Counts {
     pub confirmed: Option<i64>,
     /// Orders rejected for want of stock.
     pub rejected: Option<i64>,
+    /// Orders cancelled by their timeout (`--confirm-within`).
+    pub cancelled: Option<i64>,
     pub reservations: Option<i64>,
     pub emails: Option<i64>,
     /// Messages of the outboxes seen here not yet delivered to every
     /// subscriber (over amqp: not yet confirmed by the broker).
     pub pending: i64,
+    /// Messages of the outboxes seen here scheduled and not yet due: the
+    /// orders' timeouts (`--confirm-within`).
+    pub scheduled: i64,
 }
 
 impl Counts {
@@ -317,6 +324,7 @@ impl Counts {
             counts.orders = Some(order_counts.all);
             counts.confirmed = Some(order_counts.confirmed);
             counts.rejected = Some(order_counts.rejected);
+            counts.cancelled = Some(order_counts.cancelled);
         }
         if let Some(warehouse) = &shop.warehouse {
             let reservations = retrying("reading progress", || {
@@ -335,21 +343,19 @@ impl Counts {
             .await?;
             counts.emails = Some(emails);
         }
-        counts.pending = store_stats(shop)
-            .await?
-            .iter()
-            .map(|(_, stats)| stats.outbox_pending)
-            .sum();
+        let stats = store_stats(shop).await?;
+        counts.pending = stats.iter().map(|(_, s)| s.outbox_pending).sum();
+        counts.scheduled = stats.iter().map(|(_, s)| s.outbox_scheduled).sum();
         Ok(counts)
     }
 
     /// Every order settled: confirmed (and e-mailed, if the notifications
-    /// database is seen here) or rejected; false without the orders
-    /// database.
+    /// database is seen here), rejected or cancelled; false without the
+    /// orders database.
     pub fn complete(&self) -> bool {
-        match (self.orders, self.confirmed, self.rejected) {
-            (Some(orders), Some(confirmed), Some(rejected)) => {
-                confirmed + rejected == orders
+        match (self.orders, self.confirmed, self.rejected, self.cancelled) {
+            (Some(orders), Some(confirmed), Some(rejected), Some(cancelled)) => {
+                confirmed + rejected + cancelled == orders
                     && self.emails.is_none_or(|emails| emails >= confirmed)
             }
             _ => false,
@@ -445,15 +451,18 @@ pub async fn unfinished<B: ShopDb>(
         orders,
         confirmed,
         rejected,
+        cancelled,
         reservations,
         emails,
         pending,
+        scheduled,
     } = counts;
     let mut parts = vec![match (orders, confirmed) {
         (Some(orders), Some(confirmed)) => format!(
-            "{confirmed}/{orders} orders confirmed, {} rejected, {} e-mails, {pending} messages \
-             pending",
+            "{confirmed}/{orders} orders confirmed, {} rejected, {} cancelled, {} e-mails, \
+             {pending} messages pending",
             shown(rejected),
+            shown(cancelled),
             shown(emails)
         ),
         _ => format!(
@@ -462,6 +471,9 @@ pub async fn unfinished<B: ShopDb>(
             shown(emails)
         ),
     }];
+    if scheduled > 0 {
+        parts.push(format!("{scheduled} timeouts not yet due"));
+    }
     if let Some(runs) = runs {
         if runs.is_empty() && least_runs > 0 {
             parts.push(

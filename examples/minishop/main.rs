@@ -42,7 +42,7 @@ mod tables; // the modules' own tables
 use cli::{Args, ModuleName};
 use db::ShopDb;
 use faults::flaky;
-use messages::{OrderConfirmed, OrderPlaced, StockReserved, StockShort};
+use messages::{OrderConfirmed, OrderPlaced, OrderTimedOut, StockReserved, StockShort};
 #[cfg(test)]
 use shop::start_modules; // the flow test starts the modules as a run does
 use shop::Shop;
@@ -63,6 +63,7 @@ use tracing::Instrument;
 /// Handler names: half of each inbox row's key, so stable across releases.
 const CONFIRM_ORDER: &str = "orders.confirm_order";
 const REJECT_ORDER: &str = "orders.reject_order";
+const TIME_OUT_ORDER: &str = "orders.time_out_order";
 const RESERVE_STOCK: &str = "warehouse.reserve_stock";
 const SEND_CONFIRMATION: &str = "notifications.send_confirmation";
 
@@ -98,6 +99,23 @@ impl<B: ShopDb> Handler<B> for RejectOrder {
         delivery: &Delivery,
     ) -> Result<(), HandlerError> {
         safeguards::settle_order(tx, &short.order_id, OrderStatus::Rejected, delivery).await?;
+        Ok(())
+    }
+}
+
+/// orders: `OrderTimedOut`, due at the order's deadline → cancel the order
+/// if it still waits; if it was settled first, the saga ignores the timeout.
+struct TimeOutOrder;
+impl<B: ShopDb> Handler<B> for TimeOutOrder {
+    type Message = OrderTimedOut;
+    async fn handle(
+        &self,
+        tx: &mut Tx<B>,
+        timed_out: OrderTimedOut,
+        delivery: &Delivery,
+    ) -> Result<(), HandlerError> {
+        let to = OrderStatus::Cancelled;
+        safeguards::settle_order(tx, &timed_out.order_id, to, delivery).await?;
         Ok(())
     }
 }
@@ -171,7 +189,10 @@ fn configure<B: ShopDb>(args: &Args, name: ModuleName, m: ModuleBuilder<B>) -> M
     let m = m.metrics_interval(Duration::from_secs(1));
     let m = m.migrations(B::MIGRATIONS.of(name));
     let m = match name {
-        ModuleName::Orders => m.publishes::<OrderPlaced>().publishes::<OrderConfirmed>(),
+        ModuleName::Orders => m
+            .publishes::<OrderPlaced>()
+            .publishes::<OrderConfirmed>()
+            .publishes::<OrderTimedOut>(),
         ModuleName::Warehouse => m.publishes::<StockReserved>().publishes::<StockShort>(),
         ModuleName::Notifications => m,
     };
@@ -184,7 +205,8 @@ fn configure<B: ShopDb>(args: &Args, name: ModuleName, m: ModuleBuilder<B>) -> M
     match name {
         ModuleName::Orders => m
             .handler(CONFIRM_ORDER, flaky(ConfirmOrder, fail))
-            .handler(REJECT_ORDER, flaky(RejectOrder, fail)),
+            .handler(REJECT_ORDER, flaky(RejectOrder, fail))
+            .handler(TIME_OUT_ORDER, flaky(TimeOutOrder, fail)),
         ModuleName::Warehouse => m.handler_with(RESERVE_STOCK, flaky(ReserveStock, fail), batched),
         ModuleName::Notifications => {
             let mailer = mail::Mailer::from_args(args);
@@ -225,8 +247,9 @@ fn bus<B: ShopDb>(shop: &Shop<B>, args: &Args) -> BusBuilder<B> {
 // 4. The flow: orders placed, each publishing in a transaction; a wait
 //    until every message has done its work; the check.
 
-/// Places `order`: its row and its `OrderPlaced` commit together, or
-/// neither does. (A retry after a lost COMMIT may find the row there.)
+/// Places `order`: its row and its `OrderPlaced` (and, with a deadline, its
+/// `OrderTimedOut`, due then) commit together, or neither does. (A retry
+/// after a lost COMMIT may find the row there.)
 async fn place_order<B: ShopDb>(orders: &ModuleHandle<B>, order: NewOrder) -> tickbox::Result<()> {
     // The order's trace begins here (`--otlp-endpoint`): what it publishes
     // is created in this span.
@@ -235,10 +258,14 @@ async fn place_order<B: ShopDb>(orders: &ModuleHandle<B>, order: NewOrder) -> ti
     faults::retrying("placing an order", || {
         let (order, retry) = (order.clone(), std::mem::replace(&mut tried, true));
         orders.transaction(async move |tx| {
-            let placed = OrderPlaced::of(&order);
+            let (placed, deadline) = (OrderPlaced::of(&order), order.confirm_by());
+            let order_id = order.id.clone();
             match B::insert_order(tx.conn(), order).await {
                 Err(DatabaseError(UniqueViolation, _)) if retry => return Ok(()),
                 inserted => inserted?,
+            }
+            if let Some(deadline) = deadline {
+                tx.publish_at(deadline, &OrderTimedOut { order_id })?;
             }
             tx.publish(&placed).map(drop)
         })

@@ -48,6 +48,17 @@ impl Message for OrderConfirmed {
     const TOPIC: &'static str = "orders.order_confirmed";
 }
 
+/// Published by orders, with `--confirm-within`, in the transaction that
+/// places an order, due at the order's deadline: cancels the order if it is
+/// still waiting for the warehouse then; ignored if it was settled first.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct OrderTimedOut {
+    pub order_id: String,
+}
+impl Message for OrderTimedOut {
+    const TOPIC: &'static str = "orders.order_timed_out";
+}
+
 impl OrderPlaced {
     /// The message announcing `order`.
     pub fn of(order: &crate::tables::NewOrder) -> Self {

@@ -1,5 +1,6 @@
-//! Placing the run's new orders (`--orders`, at `--order-interval`), each
-//! with [`crate::place_order`], until done or Ctrl-C, while the progress
+//! Placing the run's new orders (`--orders`, at `--order-interval`, each
+//! to be confirmed within `--confirm-within` if given) with
+//! [`crate::place_order`], until done or Ctrl-C, while the progress
 //! keeps moving; the run is recorded in the orders database meanwhile
 //! (see `flow::Placing`), so that the processes running the other modules
 //! wait for its orders.
@@ -31,18 +32,18 @@ pub async fn place_orders<B: ShopDb>(
         return Ok(true);
     }
     let placing = Instant::now();
-    figures.placed = place(shop, bus, n, args.order_interval, stop, progress).await?;
+    figures.placed = place(shop, bus, n, args, stop, progress).await?;
     figures.place_seconds = placing.elapsed().as_secs_f64();
     Ok(figures.placed == n)
 }
 
-/// Places `n` orders, one transaction each, `interval` apart, until done
+/// Places `n` orders, one transaction each, `--order-interval` apart, until done
 /// or Ctrl-C; how many it placed.
 async fn place<B: ShopDb>(
     shop: &Shop<B>,
     bus: &BusHandle<B>,
     n: u64,
-    interval: Duration,
+    args: &Args,
     stop: &CancellationToken,
     progress: &mut Progress,
 ) -> tickbox::Result<u64> {
@@ -55,7 +56,8 @@ async fn place<B: ShopDb>(
             // Ctrl-C does not wait for the order being placed: its
             // transaction runs in its own task and commits or not, whole.
             // The progress keeps moving while it waits for the database.
-            let order = crate::place_order(orders, tables::NewOrder::random());
+            let new = tables::NewOrder::random().confirmed_within(args.confirm_within);
+            let order = crate::place_order(orders, new);
             tokio::pin!(order);
             let stopped = loop {
                 tokio::select! {
@@ -77,9 +79,9 @@ async fn place<B: ShopDb>(
             if progress.due() {
                 progress.placing(placed, n, &bus.metrics());
             }
-            if !interval.is_zero() && placed < n {
+            if !args.order_interval.is_zero() && placed < n {
                 tokio::select! {
-                    () = tokio::time::sleep(interval) => {}
+                    () = tokio::time::sleep(args.order_interval) => {}
                     () = stop.cancelled() => {}
                 }
             }

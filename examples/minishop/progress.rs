@@ -189,9 +189,11 @@ impl Progress {
             orders,
             confirmed,
             rejected,
+            cancelled,
             reservations,
             emails,
             pending,
+            scheduled,
         } = *counts;
         let Some((orders, confirmed)) = orders.zip(confirmed) else {
             // Without the orders database: what its own database holds.
@@ -203,22 +205,26 @@ impl Progress {
             let done = reservations.unwrap_or(0) + emails.unwrap_or(0);
             return self.show("draining", done.max(0) as u64, 0, &text);
         };
-        // Each order is settled once (confirmed or rejected); each confirmed
-        // one is e-mailed once.
-        let rejected = rejected.unwrap_or(0);
-        let mut done = (confirmed + rejected).min(orders);
+        // Each order is settled once (confirmed, rejected or cancelled);
+        // each confirmed one is e-mailed once.
+        let (rejected, cancelled) = (rejected.unwrap_or(0), cancelled.unwrap_or(0));
+        let mut done = (confirmed + rejected + cancelled).min(orders);
         let mut total = orders;
         if let Some(emails) = emails {
             done += emails.min(confirmed);
-            total += orders - rejected;
+            total += orders - rejected - cancelled;
         }
-        let rejections = if rejected > 0 {
-            format!("  rejected {rejected}")
-        } else {
-            String::new()
-        };
+        let mut others = String::new();
+        for (n, what) in [(rejected, "rejected"), (cancelled, "cancelled")] {
+            if n > 0 {
+                others.push_str(&format!("  {what} {n}"));
+            }
+        }
+        if scheduled > 0 {
+            others.push_str(&format!("  timeouts to come {scheduled}"));
+        }
         let text = format!(
-            "{confirmed}/{orders} confirmed{rejections}  e-mails {}  pending {pending}",
+            "{confirmed}/{orders} confirmed{others}  e-mails {}  pending {pending}",
             shown(emails)
         );
         self.show("draining", done.max(0) as u64, total.max(0) as u64, &text);

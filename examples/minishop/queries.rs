@@ -8,7 +8,7 @@ use crate::tables::schema::{
     ignored_messages, orders, placing_runs, reservations, sent_emails, shortages, stock,
 };
 use crate::tables::{IgnoredMessage, NewEmail, NewOrder, NewReservation, NewShortage};
-use tickbox::diesel::{dsl, ExpressionMethods, QueryDsl};
+use tickbox::diesel::{dsl, BoolExpressionMethods, ExpressionMethods, QueryDsl};
 
 // orders
 
@@ -18,7 +18,7 @@ pub fn insert_order(order: NewOrder) -> _ {
 }
 
 /// Moves order `id` from `from` to `to`, adding `confirmations` to its
-/// count and setting when it was confirmed.
+/// count and setting when it was confirmed or cancelled.
 #[dsl::auto_type]
 pub fn settle_order(
     id: String,
@@ -26,6 +26,7 @@ pub fn settle_order(
     to: &'static str,
     confirmations: i32,
     confirmed_at_us: Option<i64>,
+    cancelled_at_us: Option<i64>,
 ) -> _ {
     let order = orders::table
         .filter(orders::id.eq(id))
@@ -34,6 +35,7 @@ pub fn settle_order(
         orders::status.eq(to),
         orders::confirmations.eq(orders::confirmations + confirmations),
         orders::confirmed_at_us.eq(confirmed_at_us),
+        orders::cancelled_at_us.eq(cancelled_at_us),
     ))
 }
 
@@ -61,6 +63,17 @@ pub fn order_count_with_status(status: &'static str) -> _ {
 #[dsl::auto_type]
 pub fn every_order() -> _ {
     orders::table.select((orders::id, orders::status, orders::confirmations))
+}
+
+/// The orders cancelled with no deadline, or before it: a timeout
+/// delivered early (none, when all is well).
+#[dsl::auto_type]
+pub fn cancelled_early(cancelled: &'static str) -> _ {
+    let no_deadline = orders::confirm_by_us.is_null();
+    orders::table
+        .filter(orders::status.eq(cancelled))
+        .filter(no_deadline.or(orders::cancelled_at_us.lt(orders::confirm_by_us)))
+        .select(orders::id)
 }
 
 // orders: placing runs

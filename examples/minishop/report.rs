@@ -95,6 +95,7 @@ impl Report {
                 reservations: snapshot.reservations.as_ref().map(Vec::len),
                 confirmations: snapshot.confirmations(),
                 rejected: snapshot.rejected(),
+                timed_out: snapshot.timed_out(),
                 emails: snapshot.emails.as_ref().map(Vec::len),
                 emails_sent: snapshot.mail.as_ref().map(|mail| mail.sent),
                 effects_unknown: snapshot.mail.as_ref().map(|mail| mail.unknown),
@@ -188,6 +189,8 @@ pub struct Databases {
     pub confirmations: Option<i64>,
     /// Orders rejected for want of stock.
     pub rejected: Option<usize>,
+    /// Orders cancelled by their timeout (`--confirm-within`).
+    pub timed_out: Option<usize>,
     pub emails: Option<usize>,
     /// E-mails the SMTP server accepted (`--smtp`), as far as the
     /// notifications module's effects journal knows: its succeeded
@@ -389,7 +392,10 @@ impl Report {
         let seen = |name| self.seen.contains(&name);
         let mut verified = Vec::new();
         if seen("orders") {
-            verified.push("every order was confirmed exactly once, or rejected");
+            verified.push(
+                "every order was confirmed exactly once, or rejected, or cancelled by its timeout \
+                 (not before its deadline)",
+            );
         }
         if seen("warehouse") {
             verified.push(if seen("orders") {
@@ -431,6 +437,7 @@ impl Report {
 
     /// The result as one JSON object. `ok`, `placed` and the databases'
     /// totals (`orders`, `reservations`, `confirmations`, `rejected`,
+    /// `timed_out` (orders cancelled by their `--confirm-within` timeout),
     /// `emails` (rows in `sent_emails`), `emails_sent` (e-mails the SMTP
     /// server accepted, as far as the notifications module's effects
     /// journal knows: 0 without `--smtp`), `effects_unknown` (effects in
@@ -464,6 +471,7 @@ impl Report {
             "reservations": db.reservations,
             "confirmations": db.confirmations,
             "rejected": db.rejected,
+            "timed_out": db.timed_out,
             "emails": db.emails,
             "emails_sent": db.emails_sent,
             "effects_unknown": db.effects_unknown,
@@ -581,11 +589,12 @@ impl Report {
         }
         println!(
             "  {} orders, {} reservations, {} confirmations, {} rejected (for want of stock), {} \
-             e-mails, {} messages pending, {} dead letters",
+             timed out (cancelled), {} e-mails, {} messages pending, {} dead letters",
             shown(db.orders.map(|n| n.to_string())),
             shown(db.reservations.map(|n| n.to_string())),
             shown(db.confirmations.map(|n| n.to_string())),
             shown(db.rejected.map(|n| n.to_string())),
+            shown(db.timed_out.map(|n| n.to_string())),
             shown(db.emails.map(|n| n.to_string())),
             db.pending,
             db.dead_letters
@@ -623,15 +632,21 @@ impl Report {
     fn print_check(&self) {
         let (run, db) = (&self.run, &self.databases);
         if self.ok() && self.whole_flow() {
+            let mut except = String::new();
+            if let Some(rejected) = db.rejected.filter(|n| *n > 0) {
+                except.push_str(&format!(
+                    " ({rejected} rejected for want of stock: none of them)"
+                ));
+            }
+            if let Some(timed_out) = db.timed_out.filter(|n| *n > 0) {
+                except.push_str(&format!(
+                    " ({timed_out} cancelled by their timeout, none before its deadline: no \
+                     confirmation, no e-mail)"
+                ));
+            }
             println!(
                 "Check: OK — every order has exactly one reservation, one confirmation and one \
-                 e-mail{}; no message pending",
-                match db.rejected {
-                    Some(rejected) if rejected > 0 => {
-                        format!(" ({rejected} rejected for want of stock: none of them)")
-                    }
-                    _ => String::new(),
-                }
+                 e-mail{except}; no message pending"
             );
             if db.awaiting_a_person > 0 {
                 println!(

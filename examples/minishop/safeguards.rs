@@ -3,7 +3,9 @@
 //! The inbox skips a message delivered again under the same id. A message
 //! that says the same thing under a new id passes it: a second
 //! `StockReserved` for an order, one for an order rejected or never placed,
-//! an `OrderPlaced` sent again. So the orders saga moves an order on only
+//! an `OrderPlaced` sent again. And a saga's timeout (`--confirm-within`)
+//! comes whether or not its order still waits, as the warehouse's answer
+//! may come after the timeout. So the orders saga moves an order on only
 //! from placed, and the warehouse answers each order once. A message that
 //! does not fit is neither applied nor failed (a retry would not make it
 //! fit): it is recorded in the module's `ignored_messages`, with why, and
@@ -25,12 +27,21 @@ pub async fn settle_order<B: ShopDb>(
     if B::settle_order(tx.conn(), order_id, to).await? {
         return Ok(true);
     }
-    let reason = match B::order_status(tx.conn(), order_id).await? {
+    let status = B::order_status(tx.conn(), order_id).await?;
+    let reason = match &status {
         Some(status) => format!("the order is {status} already"),
         None => "no such order".to_string(),
     };
-    tracing::warn!(order_id, handler = %delivery.handler, %reason,
-        "ignored a message that does not fit its order");
+    // A timeout that finds its order settled, or an answer that finds it
+    // cancelled by its timeout: the usual end of a saga's wait.
+    let cancelled = OrderStatus::Cancelled.as_str();
+    if to == OrderStatus::Cancelled || status.as_deref() == Some(cancelled) {
+        tracing::debug!(order_id, handler = %delivery.handler, %reason,
+            "ignored a message that came after its order's wait ended");
+    } else {
+        tracing::warn!(order_id, handler = %delivery.handler, %reason,
+            "ignored a message that does not fit its order");
+    }
     B::record_ignored(tx.conn(), IgnoredMessage::new(delivery, order_id, reason)).await?;
     Ok(false)
 }

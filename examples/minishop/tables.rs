@@ -62,6 +62,8 @@ pub mod schema {
             confirmations -> Integer,
             placed_at_us -> BigInt,
             confirmed_at_us -> Nullable<BigInt>,
+            confirm_by_us -> Nullable<BigInt>,
+            cancelled_at_us -> Nullable<BigInt>,
         }
     }
 
@@ -134,6 +136,9 @@ pub enum OrderStatus {
     Confirmed,
     /// The warehouse was short of stock: no confirmation, no e-mail.
     Rejected,
+    /// Not confirmed by its deadline (`--confirm-within`): its
+    /// `OrderTimedOut` cancelled it. No confirmation, no e-mail.
+    Cancelled,
 }
 
 impl OrderStatus {
@@ -143,6 +148,7 @@ impl OrderStatus {
             OrderStatus::Placed => "placed",
             OrderStatus::Confirmed => "confirmed",
             OrderStatus::Rejected => "rejected",
+            OrderStatus::Cancelled => "cancelled",
         }
     }
 }
@@ -156,6 +162,8 @@ pub struct NewOrder {
     pub quantity: i32,
     status: &'static str,
     placed_at_us: i64,
+    /// With `--confirm-within`: confirmed by then, or cancelled.
+    confirm_by_us: Option<i64>,
 }
 
 impl NewOrder {
@@ -168,7 +176,24 @@ impl NewOrder {
             quantity: fastrand::i32(1..=5),
             status: OrderStatus::Placed.as_str(),
             placed_at_us: now_us(),
+            confirm_by_us: None,
         }
+    }
+
+    /// The order, to be confirmed within `window` of its placing
+    /// (`--confirm-within`), or cancelled.
+    pub fn confirmed_within(self, window: Option<Duration>) -> Self {
+        let confirm_by_us = window.map(|w| self.placed_at_us + w.as_micros() as i64);
+        NewOrder {
+            confirm_by_us,
+            ..self
+        }
+    }
+
+    /// When the order must be confirmed by, if it has a deadline.
+    pub fn confirm_by(&self) -> Option<SystemTime> {
+        let micros = u64::try_from(self.confirm_by_us?).ok()?;
+        Some(UNIX_EPOCH + Duration::from_micros(micros))
     }
 
     /// An order for more of an item than the warehouse ever stocks (its
@@ -291,13 +316,15 @@ pub fn now_us() -> i64 {
 // ---------------------------------------------------------------------------
 // What the queries read, put together (see `db.rs`).
 
-/// How many orders there are, and how many of them are confirmed and
-/// rejected.
+/// How many orders there are, and how many of them are confirmed,
+/// rejected and cancelled.
 #[derive(Debug, Clone, Copy)]
 pub struct OrderCounts {
     pub all: i64,
     pub confirmed: i64,
     pub rejected: i64,
+    /// Cancelled by their timeout (`--confirm-within`).
+    pub cancelled: i64,
 }
 
 /// How long a run placing orders counts as placing without renewing its

@@ -2,7 +2,8 @@
 //! killed with SIGKILL at seeded random moments, has its PostgreSQL or
 //! MariaDB/MySQL connections killed under it, or runs as several processes over one
 //! set of databases, each running some of the modules (`--modules`), also
-//! many at once on fresh databases (`started_together`). Every
+//! many at once on fresh databases (`started_together`), or with its
+//! orders timing out while the warehouse is away (`timeouts`). Every
 //! run ends with the example's own check of the invariants, read from the
 //! databases.
 //!
@@ -747,6 +748,7 @@ macro_rules! splits {
 }
 
 mod started_together;
+mod timeouts;
 
 mod sqlite_split {
     use super::*;
