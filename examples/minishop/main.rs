@@ -114,8 +114,7 @@ impl<B: ShopDb> Handler<B> for TimeOutOrder {
         timed_out: OrderTimedOut,
         delivery: &Delivery,
     ) -> Result<(), HandlerError> {
-        let to = OrderStatus::Cancelled;
-        safeguards::settle_order(tx, &timed_out.order_id, to, delivery).await?;
+        safeguards::settle_order(tx, &timed_out.order_id, OrderStatus::Cancelled, delivery).await?;
         Ok(())
     }
 }
@@ -247,9 +246,8 @@ fn bus<B: ShopDb>(shop: &Shop<B>, args: &Args) -> BusBuilder<B> {
 // 4. The flow: orders placed, each publishing in a transaction; a wait
 //    until every message has done its work; the check.
 
-/// Places `order`: its row and its `OrderPlaced` (and, with a deadline, its
-/// `OrderTimedOut`, due then) commit together, or neither does. (A retry
-/// after a lost COMMIT may find the row there.)
+/// Places `order`: its row, its `OrderPlaced` and, with a deadline, its `OrderTimedOut`
+/// due then commit together, or not at all (a retry after a lost COMMIT may find the row).
 async fn place_order<B: ShopDb>(orders: &ModuleHandle<B>, order: NewOrder) -> tickbox::Result<()> {
     // The order's trace begins here (`--otlp-endpoint`): what it publishes
     // is created in this span.
@@ -258,8 +256,8 @@ async fn place_order<B: ShopDb>(orders: &ModuleHandle<B>, order: NewOrder) -> ti
     faults::retrying("placing an order", || {
         let (order, retry) = (order.clone(), std::mem::replace(&mut tried, true));
         orders.transaction(async move |tx| {
-            let (placed, deadline) = (OrderPlaced::of(&order), order.confirm_by());
-            let order_id = order.id.clone();
+            let (placed, order_id) = (OrderPlaced::of(&order), order.id.clone());
+            let deadline = order.confirm_by();
             match B::insert_order(tx.conn(), order).await {
                 Err(DatabaseError(UniqueViolation, _)) if retry => return Ok(()),
                 inserted => inserted?,
