@@ -6,9 +6,10 @@
 //! nobody answers and is killed (SIGKILL) again and again at seeded moments
 //! around their deadlines, each time started again with `--resume`, until
 //! every order has timed out and been cancelled. Then the warehouse comes
-//! back beside a process placing new orders, which is killed around their
-//! deadlines too: the warehouse's late answers to the cancelled orders are
-//! ignored, the new orders are confirmed and their timeouts ignored. Both
+//! back beside a process placing new orders, which once they are settled
+//! is killed around their deadlines, as their timeouts come: the
+//! warehouse's late answers to the cancelled orders are ignored, the new
+//! orders are confirmed and their timeouts ignored. Both
 //! processes end by themselves with minishop's check passed, and the test
 //! counts from the databases: every order confirmed and e-mailed, rejected
 //! or cancelled, never cancelled and e-mailed, none cancelled before its
@@ -29,8 +30,9 @@ const ORDERS: &str = "30";
 /// How far from a deadline a kill falls, either way (ms).
 const AROUND_MS: i64 = 300;
 
-/// Runs of the orders process at most, while the warehouse is away.
-const MOST_RUNS: usize = 12;
+/// Runs of the orders process at most, while the warehouse is away (every
+/// second run at least cancels an order).
+const MOST_RUNS: usize = 30;
 
 fn now_us() -> i64 {
     SystemTime::now()
@@ -132,11 +134,25 @@ fn orders_time_out_through_sigkills(place: Place) {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
-        // Around the next deadline of an order still waiting (one passed
-        // while this run started: soon after its start).
+        // Around the next deadline of an order still waiting; if it passed
+        // while this run started, around the run's first cancellations.
         let moment = match place.next_deadline_us("status = 'placed'") {
-            Some(deadline) => deadline.max(now_us()) + around(&mut rng),
-            None => now_us() + rng.i64(50..500) * 1000,
+            Some(deadline) if deadline > now_us() => deadline + around(&mut rng),
+            _ => {
+                let started = Instant::now();
+                while place.count_orders_db("orders WHERE status = 'placed'") == waiting {
+                    assert!(
+                        started.elapsed() < Duration::from_secs(60),
+                        "{what}: no order cancelled within a minute"
+                    );
+                    assert!(
+                        child.try_wait().expect("try_wait").is_none(),
+                        "{what}: it ended"
+                    );
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                now_us() + rng.i64(0..AROUND_MS) * 1000
+            }
         };
         // Without the warehouse the flow cannot finish: the run never
         // ends by itself.
@@ -158,29 +174,50 @@ fn orders_time_out_through_sigkills(place: Place) {
          {with_deadline} cancelled"
     );
 
-    // The warehouse back, and a run placing new orders with three seconds
-    // each, killed around their deadlines and started again with
-    // `--resume`; everyone waits for the three placing runs so far.
+    // The warehouse back, and a run placing new orders with ten seconds
+    // each (between processes over one set of databases, a message waits
+    // for the next scan of its outbox, up to two seconds, so an order
+    // takes up to four): the warehouse answers in time, and once every new order is
+    // settled the run is killed around their deadlines, when their
+    // timeouts come, and started again with `--resume`; everyone waits
+    // for the three placing runs so far.
     let placers = ["--placers", "3", "--timeout", "240", "--json"];
     let mut warehouse_args = vec!["--modules", "warehouse"];
     warehouse_args.extend(FAULTS.iter().chain(&placers));
     let warehouse = spawn(&place, &warehouse_args);
-    let mut args = vec!["--modules", "orders,notifications", "--confirm-within", "3"];
+    let mut args = vec![
+        "--modules",
+        "orders,notifications",
+        "--confirm-within",
+        "10",
+    ];
     args.extend(FAULTS.iter().chain(&placers));
     let mut placing = args.clone();
     placing.extend(["--orders", ORDERS]);
+    let placed_from_us = now_us();
     let mut orders = spawn(&place, &placing);
+    let new_orders = format!("orders WHERE placed_at_us > {placed_from_us}");
     let started = Instant::now();
-    while place.count_orders_db("orders") <= with_deadline + 1 {
+    while place.count_orders_db(&new_orders) < ORDERS.parse().expect("a number")
+        || place.count_orders_db(&format!("{new_orders} AND status = 'placed'")) > 0
+    {
         assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "seed {seed}: the new orders were not placed within a minute"
+            started.elapsed() < Duration::from_secs(120),
+            "seed {seed}: the new orders were not placed and settled within two minutes"
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+    let answered = place.count_orders_db(&format!("{new_orders} AND status <> 'cancelled'"));
+    assert!(
+        answered > 0,
+        "seed {seed}: with the warehouse back no new order was answered within ten seconds"
+    );
     args.push("--resume");
     for _ in 0..2 {
-        let upcoming = format!("confirm_by_us > {}", now_us() - AROUND_MS * 1000);
+        let upcoming = format!(
+            "placed_at_us > {placed_from_us} AND confirm_by_us > {}",
+            now_us() + AROUND_MS * 1000
+        );
         let Some(deadline) = place.next_deadline_us(&upcoming) else {
             break;
         };
