@@ -176,9 +176,13 @@ pub(crate) async fn record_dead_letter<B: Backend>(
     reason: &str,
     parked_behind: Option<uuid::Uuid>,
 ) -> bool {
-    until_done(bus, module, "recording a dead letter", || {
+    // Boxed: the work behind it is a large future, and every delivery's
+    // future would otherwise make room for it (3,232 bytes for one route's
+    // attempts, allocated per message and copied), though few messages
+    // are ever dead-lettered.
+    Box::pin(until_done(bus, module, "recording a dead letter", || {
         dead_letters::record(module, envelope, handler, attempts, reason, parked_behind)
-    })
+    }))
     .await
 }
 
