@@ -531,10 +531,15 @@ impl<B: Backend> ModuleHandle<B> {
             handler,
             attempt,
         }));
-        sent.await.unwrap_or_else(|e| {
-            self.core.mailbox.lost();
-            Err(DeliveryError::stopped(e.to_string()))
-        })
+        match sent.await {
+            Ok(task) => task
+                .await
+                .unwrap_or_else(|e| Err(DeliveryError::stopped(e.to_string()))),
+            Err(e) => {
+                self.core.mailbox.lost();
+                Err(DeliveryError::stopped(e.to_string()))
+            }
+        }
     }
 }
 
