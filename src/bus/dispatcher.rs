@@ -967,12 +967,19 @@ async fn deliver_message<B: Backend>(
     let id = envelope.id;
     let done = match bus.routes.get(&envelope.topic).cloned() {
         Some(routes) => {
-            let ends = join_all(
-                routes
-                    .iter()
-                    .map(|route| deliver_to_route(&bus, route, &source, &envelope)),
-            )
-            .await;
+            let ends = match &*routes {
+                // One route, the usual case: awaited in place, without the
+                // allocation join_all makes for its routes' futures.
+                [route] => vec![deliver_to_route(&bus, route, &source, &envelope).await],
+                routes => {
+                    join_all(
+                        routes
+                            .iter()
+                            .map(|route| deliver_to_route(&bus, route, &source, &envelope)),
+                    )
+                    .await
+                }
+            };
             let done = !ends.contains(&RouteEnd::Stopped);
             #[cfg(feature = "testing")]
             if done {
