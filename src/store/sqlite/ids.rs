@@ -9,11 +9,11 @@ use crate::store::sqlite::Sqlite;
 use uuid::Uuid;
 
 /// A subquery yielding the ids bound as one
-/// [`json_hex_array`](crate::store::ids::json_hex_array) value, to drive
-/// an index lookup: `id IN ` followed by it.
+/// [`json_hex_array`](crate::store::ids::json_hex_array) value, in a column
+/// `id`, to drive an index lookup: `id IN ` followed by it, or joined.
 macro_rules! id_rows {
     () => {
-        "(SELECT unhex(value) FROM json_each(?))"
+        "(SELECT unhex(value) AS id FROM json_each(?))"
     };
 }
 pub(crate) use id_rows;
