@@ -236,9 +236,9 @@ impl<B: Backend> Dispatcher<B> {
         let due_timer = sleep_until(Instant::now() + bus.config.scan_interval);
         tokio::pin!(scan_timer, renewal_timer, mark_timer, due_timer);
         // Likewise the three waits for a signal, made anew only once they
-        // have ended: made in every turn, each registered as a waiter (a
-        // lock) and took itself out again (another) several times per
-        // message.
+        // have ended: made in every turn, each registered itself as a
+        // waiter (under a lock) and took itself out again (under another)
+        // several times per message.
         let stopped = stop.cancelled();
         let scan_request = outbox.scan_request();
         let scheduled = outbox.scheduled();
