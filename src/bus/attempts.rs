@@ -46,11 +46,15 @@ pub(crate) async fn deliver_to_route<B: Backend>(
         Some(_) => route.lane(),
         None => String::new(),
     };
+    // The keyed paths' waits are boxed: the future of every delivery,
+    // keyed or not, would otherwise make room for the largest of them.
     let mut turn = match envelope.keyed {
-        Some(_) => match until_stopped(&bus.stop, bus.lanes.turn(&lane, envelope)).await {
-            Some(turn) => turn,
-            None => return RouteEnd::Stopped,
-        },
+        Some(_) => {
+            match Box::pin(until_stopped(&bus.stop, bus.lanes.turn(&lane, envelope))).await {
+                Some(turn) => turn,
+                None => return RouteEnd::Stopped,
+            }
+        }
         None => None,
     };
     let mut attempt = 0;
@@ -93,19 +97,20 @@ pub(crate) async fn deliver_to_route<B: Backend>(
                     None => std::future::pending().await,
                 }
             };
-            let Some(came) = until_stopped(&bus.stop, async {
+            let Some(came) = Box::pin(until_stopped(&bus.stop, async {
                 tokio::select! {
                     () = sleep(delay) => false,
                     () = earlier_came => true,
                 }
-            })
+            }))
             .await
             else {
                 return RouteEnd::Stopped;
             };
             if came {
                 drop(turn);
-                let Some(again) = until_stopped(&bus.stop, bus.lanes.turn(&lane, envelope)).await
+                let Some(again) =
+                    Box::pin(until_stopped(&bus.stop, bus.lanes.turn(&lane, envelope))).await
                 else {
                     return RouteEnd::Stopped;
                 };
@@ -176,9 +181,13 @@ pub(crate) async fn record_dead_letter<B: Backend>(
     reason: &str,
     parked_behind: Option<uuid::Uuid>,
 ) -> bool {
-    until_done(bus, module, "recording a dead letter", || {
+    // Boxed: the work behind it is a large future, and every delivery's
+    // future would otherwise make room for it (3,232 bytes for one route's
+    // attempts, allocated per message and copied), though few messages
+    // are ever dead-lettered.
+    Box::pin(until_done(bus, module, "recording a dead letter", || {
         dead_letters::record(module, envelope, handler, attempts, reason, parked_behind)
-    })
+    }))
     .await
 }
 

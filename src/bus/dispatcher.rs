@@ -235,6 +235,14 @@ impl<B: Backend> Dispatcher<B> {
         let mark_timer = sleep_until(Instant::now() + bus.config.scan_interval);
         let due_timer = sleep_until(Instant::now() + bus.config.scan_interval);
         tokio::pin!(scan_timer, renewal_timer, mark_timer, due_timer);
+        // Likewise the three waits for a signal, made anew only once they
+        // have ended: made in every turn, each registered itself as a
+        // waiter (under a lock) and took itself out again (under another)
+        // several times per message.
+        let stopped = stop.cancelled();
+        let scan_request = outbox.scan_request();
+        let scheduled = outbox.scheduled();
+        tokio::pin!(stopped, scan_request, scheduled);
         // The deadlines `mark_timer` and `due_timer` are set to, while set.
         let mut mark_armed: Option<Instant> = None;
         let mut due_armed: Option<Instant> = None;
@@ -252,7 +260,7 @@ impl<B: Backend> Dispatcher<B> {
             arm(due_timer.as_mut(), &mut due_armed, state.next_due);
             tokio::select! {
                 biased;
-                () = stop.cancelled() => {}
+                () = &mut stopped => {}
                 done = async { statement.as_mut().expect("guarded").await }, if statement.is_some() => {
                     statement = None;
                     match done {
@@ -275,8 +283,14 @@ impl<B: Backend> Dispatcher<B> {
                         }
                     }
                 }
-                _ = outbox.scan_request() => state.request_scan(),
-                due = outbox.scheduled() => state.due_at(due),
+                () = &mut scan_request => {
+                    scan_request.set(outbox.scan_request());
+                    state.request_scan();
+                }
+                due = &mut scheduled => {
+                    scheduled.set(outbox.scheduled());
+                    state.due_at(due);
+                }
                 () = &mut due_timer, if state.next_due.is_some() => {
                     state.next_due = None;
                     state.request_scan();
@@ -953,12 +967,19 @@ async fn deliver_message<B: Backend>(
     let id = envelope.id;
     let done = match bus.routes.get(&envelope.topic).cloned() {
         Some(routes) => {
-            let ends = join_all(
-                routes
-                    .iter()
-                    .map(|route| deliver_to_route(&bus, route, &source, &envelope)),
-            )
-            .await;
+            let ends = match &*routes {
+                // One route, the usual case: awaited in place, without the
+                // allocation join_all makes for its routes' futures.
+                [route] => vec![deliver_to_route(&bus, route, &source, &envelope).await],
+                routes => {
+                    join_all(
+                        routes
+                            .iter()
+                            .map(|route| deliver_to_route(&bus, route, &source, &envelope)),
+                    )
+                    .await
+                }
+            };
             let done = !ends.contains(&RouteEnd::Stopped);
             #[cfg(feature = "testing")]
             if done {

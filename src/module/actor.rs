@@ -18,8 +18,9 @@ use crate::error::outcome::{DeliveryError, Outcome};
 use crate::module::builder::ModuleBuilder;
 use crate::module::core::ModuleCore;
 use crate::store::backend::Backend;
-use actix::{Actor, Context, ResponseFuture};
+use actix::{Actor, Context, MessageResult};
 use std::sync::Arc;
+use tokio::task::JoinHandle;
 
 /// A module: an actor the bus sends one delivery per handler and message;
 /// it runs each delivery through the inbox guard in its own task, so one slow
@@ -46,32 +47,54 @@ impl<B: Backend> Actor for Module<B> {
 pub(crate) struct Deliver(pub(crate) Attempt);
 
 impl actix::Message for Deliver {
-    type Result = std::result::Result<Outcome, DeliveryError>;
+    /// The delivery's task, whose output is how the delivery ended.
+    type Result = JoinHandle<std::result::Result<Outcome, DeliveryError>>;
 }
 
 impl<B: Backend> actix::Handler<Deliver> for Module<B> {
-    type Result = ResponseFuture<std::result::Result<Outcome, DeliveryError>>;
+    type Result = MessageResult<Deliver>;
 
-    fn handle(&mut self, deliver: Deliver, _: &mut Context<Self>) -> Self::Result {
-        let core = self.core.clone();
+    /// Starts the delivery in a task of its own, so that a transaction is
+    /// never dropped half way, even if the caller stops waiting, and answers
+    /// at once with the task's handle, which the caller awaits. (Answering
+    /// with the outcome would take one more task per delivery: actix runs
+    /// a `ResponseFuture` as a task of its own, only to wait for this one.)
+    fn handle(&mut self, Deliver(attempt): Deliver, _: &mut Context<Self>) -> Self::Result {
+        let running = Running::new(self.core.clone());
+        // Boxed, as the bus's tasks: moved whole, a large future costs a
+        // copy at each change of the task's stage.
+        MessageResult(tokio::spawn(Box::pin(deliver(running, attempt))))
+    }
+}
+
+/// Runs one delivery: in its handler's batch queue, or alone through the
+/// inbox guard.
+async fn deliver<B: Backend>(
+    running: Running<B>,
+    attempt: Attempt,
+) -> std::result::Result<Outcome, DeliveryError> {
+    let handlers = &running.0.handlers;
+    match handlers.get(attempt.handler).batches.as_ref() {
+        // A retry runs alone: a message that failed once fails a whole
+        // batch too often.
+        Some(batches) if attempt.attempt == 1 => batches.submit(attempt).await,
+        _ => guard(handlers.clone(), attempt).await,
+    }
+}
+
+/// A delivery the actor has started, counted in its module's mailbox until
+/// it ends, however it ends.
+struct Running<B: Backend>(Arc<ModuleCore<B>>);
+
+impl<B: Backend> Running<B> {
+    fn new(core: Arc<ModuleCore<B>>) -> Self {
         core.mailbox.started();
-        Box::pin(async move {
-            let Deliver(attempt) = deliver;
-            let batches = core.handlers.get(attempt.handler).batches.as_ref();
-            let result = match batches {
-                // A retry runs alone: a message that failed once fails a
-                // whole batch too often.
-                Some(batches) if attempt.attempt == 1 => batches.submit(attempt).await,
-                // Its own task: a transaction is never dropped half way, even
-                // if the caller stops waiting.
-                // Boxed, as the bus's tasks: moved whole, a large future
-                // costs a copy at each change of the task's stage.
-                _ => tokio::spawn(Box::pin(guard(core.handlers.clone(), attempt)))
-                    .await
-                    .unwrap_or_else(|e| Err(DeliveryError::stopped(e.to_string()))),
-            };
-            core.mailbox.finished();
-            result
-        })
+        Running(core)
+    }
+}
+
+impl<B: Backend> Drop for Running<B> {
+    fn drop(&mut self) {
+        self.0.mailbox.finished();
     }
 }

@@ -20,13 +20,24 @@ pub trait IdLists {
 
 /// The ids as a JSON array of 32 hex digits each: a list the JSON
 /// functions of SQLite and MySQL turn into rows.
+///
+/// Written into one string sized beforehand: a mark's list holds every
+/// message it marks, and formatting each id into a string of its own cost
+/// about 1,700 instructions per message (callgrind, SQLite, C = 1).
 #[allow(dead_code)] // a build with PostgreSQL only has no use for it
 pub(crate) fn json_hex_array(ids: &[Uuid]) -> String {
-    let hex: Vec<String> = ids
-        .iter()
-        .map(|id| format!("\"{}\"", id.simple()))
-        .collect();
-    format!("[{}]", hex.join(","))
+    let mut json = String::with_capacity(2 + ids.len() * 35);
+    json.push('[');
+    for (i, id) in ids.iter().enumerate() {
+        if i > 0 {
+            json.push(',');
+        }
+        json.push('"');
+        json.push_str(id.simple().encode_lower(&mut Uuid::encode_buffer()));
+        json.push('"');
+    }
+    json.push(']');
+    json
 }
 
 #[cfg(test)]

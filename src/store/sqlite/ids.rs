@@ -9,11 +9,11 @@ use crate::store::sqlite::Sqlite;
 use uuid::Uuid;
 
 /// A subquery yielding the ids bound as one
-/// [`json_hex_array`](crate::store::ids::json_hex_array) value, to drive
-/// an index lookup: `id IN ` followed by it.
+/// [`json_hex_array`](crate::store::ids::json_hex_array) value, in a column
+/// `id`, to drive an index lookup: `id IN ` followed by it, or joined.
 macro_rules! id_rows {
     () => {
-        "(SELECT unhex(value) FROM json_each(?))"
+        "(SELECT unhex(value) AS id FROM json_each(?))"
     };
 }
 pub(crate) use id_rows;
@@ -30,8 +30,13 @@ pub(crate) use among;
 /// The value of an [`among!`]: the ids in upper-case hex (as `hex()`
 /// writes a blob), each followed by a comma, after a leading one.
 fn hex_set(ids: &[Uuid]) -> String {
-    let hex: String = ids.iter().map(|id| format!("{:X},", id.simple())).collect();
-    format!(",{hex}")
+    let mut set = String::with_capacity(1 + ids.len() * 33);
+    set.push(',');
+    for id in ids {
+        set.push_str(id.simple().encode_upper(&mut Uuid::encode_buffer()));
+        set.push(',');
+    }
+    set
 }
 
 impl IdLists for Sqlite {
@@ -41,5 +46,20 @@ impl IdLists for Sqlite {
 
     fn id_set(ids: &[Uuid]) -> String {
         hex_set(ids)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_set_is_each_id_in_upper_case_hex_between_commas() {
+        let id = Uuid::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef);
+        assert_eq!(hex_set(&[]), ",");
+        assert_eq!(
+            hex_set(&[id, Uuid::nil()]),
+            ",0123456789ABCDEF0123456789ABCDEF,00000000000000000000000000000000,"
+        );
     }
 }

@@ -8,7 +8,7 @@ use crate::store::contract::Store;
 use crate::store::ids::IdLists;
 use crate::store::outbox::{
     bump_sequence_statement, claim_owed_text, first_sequence_statement, numbering_order,
-    outbox_texts, Claim, InsertOutboxRow, OutboxStatements, OutboxTexts,
+    outbox_texts, owed_elsewhere_text, Claim, InsertOutboxRow, OutboxStatements, OutboxTexts,
 };
 use crate::store::schema::{if_traced, tickbox_outbox, ClaimedRow, OutboxRow};
 use diesel::QueryResult;
@@ -31,7 +31,22 @@ macro_rules! claimed_columns {
 }
 
 impl OutboxStatements for Sqlite {
-    const TEXTS: OutboxTexts = outbox_texts!(id_rows, among);
+    const TEXTS: OutboxTexts = OutboxTexts {
+        // Marking joins the list of ids (`UPDATE … FROM`, same values in the
+        // same order) instead of testing `id IN` it, for which SQLite builds
+        // a temporary table and a Bloom filter of the list in every
+        // statement. Measured alone (tickbox's schema, 1,000 rows, marks of
+        // 1, 10 and 100 rows): 65.2 k -> 36.1 k, 17.7 k -> 14.4 k and
+        // 13.1 k -> 12.4 k instructions per marked row. (A `DELETE` takes no
+        // `FROM`: deleting keeps the shared text.)
+        finish_update: concat!(
+            "UPDATE tickbox_outbox SET delivered_at_us = ?, claimed_until_us = NULL FROM ",
+            id_rows!(),
+            " AS listed WHERE tickbox_outbox.id = listed.id AND NOT ",
+            owed_elsewhere_text!(among)
+        ),
+        ..outbox_texts!(id_rows, among)
+    };
 
     async fn insert_outbox(
         conn: &mut Self::Conn,
