@@ -269,6 +269,28 @@ pub(crate) fn wait_for(child: &mut Child, timeout: Duration) -> Option<ExitStatu
     }
 }
 
+/// Polls `condition` until it holds, for at most `timeout`, while `child`
+/// runs; panics naming `what` if the time passes or the child ends first.
+pub(crate) fn await_while_running(
+    child: &mut Child,
+    what: &str,
+    timeout: Duration,
+    condition: impl Fn() -> bool,
+) {
+    let started = Instant::now();
+    while !condition() {
+        assert!(
+            started.elapsed() < timeout,
+            "{what}: not within {timeout:?}"
+        );
+        assert!(
+            child.try_wait().expect("try_wait").is_none(),
+            "{what}: the process ended first"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Waits for a child that must finish by itself, and returns its output.
 pub(crate) fn finish(mut child: Child, timeout: Duration, what: &str) -> Output {
     if wait_for(&mut child, timeout).is_none() {
@@ -438,17 +460,10 @@ fn survives_its_connections_being_killed(place: Place, orders: &str) {
 
     // Once orders flow, kill the connections until the run ends.
     let started = Instant::now();
-    while place.count_orders_db("orders") == 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "the example never placed an order"
-        );
-        assert!(
-            child.try_wait().expect("try_wait").is_none(),
-            "the example exited before it started work"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let minute = Duration::from_secs(60);
+    await_while_running(&mut child, "the example placing an order", minute, || {
+        place.count_orders_db("orders") > 0
+    });
     let (mut rounds, mut killed) = (0, 0);
     while wait_for(&mut child, Duration::from_millis(fastrand::u64(100..300))).is_none() {
         assert!(

@@ -30,6 +30,9 @@ const ORDERS: &str = "30";
 /// How far from a deadline a kill falls, either way (ms).
 const AROUND_MS: i64 = 300;
 
+/// How long a step of the test may take to show.
+const MINUTE: Duration = Duration::from_secs(60);
+
 /// Runs of the orders process at most, while the warehouse is away (every
 /// second run at least cancels an order).
 const MOST_RUNS: usize = 30;
@@ -121,36 +124,20 @@ fn orders_time_out_through_sigkills(place: Place) {
         let mut child = spawn(&place, &run_args);
         let what = format!("seed {seed}: run {runs} of the orders process, warehouse away");
         if runs == 1 {
-            let started = Instant::now();
-            while place.count_orders_db("orders WHERE confirm_by_us IS NOT NULL") == 0 {
-                assert!(
-                    started.elapsed() < Duration::from_secs(60),
-                    "{what}: no order placed within a minute"
-                );
-                assert!(
-                    child.try_wait().expect("try_wait").is_none(),
-                    "{what}: it ended"
-                );
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            let placing = format!("{what}, placing an order");
+            await_while_running(&mut child, &placing, MINUTE, || {
+                place.count_orders_db("orders WHERE confirm_by_us IS NOT NULL") > 0
+            });
         }
         // Around the next deadline of an order still waiting; if it passed
         // while this run started, around the run's first cancellations.
         let moment = match place.next_deadline_us("status = 'placed'") {
             Some(deadline) if deadline > now_us() => deadline + around(&mut rng),
             _ => {
-                let started = Instant::now();
-                while place.count_orders_db("orders WHERE status = 'placed'") == waiting {
-                    assert!(
-                        started.elapsed() < Duration::from_secs(60),
-                        "{what}: no order cancelled within a minute"
-                    );
-                    assert!(
-                        child.try_wait().expect("try_wait").is_none(),
-                        "{what}: it ended"
-                    );
-                    std::thread::sleep(Duration::from_millis(5));
-                }
+                let cancelling = format!("{what}, cancelling an order");
+                await_while_running(&mut child, &cancelling, MINUTE, || {
+                    place.count_orders_db("orders WHERE status = 'placed'") != waiting
+                });
                 now_us() + rng.i64(0..AROUND_MS) * 1000
             }
         };
@@ -197,16 +184,11 @@ fn orders_time_out_through_sigkills(place: Place) {
     let placed_from_us = now_us();
     let mut orders = spawn(&place, &placing);
     let new_orders = format!("orders WHERE placed_at_us > {placed_from_us}");
-    let started = Instant::now();
-    while place.count_orders_db(&new_orders) < ORDERS.parse().expect("a number")
-        || place.count_orders_db(&format!("{new_orders} AND status = 'placed'")) > 0
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "seed {seed}: the new orders were not placed and settled within two minutes"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let settling = format!("seed {seed}: the new orders placed and settled");
+    await_while_running(&mut orders, &settling, 2 * MINUTE, || {
+        place.count_orders_db(&new_orders) >= ORDERS.parse().expect("a number")
+            && place.count_orders_db(&format!("{new_orders} AND status = 'placed'")) == 0
+    });
     let answered = place.count_orders_db(&format!("{new_orders} AND status <> 'cancelled'"));
     assert!(
         answered > 0,
